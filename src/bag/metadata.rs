@@ -1,0 +1,3 @@
+//! metadata.yaml
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BagMetadata;

@@ -1,0 +1,1 @@
+//! Recording pipeline: bounded queues and the writer thread.

@@ -1,0 +1,1 @@
+//! Circular budget over a recording root (issue 4).

@@ -1,0 +1,1 @@
+//! CDR encoding helpers for the synthetic source.

@@ -1,0 +1,5 @@
+//! Where messages come from.
+pub mod cdr;
+pub mod synthetic;
+#[cfg(feature = "ros")]
+pub mod ros;

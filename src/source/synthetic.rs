@@ -1,0 +1,1 @@
+//! Robot-like synthetic generator.
