@@ -50,10 +50,13 @@ pub struct RecordOutcome {
 
 /// Record until done. On a writer failure the bag is finished as far as possible and the
 /// error is returned (with the summary, so the caller can still print what was kept).
-pub fn run(settings: RecordSettings) -> Result<RecordOutcome, (RecordError, Option<RecordSummary>)> {
+pub fn run(
+    settings: RecordSettings,
+) -> Result<RecordOutcome, (RecordError, Option<RecordSummary>)> {
     signals::install().map_err(|e| (RecordError::Signals(e), None))?;
     let clock: Arc<dyn TimeSource> = Arc::new(SystemClock);
-    let writer = BagWriter::create(&settings.output, settings.writer.clone()).map_err(|e| (e.into(), None))?;
+    let writer = BagWriter::create(&settings.output, settings.writer.clone())
+        .map_err(|e| (e.into(), None))?;
     log::info!("recording into {}", settings.output.display());
     let pipeline = Pipeline::start(
         writer,
@@ -84,7 +87,10 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, (RecordError, Opti
         Ok(h) => h,
         Err(e) => {
             let (_, summary) = pipeline.finish();
-            return Err((RecordError::Source(format!("cannot start source thread: {e}")), Some(summary)));
+            return Err((
+                RecordError::Source(format!("cannot start source thread: {e}")),
+                Some(summary),
+            ));
         }
     };
     // The main thread only watches: signals, the source ending, the writer stopping itself.

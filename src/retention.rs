@@ -32,7 +32,12 @@ impl Retention {
     }
 
     /// Make room before a batch of `incoming` bytes is committed; returns splits deleted.
-    pub fn before_batch(&mut self, _w: &mut BagWriter, _incoming: u64, _newest_ns: i64) -> Result<u64, RetentionError> {
+    pub fn before_batch(
+        &mut self,
+        _w: &mut BagWriter,
+        _incoming: u64,
+        _newest_ns: i64,
+    ) -> Result<u64, RetentionError> {
         Ok(0)
     }
 

@@ -11,7 +11,10 @@ static FIRST_SIGINT_MS: AtomicI64 = AtomicI64::new(-1);
 const IMMEDIATE_EXIT: i32 = 130;
 
 fn monotonic_ms() -> i64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime is async-signal-safe and `ts` is a valid out pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
@@ -34,7 +37,11 @@ extern "C" fn on_signal(sig: libc::c_int) {
 
 /// Install the handlers. Safe to call more than once.
 pub fn install() -> Result<(), nix::Error> {
-    let action = SigAction::new(SigHandler::Handler(on_signal), SaFlags::SA_RESTART, SigSet::empty());
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
     // SAFETY: the handler only performs async-signal-safe operations.
     unsafe {
         sigaction(Signal::SIGINT, &action)?;

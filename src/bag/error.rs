@@ -22,7 +22,9 @@ pub enum BagError {
     },
     #[error("{path}: already exists; choose another output (ros2 bag refuses to overwrite too)")]
     AlreadyExists { path: PathBuf },
-    #[error("{path}: storage `{storage}` is not supported (ringbag reads and writes sqlite3 only)")]
+    #[error(
+        "{path}: storage `{storage}` is not supported (ringbag reads and writes sqlite3 only)"
+    )]
     UnsupportedStorage { path: PathBuf, storage: String },
     #[error("{path}: writer stopped after an earlier error: {reason}")]
     Failed { path: PathBuf, reason: String },
@@ -59,7 +61,9 @@ impl BagError {
 /// SQLite's own messages are terse ("file is not a database"); say what it means for a bag.
 fn sqlite_message(e: &rusqlite::Error) -> String {
     match e.sqlite_error_code() {
-        Some(rusqlite::ErrorCode::NotADatabase) => "not a SQLite database (or its header is damaged)".into(),
+        Some(rusqlite::ErrorCode::NotADatabase) => {
+            "not a SQLite database (or its header is damaged)".into()
+        }
         Some(rusqlite::ErrorCode::DatabaseCorrupt) => {
             "database is damaged (run `ringbag reindex` to salvage it)".into()
         }

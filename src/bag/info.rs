@@ -96,7 +96,11 @@ fn human_time(ns: i64) -> String {
     let secs = ns.div_euclid(1_000_000_000);
     let sub = ns.rem_euclid(1_000_000_000);
     let local = chrono::DateTime::from_timestamp(secs, sub as u32)
-        .map(|t| t.with_timezone(&chrono::Local).format("%b %e %Y %H:%M:%S%.3f").to_string())
+        .map(|t| {
+            t.with_timezone(&chrono::Local)
+                .format("%b %e %Y %H:%M:%S%.3f")
+                .to_string()
+        })
         .unwrap_or_else(|| "out of range".into());
     format!("{local} ({secs}.{sub:09})")
 }
@@ -107,7 +111,11 @@ pub fn info_text(bag: &Bag) -> String {
     let pad = "                   ";
     let files: Vec<&str> = bag.splits.iter().map(|s| s.rel.as_str()).collect();
     let _ = writeln!(out);
-    let _ = writeln!(out, "Files:             {}", files.join(&format!("\n{pad}")));
+    let _ = writeln!(
+        out,
+        "Files:             {}",
+        files.join(&format!("\n{pad}"))
+    );
     let _ = writeln!(out, "Bag size:          {}", human_bytes(bag.size_bytes()));
     let _ = writeln!(out, "Storage id:        {}", m.storage_identifier);
     if !m.ros_distro.is_empty() {
@@ -127,12 +135,25 @@ pub fn info_text(bag: &Bag) -> String {
             )
         })
         .collect();
-    let _ = writeln!(out, "Topic information: {}", topics.join(&format!("\n{pad}")));
+    let _ = writeln!(
+        out,
+        "Topic information: {}",
+        topics.join(&format!("\n{pad}"))
+    );
     let _ = writeln!(out, "Splits:");
     for s in &bag.splits {
-        let count = m.files.iter().find(|f| f.path == s.rel).map(|f| f.message_count);
+        let count = m
+            .files
+            .iter()
+            .find(|f| f.path == s.rel)
+            .map(|f| f.message_count);
         let count = count.map_or_else(|| "?".to_string(), |c| c.to_string());
-        let _ = writeln!(out, "  {:<32} {:>12}  {count} messages", s.rel, human_bytes(s.size_bytes));
+        let _ = writeln!(
+            out,
+            "  {:<32} {:>12}  {count} messages",
+            s.rel,
+            human_bytes(s.size_bytes)
+        );
     }
     if bag.derived {
         let _ = writeln!(out, "(no metadata.yaml: derived from the .db3 files)");

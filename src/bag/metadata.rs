@@ -92,7 +92,10 @@ impl BagMetadata {
         let jazzy = flavour == Flavour::Jazzy;
         let mut m = Mapping::new();
         m.insert("version".into(), flavour.metadata_version().into());
-        m.insert("storage_identifier".into(), self.storage_identifier.clone().into());
+        m.insert(
+            "storage_identifier".into(),
+            self.storage_identifier.clone().into(),
+        );
         m.insert("duration".into(), ns_map("nanoseconds", self.duration_ns));
         m.insert(
             "starting_time".into(),
@@ -113,8 +116,11 @@ impl BagMetadata {
                 let qos = if jazzy {
                     qos::profiles_to_value(&t.topic.offered_qos_profiles, PolicyStyle::Name)
                 } else {
-                    qos::profiles_to_yaml_string(&t.topic.offered_qos_profiles, PolicyStyle::Integer)
-                        .into()
+                    qos::profiles_to_yaml_string(
+                        &t.topic.offered_qos_profiles,
+                        PolicyStyle::Integer,
+                    )
+                    .into()
                 };
                 tm.insert("offered_qos_profiles".into(), qos);
                 if jazzy {
@@ -130,11 +136,22 @@ impl BagMetadata {
             })
             .collect();
         m.insert("topics_with_message_count".into(), Value::Sequence(topics));
-        m.insert("compression_format".into(), self.compression_format.clone().into());
-        m.insert("compression_mode".into(), self.compression_mode.clone().into());
+        m.insert(
+            "compression_format".into(),
+            self.compression_format.clone().into(),
+        );
+        m.insert(
+            "compression_mode".into(),
+            self.compression_mode.clone().into(),
+        );
         m.insert(
             "relative_file_paths".into(),
-            Value::Sequence(self.relative_file_paths.iter().map(|p| p.clone().into()).collect()),
+            Value::Sequence(
+                self.relative_file_paths
+                    .iter()
+                    .map(|p| p.clone().into())
+                    .collect(),
+            ),
         );
         let files = self
             .files
@@ -187,8 +204,8 @@ impl BagMetadata {
             path: path.to_path_buf(),
             message,
         };
-        let root: Value = serde_yaml_ng::from_str(text)
-            .map_err(|e| invalid(format!("not valid YAML: {e}")))?;
+        let root: Value =
+            serde_yaml_ng::from_str(text).map_err(|e| invalid(format!("not valid YAML: {e}")))?;
         let info = root
             .get("rosbag2_bagfile_information")
             .ok_or_else(|| invalid("missing `rosbag2_bagfile_information`".into()))?;
@@ -227,7 +244,10 @@ impl BagMetadata {
             }
         };
         let ns = |k: &str, inner: &str| -> Result<i64, String> {
-            int(info.get(k).and_then(|v| v.get(inner)), &format!("{k}.{inner}"))
+            int(
+                info.get(k).and_then(|v| v.get(inner)),
+                &format!("{k}.{inner}"),
+            )
         };
         let storage_identifier = text("storage_identifier")?;
         let duration_ns = ns("duration", "nanoseconds")?;
@@ -275,7 +295,11 @@ impl BagMetadata {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Sequence(s)) => s
                 .iter()
-                .map(|p| p.as_str().map(str::to_string).ok_or("a relative file path is not a string"))
+                .map(|p| {
+                    p.as_str()
+                        .map(str::to_string)
+                        .ok_or("a relative file path is not a string")
+                })
                 .collect::<Result<_, _>>()?,
             Some(_) => return Err("`relative_file_paths` is not a list".into()),
         };
@@ -289,11 +313,16 @@ impl BagMetadata {
                     .to_string();
                 files.push(FileInfo {
                     starting_time_ns: int(
-                        f.get("starting_time").and_then(|v| v.get("nanoseconds_since_epoch")),
+                        f.get("starting_time")
+                            .and_then(|v| v.get("nanoseconds_since_epoch")),
                         "files.starting_time",
                     )?,
-                    duration_ns: int(f.get("duration").and_then(|v| v.get("nanoseconds")), "files.duration")?,
-                    message_count: int(f.get("message_count"), "files.message_count")?.max(0) as u64,
+                    duration_ns: int(
+                        f.get("duration").and_then(|v| v.get("nanoseconds")),
+                        "files.duration",
+                    )?,
+                    message_count: int(f.get("message_count"), "files.message_count")?.max(0)
+                        as u64,
                     path,
                 });
             }
@@ -304,7 +333,10 @@ impl BagMetadata {
                 let k = k.as_str().ok_or("custom_data key is not a string")?;
                 let v = match v {
                     Value::String(s) => s.clone(),
-                    other => serde_yaml_ng::to_string(other).unwrap_or_default().trim().to_string(),
+                    other => serde_yaml_ng::to_string(other)
+                        .unwrap_or_default()
+                        .trim()
+                        .to_string(),
                 };
                 custom_data.insert(k.to_string(), v);
             }
@@ -418,11 +450,13 @@ mod tests {
 
     #[test]
     fn humble_writes_qos_as_a_string_and_jazzy_as_a_list() {
-        let h: Value = serde_yaml_ng::from_str(&sample(Flavour::Humble).to_yaml(Flavour::Humble)).unwrap();
+        let h: Value =
+            serde_yaml_ng::from_str(&sample(Flavour::Humble).to_yaml(Flavour::Humble)).unwrap();
         let q = &h["rosbag2_bagfile_information"]["topics_with_message_count"][0]["topic_metadata"]
             ["offered_qos_profiles"];
         assert!(q.is_string());
-        let j: Value = serde_yaml_ng::from_str(&sample(Flavour::Jazzy).to_yaml(Flavour::Jazzy)).unwrap();
+        let j: Value =
+            serde_yaml_ng::from_str(&sample(Flavour::Jazzy).to_yaml(Flavour::Jazzy)).unwrap();
         let q = &j["rosbag2_bagfile_information"]["topics_with_message_count"][0]["topic_metadata"]
             ["offered_qos_profiles"];
         assert_eq!(q[0]["history"], Value::from("keep_last"));
@@ -432,7 +466,9 @@ mod tests {
     fn rejects_versions_outside_one_to_nine() {
         for v in [0, 10, 99] {
             let text = format!("rosbag2_bagfile_information:\n  version: {v}\n");
-            let err = BagMetadata::parse(&text, Path::new("m.yaml")).unwrap_err().to_string();
+            let err = BagMetadata::parse(&text, Path::new("m.yaml"))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("unsupported metadata version"), "{err}");
             assert!(err.starts_with("m.yaml:"), "{err}");
         }
@@ -441,12 +477,17 @@ mod tests {
     #[test]
     fn atomic_write_leaves_no_temp_file() {
         let dir = tempfile::tempdir().unwrap();
-        sample(Flavour::Jazzy).write_atomic(dir.path(), Flavour::Jazzy).unwrap();
+        sample(Flavour::Jazzy)
+            .write_atomic(dir.path(), Flavour::Jazzy)
+            .unwrap();
         let names: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         assert_eq!(names, vec![METADATA_FILE.to_string()]);
-        assert_eq!(BagMetadata::read(dir.path()).unwrap(), sample(Flavour::Jazzy));
+        assert_eq!(
+            BagMetadata::read(dir.path()).unwrap(),
+            sample(Flavour::Jazzy)
+        );
     }
 }

@@ -173,21 +173,51 @@ impl QosProfile {
                 }
             }
         }
-        fn pol<T>(v: Option<&Value>, key: &str, parse: fn(&Value) -> Option<T>, d: T) -> Result<T, String> {
+        fn pol<T>(
+            v: Option<&Value>,
+            key: &str,
+            parse: fn(&Value) -> Option<T>,
+            d: T,
+        ) -> Result<T, String> {
             match v {
                 None => Ok(d),
-                Some(v) => parse(v).ok_or_else(|| format!("QoS `{key}` has an unknown value {v:?}")),
+                Some(v) => {
+                    parse(v).ok_or_else(|| format!("QoS `{key}` has an unknown value {v:?}"))
+                }
             }
         }
         Ok(QosProfile {
-            history: pol(get("history"), "history", History::parse, History::SystemDefault)?,
+            history: pol(
+                get("history"),
+                "history",
+                History::parse,
+                History::SystemDefault,
+            )?,
             depth: get("depth").and_then(Value::as_u64).unwrap_or(0),
-            reliability: pol(get("reliability"), "reliability", Reliability::parse, Reliability::SystemDefault)?,
-            durability: pol(get("durability"), "durability", Durability::parse, Durability::SystemDefault)?,
+            reliability: pol(
+                get("reliability"),
+                "reliability",
+                Reliability::parse,
+                Reliability::SystemDefault,
+            )?,
+            durability: pol(
+                get("durability"),
+                "durability",
+                Durability::parse,
+                Durability::SystemDefault,
+            )?,
             deadline: dur(get("deadline"), "deadline")?,
             lifespan: dur(get("lifespan"), "lifespan")?,
-            liveliness: pol(get("liveliness"), "liveliness", Liveliness::parse, Liveliness::SystemDefault)?,
-            liveliness_lease_duration: dur(get("liveliness_lease_duration"), "liveliness_lease_duration")?,
+            liveliness: pol(
+                get("liveliness"),
+                "liveliness",
+                Liveliness::parse,
+                Liveliness::SystemDefault,
+            )?,
+            liveliness_lease_duration: dur(
+                get("liveliness_lease_duration"),
+                "liveliness_lease_duration",
+            )?,
             avoid_ros_namespace_conventions: get("avoid_ros_namespace_conventions")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
@@ -218,7 +248,9 @@ pub fn parse_profiles(v: &Value) -> Result<Vec<QosProfile>, String> {
         Value::Null => Ok(Vec::new()),
         Value::String(s) => parse_profiles_str(s),
         Value::Sequence(items) => items.iter().map(QosProfile::from_value).collect(),
-        other => Err(format!("offered_qos_profiles has unexpected form {other:?}")),
+        other => Err(format!(
+            "offered_qos_profiles has unexpected form {other:?}"
+        )),
     }
 }
 
@@ -244,14 +276,20 @@ mod tests {
     fn humble_integer_string_round_trips_byte_for_byte() {
         let parsed = parse_profiles_str(HUMBLE_REF).unwrap();
         assert_eq!(parsed, vec![QosProfile::default()]);
-        assert_eq!(profiles_to_yaml_string(&parsed, PolicyStyle::Integer), HUMBLE_REF);
+        assert_eq!(
+            profiles_to_yaml_string(&parsed, PolicyStyle::Integer),
+            HUMBLE_REF
+        );
     }
 
     #[test]
     fn jazzy_names_parse_to_the_same_profile() {
         let named = profiles_to_yaml_string(&[QosProfile::default()], PolicyStyle::Name);
         assert!(named.contains("reliability: reliable"));
-        assert_eq!(parse_profiles_str(&named).unwrap(), vec![QosProfile::default()]);
+        assert_eq!(
+            parse_profiles_str(&named).unwrap(),
+            vec![QosProfile::default()]
+        );
     }
 
     #[test]

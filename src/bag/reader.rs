@@ -77,7 +77,9 @@ pub fn find_split_files(dir: &Path) -> Result<Vec<String>, BagError> {
 
 pub fn open_read_only(path: &Path) -> Result<Connection, BagError> {
     if !path.exists() {
-        return Err(BagError::NotFound { path: path.to_path_buf() });
+        return Err(BagError::NotFound {
+            path: path.to_path_buf(),
+        });
     }
     let conn = Connection::open_with_flags(
         path,
@@ -94,13 +96,19 @@ pub fn open_read_only(path: &Path) -> Result<Connection, BagError> {
         .map(|n| n > 0)
         .map_err(BagError::sqlite(path))?;
     if !has_messages {
-        return Err(BagError::invalid(path, "not a rosbag2 split (no `messages` table)"));
+        return Err(BagError::invalid(
+            path,
+            "not a rosbag2 split (no `messages` table)",
+        ));
     }
     Ok(conn)
 }
 
 /// Schema version and distro from the `schema` table (absent before schema version 3).
-pub fn read_schema(conn: &Connection, path: &Path) -> Result<(Option<i64>, Option<String>), BagError> {
+pub fn read_schema(
+    conn: &Connection,
+    path: &Path,
+) -> Result<(Option<i64>, Option<String>), BagError> {
     let has: i64 = conn
         .query_row(
             "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='schema'",
@@ -137,8 +145,16 @@ pub fn read_topics(conn: &Connection, path: &Path) -> Result<Vec<(i64, TopicInfo
     let has = |c: &str| cols.iter().any(|x| x == c);
     let sql = format!(
         "SELECT id, name, type, serialization_format, {}, {} FROM topics ORDER BY id",
-        if has("offered_qos_profiles") { "offered_qos_profiles" } else { "''" },
-        if has("type_description_hash") { "type_description_hash" } else { "''" },
+        if has("offered_qos_profiles") {
+            "offered_qos_profiles"
+        } else {
+            "''"
+        },
+        if has("type_description_hash") {
+            "type_description_hash"
+        } else {
+            "''"
+        },
     );
     let mut st = conn.prepare(&sql).map_err(BagError::sqlite(path))?;
     let rows = st
@@ -183,15 +199,19 @@ pub struct SplitStats {
 
 pub fn split_stats(conn: &Connection, path: &Path) -> Result<SplitStats, BagError> {
     let (count, start, end): (i64, Option<i64>, Option<i64>) = conn
-        .query_row("SELECT count(*), min(timestamp), max(timestamp) FROM messages", [], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })
+        .query_row(
+            "SELECT count(*), min(timestamp), max(timestamp) FROM messages",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
         .map_err(BagError::sqlite(path))?;
     let per_topic_id = conn
         .prepare("SELECT topic_id, count(*) FROM messages GROUP BY topic_id")
         .and_then(|mut s| {
-            s.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64)))?
-                .collect::<Result<HashMap<_, _>, _>>()
+            s.query_map([], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64))
+            })?
+            .collect::<Result<HashMap<_, _>, _>>()
         })
         .map_err(BagError::sqlite(path))?;
     Ok(SplitStats {
@@ -206,10 +226,17 @@ impl Bag {
     /// Open a bag directory or a single .db3 file.
     pub fn open(path: &Path) -> Result<Bag, BagError> {
         if !path.exists() {
-            return Err(BagError::NotFound { path: path.to_path_buf() });
+            return Err(BagError::NotFound {
+                path: path.to_path_buf(),
+            });
         }
         if path.is_file() {
-            return Self::open_files(path, path.parent().unwrap_or(Path::new(".")), vec![file_name(path)], None);
+            return Self::open_files(
+                path,
+                path.parent().unwrap_or(Path::new(".")),
+                vec![file_name(path)],
+                None,
+            );
         }
         let meta_path = path.join(METADATA_FILE);
         if !meta_path.exists() {
@@ -242,7 +269,11 @@ impl Bag {
                 if as_is.exists() {
                     p
                 } else {
-                    Path::new(&p).file_name().and_then(|n| n.to_str()).unwrap_or(&p).to_string()
+                    Path::new(&p)
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .unwrap_or(&p)
+                        .to_string()
                 }
             })
             .collect();
@@ -258,7 +289,11 @@ impl Bag {
         if let Some(extra) = find_split_files(path)?
             .into_iter()
             .filter(|f| !listed.contains(f))
-            .find(|f| split_number(f).zip(newest_listed).is_some_and(|(n, m)| n > m))
+            .find(|f| {
+                split_number(f)
+                    .zip(newest_listed)
+                    .is_some_and(|(n, m)| n > m)
+            })
         {
             return Err(BagError::invalid(
                 &meta_path,
@@ -304,7 +339,11 @@ impl Bag {
                 derived_files.push(FileInfo {
                     path: rel.clone(),
                     starting_time_ns: st.start_ns,
-                    duration_ns: if st.count > 0 { st.end_ns - st.start_ns } else { 0 },
+                    duration_ns: if st.count > 0 {
+                        st.end_ns - st.start_ns
+                    } else {
+                        0
+                    },
                     message_count: st.count,
                 });
             }
@@ -321,7 +360,10 @@ impl Bag {
                 if t.message_count > 0 && !topics.iter().any(|x| x.name == t.topic.name) {
                     return Err(BagError::invalid(
                         path.join(METADATA_FILE),
-                        format!("topic {} is in metadata.yaml but in none of its files", t.topic.name),
+                        format!(
+                            "topic {} is in metadata.yaml but in none of its files",
+                            t.topic.name
+                        ),
                     ));
                 }
             }
@@ -352,7 +394,10 @@ impl Bag {
     pub fn messages(&self, filter: &ReadFilter) -> Result<MessageIter, BagError> {
         if let Some(names) = &filter.topics {
             if let Some(missing) = names.iter().find(|n| self.topic_index(n).is_none()) {
-                return Err(BagError::invalid(&self.path, format!("has no topic {missing}")));
+                return Err(BagError::invalid(
+                    &self.path,
+                    format!("has no topic {missing}"),
+                ));
             }
         }
         let mut cursors = Vec::new();
@@ -361,7 +406,9 @@ impl Bag {
             let mut id_to_topic = HashMap::new();
             let mut keep_ids = Vec::new();
             for (id, t) in read_topics(&conn, &s.path)? {
-                let idx = self.topic_index(&t.name).expect("topics were collected at open");
+                let idx = self
+                    .topic_index(&t.name)
+                    .expect("topics were collected at open");
                 let wanted = filter.topics.as_ref().is_none_or(|n| n.contains(&t.name));
                 if wanted {
                     keep_ids.push(id);
@@ -375,10 +422,18 @@ impl Bag {
                 None => String::new(),
                 Some(_) => format!(
                     " AND topic_id IN ({})",
-                    keep_ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+                    keep_ids
+                        .iter()
+                        .map(|i| i.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
                 ),
             };
-            let end_clause = if filter.end_ns.is_some() { " AND timestamp <= ?3" } else { "" };
+            let end_clause = if filter.end_ns.is_some() {
+                " AND timestamp <= ?3"
+            } else {
+                ""
+            };
             cursors.push(SplitCursor {
                 sql: format!("{}{topic_clause}{end_clause} {CURSOR_ORDER}", CURSOR_SELECT),
                 conn,
@@ -402,7 +457,10 @@ impl Bag {
 }
 
 fn file_name(p: &Path) -> String {
-    p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string()
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn derive_metadata(
@@ -461,7 +519,10 @@ impl SplitCursor {
         if self.done || !self.buf.is_empty() {
             return Ok(());
         }
-        let mut st = self.conn.prepare_cached(&self.sql).map_err(BagError::sqlite(&self.path))?;
+        let mut st = self
+            .conn
+            .prepare_cached(&self.sql)
+            .map_err(BagError::sqlite(&self.path))?;
         let mut rows = match self.end {
             Some(end) => st.query(rusqlite::params![self.last.0, self.last.1, end]),
             None => st.query(rusqlite::params![self.last.0, self.last.1]),
@@ -470,12 +531,20 @@ impl SplitCursor {
         let mut bytes = 0;
         while let Some(r) = rows.next().map_err(BagError::sqlite(&self.path))? {
             let row = (|| -> rusqlite::Result<_> {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?, r.get::<_, Vec<u8>>(3)?))
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, Vec<u8>>(3)?,
+                ))
             })()
             .map_err(BagError::sqlite(&self.path))?;
             let (id, topic_id, ts, data) = row;
             let topic = *self.id_to_topic.get(&topic_id).ok_or_else(|| {
-                BagError::invalid(&self.path, format!("message {id} names unknown topic id {topic_id}"))
+                BagError::invalid(
+                    &self.path,
+                    format!("message {id} names unknown topic id {topic_id}"),
+                )
             })?;
             bytes += data.len();
             self.last = (ts, id);

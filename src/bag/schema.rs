@@ -38,7 +38,9 @@ pub fn create_tables(conn: &Connection, flavour: Flavour) -> rusqlite::Result<()
 
 /// How a split is written: what a crash or a power cut costs, and what it buys in speed.
 /// See the README's durability table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize, serde::Serialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum StoragePreset {
     /// journal off, no syncs, exclusive lock, large cache and pages. A process crash loses
@@ -62,7 +64,9 @@ impl StoragePreset {
     /// Pragmas that must run before the first table is created (page size).
     pub fn create_pragmas(self) -> String {
         match self {
-            StoragePreset::WriteOptimized => format!("PRAGMA page_size={WRITE_OPTIMIZED_PAGE_SIZE};"),
+            StoragePreset::WriteOptimized => {
+                format!("PRAGMA page_size={WRITE_OPTIMIZED_PAGE_SIZE};")
+            }
             StoragePreset::Resilient | StoragePreset::None => String::new(),
         }
     }
@@ -77,7 +81,9 @@ impl StoragePreset {
             StoragePreset::Resilient => {
                 "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;".to_string()
             }
-            StoragePreset::None => "PRAGMA journal_mode=MEMORY; PRAGMA synchronous=OFF;".to_string(),
+            StoragePreset::None => {
+                "PRAGMA journal_mode=MEMORY; PRAGMA synchronous=OFF;".to_string()
+            }
         }
     }
 

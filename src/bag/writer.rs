@@ -117,7 +117,9 @@ pub struct BagWriter {
 
 impl std::fmt::Debug for BagWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BagWriter").field("dir", &self.dir).finish_non_exhaustive()
+        f.debug_struct("BagWriter")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -128,7 +130,9 @@ impl BagWriter {
     /// Create `dir` (it must not exist) and open split 0.
     pub fn create(dir: &Path, opts: WriterOptions) -> Result<Self, BagError> {
         if dir.exists() {
-            return Err(BagError::AlreadyExists { path: dir.to_path_buf() });
+            return Err(BagError::AlreadyExists {
+                path: dir.to_path_buf(),
+            });
         }
         let name = dir
             .file_name()
@@ -211,7 +215,10 @@ impl BagWriter {
         self.begin()?;
         for (topic, ts, data) in rows {
             if topic >= self.topics.len() {
-                return Err(BagError::invalid(&self.dir, format!("row names unknown topic index {topic}")));
+                return Err(BagError::invalid(
+                    &self.dir,
+                    format!("row names unknown topic index {topic}"),
+                ));
             }
             if self.must_split_before(ts, data.len() as u64) {
                 self.commit()?;
@@ -220,7 +227,9 @@ impl BagWriter {
             }
             let s = self.split.as_mut().expect("a split is open while writing");
             s.conn
-                .prepare_cached("INSERT INTO messages (topic_id, timestamp, data) VALUES (?1, ?2, ?3)")
+                .prepare_cached(
+                    "INSERT INTO messages (topic_id, timestamp, data) VALUES (?1, ?2, ?3)",
+                )
                 .and_then(|mut st| st.execute(params![topic as i64 + 1, ts, data]))
                 .map_err(BagError::sqlite(&s.path))?;
             s.count += 1;
@@ -396,12 +405,16 @@ impl BagWriter {
 
     fn begin(&mut self) -> Result<(), BagError> {
         let s = self.split.as_mut().expect("a split is open");
-        s.conn.execute_batch("BEGIN").map_err(BagError::sqlite(&s.path))
+        s.conn
+            .execute_batch("BEGIN")
+            .map_err(BagError::sqlite(&s.path))
     }
 
     fn commit(&mut self) -> Result<(), BagError> {
         let s = self.split.as_mut().expect("a split is open");
-        s.conn.execute_batch("COMMIT").map_err(BagError::sqlite(&s.path))?;
+        s.conn
+            .execute_batch("COMMIT")
+            .map_err(BagError::sqlite(&s.path))?;
         s.size_committed = split_size_on_disk(&s.path);
         s.pending_bytes = 0;
         Ok(())
@@ -461,7 +474,9 @@ impl BagWriter {
     /// topic in every split, so each file is readable alone.
     fn register_in_split(&mut self, idx: usize) -> Result<(), BagError> {
         let flavour = self.opts.flavour;
-        let Some(s) = self.split.as_mut() else { return Ok(()) };
+        let Some(s) = self.split.as_mut() else {
+            return Ok(());
+        };
         if s.registered.len() <= idx {
             s.registered.resize(idx + 1, false);
             s.per_topic.resize(idx + 1, 0);
@@ -509,7 +524,14 @@ impl BagWriter {
 
     /// Split-local metadata text for Jazzy's `metadata` table: this file only, so the work
     /// per split is O(topics), never O(splits so far).
-    fn split_metadata(&self, rel: &str, start: i64, end: i64, count: u64, per_topic: &[u64]) -> String {
+    fn split_metadata(
+        &self,
+        rel: &str,
+        start: i64,
+        end: i64,
+        count: u64,
+        per_topic: &[u64],
+    ) -> String {
         let mut m = BagMetadata::empty(self.opts.flavour);
         let file = FileInfo {
             path: rel.to_string(),
@@ -539,7 +561,9 @@ impl BagWriter {
     /// Commit and close the open split; fsync it and the directory before it counts as
     /// closed (retention may delete older splits only after that).
     fn close_open_split(&mut self) -> Result<(), BagError> {
-        let Some(s) = self.split.take() else { return Ok(()) };
+        let Some(s) = self.split.take() else {
+            return Ok(());
+        };
         if self.opts.flavour == Flavour::Jazzy {
             let text = self.split_metadata(&s.rel, s.start_ns, s.end_ns, s.count, &s.per_topic);
             s.conn
@@ -609,7 +633,11 @@ fn open_file_info(s: &OpenSplit) -> FileInfo {
     FileInfo {
         path: s.rel.clone(),
         starting_time_ns: s.start_ns,
-        duration_ns: if s.count > 0 { s.end_ns - s.start_ns } else { 0 },
+        duration_ns: if s.count > 0 {
+            s.end_ns - s.start_ns
+        } else {
+            0
+        },
         message_count: s.count,
     }
 }
@@ -630,7 +658,9 @@ pub fn split_size_on_disk(path: &Path) -> u64 {
     let main = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let mut wal = path.as_os_str().to_owned();
     wal.push("-wal");
-    main + fs::metadata(PathBuf::from(wal)).map(|m| m.len()).unwrap_or(0)
+    main + fs::metadata(PathBuf::from(wal))
+        .map(|m| m.len())
+        .unwrap_or(0)
 }
 
 fn remove_split_file(path: &Path) -> Result<(), BagError> {

@@ -8,7 +8,11 @@ impl log::Log for StderrLogger {
     }
     fn log(&self, r: &log::Record) {
         if self.enabled(r.metadata()) {
-            eprintln!("ringbag: {}: {}", r.level().as_str().to_lowercase(), r.args());
+            eprintln!(
+                "ringbag: {}: {}",
+                r.level().as_str().to_lowercase(),
+                r.args()
+            );
         }
     }
     fn flush(&self) {}

@@ -21,7 +21,11 @@ fn flag<T>(name: &str, r: Result<T, String>) -> Result<T, String> {
 }
 
 pub fn default_output_name() -> PathBuf {
-    PathBuf::from(chrono::Local::now().format("rosbag2_%Y_%m_%d-%H_%M_%S").to_string())
+    PathBuf::from(
+        chrono::Local::now()
+            .format("rosbag2_%Y_%m_%d-%H_%M_%S")
+            .to_string(),
+    )
 }
 
 pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {

@@ -4,7 +4,9 @@
 /// powers of 1000, as their names say.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let mult: u64 = match unit.trim() {
         "" | "B" => 1,
@@ -38,7 +40,9 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 /// `30`, `30s`, `1.5m`, `2h`, `7d` → nanoseconds. A bare number is seconds, as in ros2 bag.
 pub fn parse_duration_ns(s: &str) -> Result<i64, String> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let secs: f64 = match unit.trim() {
         "" | "s" => 1.0,
@@ -94,6 +98,8 @@ mod tests {
         assert_eq!(parse_duration_ns("1d").unwrap(), 86_400_000_000_000);
         assert_eq!(parse_duration_ns("0.5").unwrap(), 500_000_000);
         assert!(parse_duration_ns("-1").is_err());
-        assert!(parse_duration_ns("1w").unwrap_err().contains("unknown duration unit"));
+        assert!(parse_duration_ns("1w")
+            .unwrap_err()
+            .contains("unknown duration unit"));
     }
 }

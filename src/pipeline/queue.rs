@@ -77,7 +77,11 @@ impl Producer {
             t.push(stats.clone());
         }
         // The writer owns the receiver until it exits; after that nothing is recorded anyway.
-        let _ = self.reg_tx.send(Register { id, info, definition });
+        let _ = self.reg_tx.send(Register {
+            id,
+            info,
+            definition,
+        });
         TopicHandle { id, stats }
     }
 
@@ -156,7 +160,13 @@ impl Producer {
         }
     }
 
-    fn enqueue(&self, topic: &TopicHandle, ts: i64, data: Vec<u8>, count_drop: bool) -> Result<(), Vec<u8>> {
+    fn enqueue(
+        &self,
+        topic: &TopicHandle,
+        ts: i64,
+        data: Vec<u8>,
+        count_drop: bool,
+    ) -> Result<(), Vec<u8>> {
         let len = data.len();
         let shared = &self.shared;
         let rejected = |data: Vec<u8>| {
@@ -177,7 +187,11 @@ impl Producer {
             shared.in_flight.fetch_sub(len, Relaxed);
             return rejected(data);
         }
-        match self.tx.try_send(Item { topic: topic.id, ts, data }) {
+        match self.tx.try_send(Item {
+            topic: topic.id,
+            ts,
+            data,
+        }) {
             Ok(()) => {
                 topic.stats.accepted.fetch_add(1, Relaxed);
                 topic.stats.bytes.fetch_add(len as u64, Relaxed);
@@ -202,6 +216,8 @@ pub(crate) fn give_back(shared: &Shared, buf: Vec<u8>) {
         return;
     }
     if let Err(e) = shared.pool_tx.try_send(buf) {
-        shared.pool_bytes.fetch_sub(e.into_inner().capacity(), Relaxed);
+        shared
+            .pool_bytes
+            .fetch_sub(e.into_inner().capacity(), Relaxed);
     }
 }

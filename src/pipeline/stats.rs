@@ -65,7 +65,10 @@ impl std::fmt::Display for RecordSummary {
             self.splits_created, self.splits_deleted, self.bag_size_bytes
         )?;
         for (name, written, dropped) in &self.per_topic {
-            writeln!(f, "  {name:<40} written {written:>10}  dropped {dropped:>8}")?;
+            writeln!(
+                f,
+                "  {name:<40} written {written:>10}  dropped {dropped:>8}"
+            )?;
         }
         Ok(())
     }

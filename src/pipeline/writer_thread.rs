@@ -139,11 +139,20 @@ impl Pipeline {
 
     /// Per-topic counters so far.
     pub fn topic_stats(&self) -> Vec<Arc<TopicStats>> {
-        self.shared.topics.lock().map(|t| t.clone()).unwrap_or_default()
+        self.shared
+            .topics
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default()
     }
 
     /// Stop accepting, write everything already accepted, finish the bag.
-    pub fn finish(mut self) -> (Result<(BagSummary, StopReason), PipelineError>, RecordSummary) {
+    pub fn finish(
+        mut self,
+    ) -> (
+        Result<(BagSummary, StopReason), PipelineError>,
+        RecordSummary,
+    ) {
         self.shared.stop.store(true, Relaxed);
         let result = match self.handle.take() {
             Some(h) => h.join().unwrap_or_else(|p| {
@@ -154,7 +163,9 @@ impl Pipeline {
                     .unwrap_or_else(|| "unknown panic".into());
                 Err(PipelineError::Panicked(msg))
             }),
-            None => Err(PipelineError::Panicked("writer thread could not be spawned".into())),
+            None => Err(PipelineError::Panicked(
+                "writer thread could not be spawned".into(),
+            )),
         };
         let stats = self.topic_stats();
         let mut summary = RecordSummary {
@@ -166,7 +177,9 @@ impl Pipeline {
             summary.messages_written += t.accepted();
             summary.bytes_written += t.bytes();
             summary.dropped_total += t.dropped();
-            summary.per_topic.push((t.name.clone(), t.accepted(), t.dropped()));
+            summary
+                .per_topic
+                .push((t.name.clone(), t.accepted(), t.dropped()));
         }
         if let Ok((bag, _)) = &result {
             summary.bag_size_bytes = bag.size_bytes;
@@ -224,7 +237,9 @@ impl WriterCtx {
             let stopping = self.shared.stop.load(Relaxed);
             self.drain_registrations()?;
             let mut disconnected = false;
-            while batch.len() < self.cfg.batch_max_messages && batch_bytes < self.cfg.batch_max_bytes {
+            while batch.len() < self.cfg.batch_max_messages
+                && batch_bytes < self.cfg.batch_max_bytes
+            {
                 match self.rx.try_recv() {
                     Ok(item) => {
                         if batch.is_empty() {
@@ -240,7 +255,8 @@ impl WriterCtx {
                     }
                 }
             }
-            let full = batch.len() >= self.cfg.batch_max_messages || batch_bytes >= self.cfg.batch_max_bytes;
+            let full = batch.len() >= self.cfg.batch_max_messages
+                || batch_bytes >= self.cfg.batch_max_bytes;
             let due = !batch.is_empty() && batch_started.elapsed() >= self.cfg.batch_max_delay;
             if full || due || ((stopping || disconnected) && !batch.is_empty()) {
                 self.write(&mut batch)?;
@@ -269,7 +285,10 @@ impl WriterCtx {
             let wait = if batch.is_empty() {
                 Duration::from_millis(5)
             } else {
-                self.cfg.batch_max_delay.saturating_sub(batch_started.elapsed()).min(Duration::from_millis(5))
+                self.cfg
+                    .batch_max_delay
+                    .saturating_sub(batch_started.elapsed())
+                    .min(Duration::from_millis(5))
             };
             std::thread::park_timeout(wait);
         }
@@ -289,13 +308,19 @@ impl WriterCtx {
 
     fn write(&mut self, batch: &mut Vec<Item>) -> Result<(), PipelineError> {
         // A registration sent before its first message may still be in flight.
-        if batch
-            .iter()
-            .any(|i| self.topic_map.get(i.topic as usize).copied().flatten().is_none())
-        {
+        if batch.iter().any(|i| {
+            self.topic_map
+                .get(i.topic as usize)
+                .copied()
+                .flatten()
+                .is_none()
+        }) {
             self.drain_registrations()?;
         }
-        let incoming: u64 = batch.iter().map(|i| i.data.len() as u64 + ROW_OVERHEAD_BYTES).sum();
+        let incoming: u64 = batch
+            .iter()
+            .map(|i| i.data.len() as u64 + ROW_OVERHEAD_BYTES)
+            .sum();
         let newest = batch.iter().map(|i| i.ts).max().unwrap_or(0);
         if let Some(ret) = self.retention.as_mut() {
             let w = self.writer.as_mut().expect("writer present");
@@ -334,7 +359,12 @@ impl WriterCtx {
 
     /// Log drops at most once a second; producers only count.
     fn report_drops(&self, already: u64) -> u64 {
-        let topics = self.shared.topics.lock().map(|t| t.clone()).unwrap_or_default();
+        let topics = self
+            .shared
+            .topics
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default();
         let total: u64 = topics.iter().map(|t| t.dropped()).sum();
         if total > already {
             let detail: Vec<String> = topics
@@ -353,12 +383,20 @@ impl WriterCtx {
 
     /// Drops per topic go into the bag's custom_data so the bag says it is incomplete.
     fn annotate_custom_data(&mut self) {
-        let topics = self.shared.topics.lock().map(|t| t.clone()).unwrap_or_default();
+        let topics = self
+            .shared
+            .topics
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default();
         let total: u64 = topics.iter().map(|t| t.dropped()).sum();
         let w = self.writer();
         w.set_custom_data("ringbag.dropped_messages", total.to_string());
         for t in topics.iter().filter(|t| t.dropped() > 0) {
-            w.set_custom_data(format!("ringbag.dropped_messages.{}", t.name), t.dropped().to_string());
+            w.set_custom_data(
+                format!("ringbag.dropped_messages.{}", t.name),
+                t.dropped().to_string(),
+            );
         }
     }
 

@@ -80,7 +80,9 @@ pub fn run(cfg: GeneratorConfig, producer: &Producer) -> GeneratorReport {
         let seq = lane.seq;
         let encoder = &mut lane.encoder;
         let ok = match cfg.pace {
-            Pace::Realtime => producer.push_with(&lane.handle, |ts, buf| encoder.encode(seq, ts, buf)),
+            Pace::Realtime => {
+                producer.push_with(&lane.handle, |ts, buf| encoder.encode(seq, ts, buf))
+            }
             Pace::Max => {
                 let mut r = producer.try_push_with(&lane.handle, spare.take(), |ts, buf| {
                     encoder.encode(seq, ts, buf)

@@ -114,7 +114,9 @@ impl SyntheticProfile {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
     /// std_msgs/String whose serialized size is exactly `total_len`.
-    Text { total_len: usize },
+    Text {
+        total_len: usize,
+    },
     Imu {
         frame_id: &'static str,
     },
@@ -413,7 +415,10 @@ fn encode_tf(buf: &mut Vec<u8>, seq: u64, stamp_ns: i64) {
             ([0.001 * t, 0.0, 0.0], 0.0)
         } else {
             let a = t * 0.1;
-            ([5.0 * a.cos(), 5.0 * a.sin(), 0.0], a + std::f64::consts::FRAC_PI_2)
+            (
+                [5.0 * a.cos(), 5.0 * a.sin(), 0.0],
+                a + std::f64::consts::FRAC_PI_2,
+            )
         };
         for v in translation {
             w.f64(v);
