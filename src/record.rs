@@ -53,10 +53,10 @@ pub struct RecordOutcome {
 pub fn run(
     settings: RecordSettings,
 ) -> Result<RecordOutcome, (RecordError, Option<RecordSummary>)> {
-    signals::install().map_err(|e| (RecordError::Signals(e), None))?;
+    signals::install().map_err(|e| failure(RecordError::Signals(e), None))?;
     let clock: Arc<dyn TimeSource> = Arc::new(SystemClock);
     let writer = BagWriter::create(&settings.output, settings.writer.clone())
-        .map_err(|e| (e.into(), None))?;
+        .map_err(|e| failure(e.into(), None))?;
     log::info!("recording into {}", settings.output.display());
     let pipeline = Pipeline::start(
         writer,
@@ -107,8 +107,8 @@ pub fn run(
         .unwrap_or_else(|_| Err("source thread panicked".to_string()));
     let (result, summary) = pipeline.finish();
     match (result, source_result) {
-        (Err(e), _) => Err((e.into(), Some(summary))),
-        (Ok(_), Err(e)) => Err((RecordError::Source(e), Some(summary))),
+        (Err(e), _) => Err(failure(e.into(), Some(summary))),
+        (Ok(_), Err(e)) => Err(failure(RecordError::Source(e), Some(summary))),
         (Ok((bag, stop)), Ok(())) => Ok(RecordOutcome { bag, stop, summary }),
     }
 }

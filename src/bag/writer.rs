@@ -501,7 +501,7 @@ impl BagWriter {
             ),
         };
         r.map_err(BagError::sqlite(&s.path))?;
-        if flavour == Flavour::Jazzy && !s.definitions.iter().any(|d| *d == t.info.type_name) {
+        if flavour == Flavour::Jazzy && !s.definitions.contains(&t.info.type_name) {
             // rosbag2 writes a row per type even when the definition is unknown.
             let def = t.definition.clone().unwrap_or_else(|| MessageDefinition {
                 topic_type: t.info.type_name.clone(),

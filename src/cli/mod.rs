@@ -70,10 +70,11 @@ fn cmd_record(a: &args::RecordArgs) -> i32 {
             }
             EXIT_OK
         }
-        Err((e, summary)) => {
-            if let Some(s) = summary {
+        Err(f) => {
+            if let Some(s) = &f.summary {
                 eprint!("{s}");
             }
+            let e = f.error;
             let code = match &e {
                 RecordError::Bag(crate::bag::BagError::AlreadyExists { .. }) => EXIT_BAD_INPUT,
                 _ => EXIT_FAILURE,
