@@ -50,9 +50,17 @@ pub struct RecordOutcome {
 
 /// Record until done. On a writer failure the bag is finished as far as possible and the
 /// error is returned (with the summary, so the caller can still print what was kept).
-pub fn run(
-    settings: RecordSettings,
-) -> Result<RecordOutcome, (RecordError, Option<RecordSummary>)> {
+/// A failed recording: the error, and what was recorded before it (if the pipeline ran).
+pub struct RecordFailure {
+    pub error: RecordError,
+    pub summary: Option<RecordSummary>,
+}
+
+fn failure(error: RecordError, summary: Option<RecordSummary>) -> Box<RecordFailure> {
+    Box::new(RecordFailure { error, summary })
+}
+
+pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>> {
     signals::install().map_err(|e| failure(RecordError::Signals(e), None))?;
     let clock: Arc<dyn TimeSource> = Arc::new(SystemClock);
     let writer = BagWriter::create(&settings.output, settings.writer.clone())
