@@ -95,7 +95,7 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
         Ok(h) => h,
         Err(e) => {
             let (_, summary) = pipeline.finish();
-            return Err((
+            return Err(failure(
                 RecordError::Source(format!("cannot start source thread: {e}")),
                 Some(summary),
             ));
