@@ -39,8 +39,9 @@ fn synthetic_robot_recording_gives_a_complete_bag() {
     let n = bag
         .messages(&ReadFilter::default())
         .unwrap()
-        .map(|m| m.unwrap())
-        .count();
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap()
+        .len();
     assert_eq!(n, 500);
     assert_eq!(
         bag.metadata.custom_data.len(),
