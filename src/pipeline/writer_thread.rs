@@ -15,6 +15,9 @@ use crate::bag::BagError;
 use crate::clock::TimeSource;
 use crate::retention::{Retention, RetentionError, Verdict};
 
+/// Free space kept in hand beyond each batch, for metadata.yaml and split headers.
+pub const DISK_RESERVE_BYTES: u64 = 1 << 20;
+
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
     /// Byte budget of queued messages (`--max-cache-size`).
@@ -47,6 +50,12 @@ pub enum PipelineError {
     Bag(#[from] BagError),
     #[error(transparent)]
     Retention(#[from] RetentionError),
+    #[error("{path}: only {available} bytes free, a batch needs {needed}; stopped before the disk filled (free some space, or bound the recording with --max-record-size / --min-free-space)")]
+    DiskFull {
+        path: std::path::PathBuf,
+        available: u64,
+        needed: u64,
+    },
     #[error("writer thread panicked: {0}")]
     Panicked(String),
 }
@@ -327,6 +336,7 @@ impl WriterCtx {
             let n = ret.before_batch(w, incoming, newest)?;
             self.splits_deleted.fetch_add(n, Relaxed);
         }
+        self.check_free_space(incoming)?;
         let map = &self.topic_map;
         let rows = batch.iter().filter_map(|i| {
             let idx = map.get(i.topic as usize).copied().flatten()?;
@@ -340,6 +350,26 @@ impl WriterCtx {
         }
         self.shared.in_flight.fetch_sub(bytes, Relaxed);
         result?;
+        Ok(())
+    }
+
+    /// With journaling off, hitting ENOSPC mid-transaction can leave the open split
+    /// damaged. So never start a batch the filesystem cannot hold: one statvfs per batch.
+    fn check_free_space(&mut self, incoming: u64) -> Result<(), PipelineError> {
+        let dir = self.writer().dir().to_path_buf();
+        let Ok(st) = nix::sys::statvfs::statvfs(&dir) else {
+            return Ok(()); // Unknown: let the write itself report any failure.
+        };
+        let available = st.blocks_available() as u64 * st.fragment_size() as u64;
+        // The batch, its index pages, and metadata.yaml rewrites with room to spare.
+        let needed = incoming + incoming / 8 + DISK_RESERVE_BYTES;
+        if available < needed {
+            return Err(PipelineError::DiskFull {
+                path: dir,
+                available,
+                needed,
+            });
+        }
         Ok(())
     }
 

@@ -3,5 +3,6 @@
 mod common;
 mod errors;
 mod format;
+mod fuzz;
 mod reader;
 mod record;
