@@ -360,6 +360,7 @@ impl WriterCtx {
         let Ok(st) = nix::sys::statvfs::statvfs(&dir) else {
             return Ok(()); // Unknown: let the write itself report any failure.
         };
+        #[allow(clippy::unnecessary_cast)] // fsblkcnt_t is 32-bit on some targets
         let available = st.blocks_available() as u64 * st.fragment_size() as u64;
         // The batch, its index pages, and metadata.yaml rewrites with room to spare.
         let needed = incoming + incoming / 8 + DISK_RESERVE_BYTES;
