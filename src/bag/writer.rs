@@ -435,7 +435,7 @@ impl BagWriter {
         let conn = Connection::open_with_flags(&path, flags).map_err(BagError::sqlite(&path))?;
         let preset = self.opts.preset;
         let setup = || -> rusqlite::Result<()> {
-            conn.execute_batch(&preset.create_pragmas())?;
+            conn.execute_batch(&preset.create_pragmas(self.opts.max_bag_size))?;
             apply_pragmas(&conn, &preset.write_pragmas())?;
             create_tables(&conn, self.opts.flavour)?;
             if self.opts.flavour == Flavour::Jazzy {

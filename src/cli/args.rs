@@ -28,6 +28,40 @@ pub enum Command {
     Record(Box<RecordArgs>),
     /// Describe a bag (like `ros2 bag info`), plus the size of each split.
     Info(InfoArgs),
+    /// Replay a bag (like `ros2 bag play`) to ROS topics, or print it with `--sink echo`.
+    Play(PlayArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SinkKind {
+    /// Publish on ROS 2 topics (needs a build with `--features ros`).
+    Ros,
+    /// Print each message instead of publishing it.
+    Echo,
+}
+
+#[derive(Debug, Args)]
+pub struct PlayArgs {
+    /// Bag directory, or a single .db3 file.
+    pub bag: PathBuf,
+    /// Play only these topics (default: all).
+    #[arg(long, num_args = 1..)]
+    pub topics: Vec<String>,
+    /// Speed factor (> 0): 2 plays twice as fast, 0.5 at half speed.
+    #[arg(short = 'r', long, default_value_t = 1.0)]
+    pub rate: f64,
+    /// Start this far into the bag. Seconds, or with s/m/h/d.
+    #[arg(long, default_value = "0")]
+    pub start_offset: String,
+    /// Start again from the beginning at the end, until stopped.
+    #[arg(short = 'l', long = "loop")]
+    pub loop_playback: bool,
+    /// Where messages go [default: ros in builds with the `ros` feature, else echo].
+    #[arg(long, value_enum)]
+    pub sink: Option<SinkKind>,
+    /// Line format of the echo sink.
+    #[arg(long, value_enum, default_value = "text")]
+    pub echo_format: crate::play::EchoFormat,
 }
 
 #[derive(Debug, Args)]

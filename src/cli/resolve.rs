@@ -100,3 +100,24 @@ fn ros_source(_a: &RecordArgs) -> Result<SourceSettings, String> {
 fn ros_source(_a: &RecordArgs) -> Result<SourceSettings, String> {
     Err("--source ros: not wired yet".into())
 }
+
+pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySettings, String> {
+    if !(a.rate.is_finite() && a.rate > 0.0) {
+        return Err(format!(
+            "--rate {}: must be a number greater than 0",
+            a.rate
+        ));
+    }
+    let start_offset_ns = flag("--start-offset", parse_duration_ns(&a.start_offset))?;
+    Ok(crate::play::PlaySettings {
+        bag: a.bag.clone(),
+        topics: if a.topics.is_empty() {
+            None
+        } else {
+            Some(a.topics.clone())
+        },
+        rate: a.rate,
+        start_offset_ns,
+        loop_playback: a.loop_playback,
+    })
+}

@@ -213,3 +213,48 @@ fn full_disk_stops_cleanly_with_one_error_and_a_readable_bag() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+fn record_max(out: &std::path::Path, profile: &str, count: &str, max_bag_size: &str) -> Bag {
+    let o = run(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--synthetic-profile",
+        profile,
+        "--synthetic-rate",
+        "max",
+        "--synthetic-count",
+        count,
+        "-b",
+        max_bag_size,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    Bag::open(out).unwrap()
+}
+
+#[test]
+fn splits_stay_within_max_bag_size_and_hold_many_messages() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (profile, count, max) in [("small", "3000", 86016u64), ("medium", "200", 1 << 20)] {
+        let bag = record_max(&tmp.path().join(profile), profile, count, &max.to_string());
+        let n: u64 = count.parse().unwrap();
+        assert_eq!(bag.metadata.message_count, n);
+        for s in &bag.splits {
+            assert!(s.size_bytes <= max, "{} is {} > {max}", s.rel, s.size_bytes);
+        }
+        let per_split = n / bag.splits.len() as u64;
+        assert!(
+            per_split >= 10,
+            "{profile}: only {per_split} messages per split"
+        );
+    }
+}
+
+#[test]
+fn a_message_larger_than_the_split_size_gets_a_split_of_its_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = record_max(&tmp.path().join("large"), "large", "6", "86016");
+    assert_eq!(bag.metadata.message_count, 6, "none lost");
+    let counts: Vec<u64> = bag.metadata.files.iter().map(|f| f.message_count).collect();
+    assert!(counts[..6].iter().all(|&c| c == 1), "{counts:?}");
+}
