@@ -147,7 +147,7 @@ pub fn diagnose(settings: &ClockSettings, samples: usize) -> Result<ClockReport,
         .map(|(s, rtm)| SampleReport {
             window_ns: s.window_ns(),
             phc_minus_utc_ns: s.phc_ns - (s.sys_mid_ns() + rtm),
-            residual_ns: est.map_or(0.0, |e| s.phc_ns as f64 - e.phc_at(s.sys_mid_ns())),
+            residual_ns: est.map_or(0.0, |e| (s.phc_ns - e.phc_at(s.sys_mid_ns())) as f64),
         })
         .collect();
     let mut diffs: Vec<i64> = report.samples.iter().map(|s| s.phc_minus_utc_ns).collect();
@@ -157,7 +157,7 @@ pub fn diagnose(settings: &ClockSettings, samples: usize) -> Result<ClockReport,
     if let (Some(e), Some((last, rtm))) = (est, raw.last()) {
         let mid = last.sys_mid_ns();
         report.offset_ns =
-            Some((e.phc_at(mid) as i64) - settings.phc_minus_utc_ns() - (mid + rtm));
+            Some(e.phc_at(mid) - settings.phc_minus_utc_ns() - (mid + rtm));
         report.drift_ppb = Some(e.drift_ppb);
         report.uncertainty_ns = Some(e.uncertainty_ns);
     }

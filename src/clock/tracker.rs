@@ -44,8 +44,9 @@ impl Default for EstimatorConfig {
 pub struct Estimate {
     /// CLOCK_MONOTONIC ns the offset refers to (the newest sample).
     pub ref_sys_ns: i64,
-    /// PHC − CLOCK_MONOTONIC at `ref_sys_ns`, ns.
-    pub offset_ns: f64,
+    /// PHC − CLOCK_MONOTONIC at `ref_sys_ns`, ns. Integer on purpose: the offset is
+    /// epoch-sized (~1.8e18 ns), where an f64 only resolves 256 ns.
+    pub offset_ns: i64,
     /// Rate of the PHC against CLOCK_MONOTONIC, parts per billion.
     pub drift_ppb: f64,
     /// Offset uncertainty at `ref_sys_ns`, ns: root-sum-square of the median half window
@@ -57,9 +58,9 @@ pub struct Estimate {
 
 impl Estimate {
     /// Predicted PHC reading at CLOCK_MONOTONIC `sys_ns`.
-    pub fn phc_at(&self, sys_ns: i64) -> f64 {
+    pub fn phc_at(&self, sys_ns: i64) -> i64 {
         let dt = (sys_ns - self.ref_sys_ns) as f64;
-        sys_ns as f64 + self.offset_ns + dt * self.drift_ppb * 1e-9
+        sys_ns + self.offset_ns + (dt * self.drift_ppb * 1e-9).round() as i64
     }
 
     /// Uncertainty at `sys_ns`, including extrapolation since the last sample.
@@ -82,7 +83,7 @@ pub enum Observation {
 #[derive(Debug, Clone, Copy)]
 struct Point {
     sys: i64,
-    off: f64,
+    off: i64,
     half_width: f64,
 }
 
@@ -90,7 +91,7 @@ impl Point {
     fn from_sample(s: &PhcSample) -> Self {
         Self {
             sys: s.sys_mid_ns(),
-            off: s.offset_ns() as f64,
+            off: s.offset_ns(),
             half_width: (s.window_ns().max(0) as f64) / 2.0,
         }
     }
@@ -138,7 +139,7 @@ impl Estimator {
             self.push(p);
             return Observation::Accepted;
         };
-        let residual = p.off - (est.phc_at(p.sys) - p.sys as f64);
+        let residual = (p.off - (est.phc_at(p.sys) - p.sys)) as f64;
         if residual.abs() <= threshold {
             if self.suspect.take().is_some() {
                 self.outliers += 1;
@@ -149,7 +150,8 @@ impl Estimator {
         match self.suspect.take() {
             // Confirmed when the new sample agrees with the held one (drift applied).
             Some(prev)
-                if (p.off - prev.off - (p.sys - prev.sys) as f64 * est.drift_ppb * 1e-9).abs()
+                if ((p.off - prev.off) as f64 - (p.sys - prev.sys) as f64 * est.drift_ppb * 1e-9)
+                    .abs()
                     <= threshold =>
             {
                 self.steps += 1;
@@ -187,6 +189,8 @@ impl Estimator {
             return;
         };
         let ref_sys = newest.sys;
+        // Offsets relative to the newest one keep the fit in f64's exact range.
+        let ref_off = newest.off;
         // Weights 1/(half window² + 10 ns²): narrow windows carry more information; the floor
         // keeps a zero-width sample from owning the fit.
         let pts: Vec<(f64, f64, f64)> = self
@@ -194,7 +198,7 @@ impl Estimator {
             .iter()
             .map(|p| {
                 let w = 1.0 / (p.half_width * p.half_width + 100.0);
-                ((p.sys - ref_sys) as f64, p.off, w)
+                ((p.sys - ref_sys) as f64, (p.off - ref_off) as f64, w)
             })
             .collect();
         let sw: f64 = pts.iter().map(|p| p.2).sum();
@@ -234,7 +238,7 @@ impl Estimator {
         };
         self.estimate = Some(Estimate {
             ref_sys_ns: ref_sys,
-            offset_ns: offset,
+            offset_ns: ref_off + offset.round() as i64,
             drift_ppb: slope * 1e9,
             uncertainty_ns: uncertainty,
             drift_sigma_ppb,
@@ -488,21 +492,21 @@ impl TrackerCore {
         let Some(est) = self.estimator.estimate() else {
             return;
         };
-        let target = est.phc_at(now) - self.phc_minus_utc_ns as f64;
+        let target = est.phc_at(now) - self.phc_minus_utc_ns;
         let rate0 = est.drift_ppb * 1e-9;
         let line = match self.current {
             None => Line {
                 base_sys_ns: now,
-                base_utc_ns: target.round() as i64,
+                base_utc_ns: target,
                 rate: rate0,
             },
             Some(cur) => {
                 let at = cur.eval(now);
-                let err = target - at as f64;
+                let err = (target - at) as f64;
                 if err > self.step_threshold_ns as f64 {
                     Line {
                         base_sys_ns: now,
-                        base_utc_ns: target.round() as i64,
+                        base_utc_ns: target,
                         rate: rate0,
                     }
                 } else {
