@@ -37,8 +37,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .min_by(|a, b| a.tracked_ns.total_cmp(&b.tracked_ns))
         .ok_or("no rounds")?;
     println!("\n== ns per stamp (best of 3 x {N}) ==");
-    println!("tracked clock (ClockHandle::now_ns): {:6.1} ns", best.tracked_ns);
-    println!("system clock (CLOCK_REALTIME):       {:6.1} ns", best.system_ns);
+    println!(
+        "tracked clock (ClockHandle::now_ns): {:6.1} ns",
+        best.tracked_ns
+    );
+    println!(
+        "system clock (CLOCK_REALTIME):       {:6.1} ns",
+        best.system_ns
+    );
     if let Some(d) = best.device_ns {
         println!("direct clock_gettime on the device:  {d:6.1} ns");
     }

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringbag::clock::{
-    diagnose, start, start_with_device, ClockError, ClockKind, ClockSettings, PhcDevice,
-    PhcSample, PtpDevice, ReadMethod, SystemClock, TimeSource, Timescale, MONOTONIC_RAW_STAND_IN,
+    diagnose, start, start_with_device, ClockError, ClockKind, ClockSettings, PhcDevice, PhcSample,
+    PtpDevice, ReadMethod, SystemClock, TimeSource, Timescale, MONOTONIC_RAW_STAND_IN,
 };
 
 fn settings(kind: ClockKind, device: &str) -> ClockSettings {
@@ -62,7 +62,10 @@ fn reports_permission_denied_for_an_unreadable_device_file() {
     // Child mode: re-run of this very test under an unprivileged uid.
     if let Ok(path) = std::env::var(CHILD_VAR) {
         let err = PtpDevice::open(Path::new(&path)).expect_err("opened an unreadable file");
-        assert!(matches!(err, ClockError::PermissionDenied { .. }), "{err:?}");
+        assert!(
+            matches!(err, ClockError::PermissionDenied { .. }),
+            "{err:?}"
+        );
         assert_eq!(
             err.to_string(),
             format!("PTP device {path}: permission denied (run as root or give the service user read access to the device)")
@@ -78,7 +81,10 @@ fn reports_permission_denied_for_an_unreadable_device_file() {
 
     if !nix::unistd::geteuid().is_root() {
         let err = PtpDevice::open(&path).expect_err("opened an unreadable file");
-        assert!(matches!(err, ClockError::PermissionDenied { .. }), "{err:?}");
+        assert!(
+            matches!(err, ClockError::PermissionDenied { .. }),
+            "{err:?}"
+        );
         return;
     }
     // Root reads anything: drop to nobody in a subprocess that re-runs this test.
@@ -103,7 +109,8 @@ fn reports_permission_denied_for_an_unreadable_device_file() {
     };
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() && stderr.contains("Permission denied") && !stdout.contains("running") {
+    if !out.status.success() && stderr.contains("Permission denied") && !stdout.contains("running")
+    {
         eprintln!("SKIPPED permission test: nobody cannot execute the test binary: {stderr}");
         return;
     }
@@ -125,7 +132,9 @@ fn ptp_policy_fails_at_start_with_the_device_error() {
 fn auto_policy_falls_back_to_the_system_clock_and_says_why() {
     let h = start(&settings(ClockKind::Auto, "/dev/ptp-missing")).expect("auto must not fail");
     assert_eq!(h.source_name(), "system");
-    assert!(h.fallback_reason().is_some_and(|r| r.contains("/dev/ptp-missing")));
+    assert!(h
+        .fallback_reason()
+        .is_some_and(|r| r.contains("/dev/ptp-missing")));
     let kv = h.custom_data();
     let get = |k: &str| kv.iter().find(|(kk, _)| kk == k).map(|(_, v)| v.as_str());
     assert_eq!(get("ringbag.clock"), Some("system"));
@@ -172,7 +181,10 @@ fn stand_in_device_stamps_utc_on_tai_and_stops_cleanly() {
     let kv = clone.custom_data();
     let get = |k: &str| kv.iter().find(|(kk, _)| kk == k).map(|(_, v)| v.clone());
     assert_eq!(get("ringbag.clock").as_deref(), Some("ptp"));
-    assert_eq!(get("ringbag.clock.device").as_deref(), Some(MONOTONIC_RAW_STAND_IN));
+    assert_eq!(
+        get("ringbag.clock.device").as_deref(),
+        Some(MONOTONIC_RAW_STAND_IN)
+    );
     assert_eq!(get("ringbag.clock.timescale").as_deref(), Some("tai"));
     assert_eq!(get("ringbag.clock.steps").as_deref(), Some("0"));
     let u: f64 = get("ringbag.clock.uncertainty_start_ns")
@@ -229,14 +241,19 @@ fn losing_the_device_mid_recording_is_recorded_and_stamping_continues() {
     let during = h.now_ns();
     assert!((during - SystemClock.now_ns()).abs() < 5_000_000);
     fail.store(false, Ordering::SeqCst);
-    wait_for("the recovery", || h.status().is_some_and(|st| !st.device_lost));
+    wait_for("the recovery", || {
+        h.status().is_some_and(|st| !st.device_lost)
+    });
     assert!(h.now_ns() >= during);
     h.stop();
     let kv = h.custom_data();
     let get = |k: &str| kv.iter().find(|(kk, _)| kk == k).map(|(_, v)| v.clone());
     assert_eq!(get("ringbag.clock.device_losses").as_deref(), Some("1"));
     let events = get("ringbag.clock.events").expect("events");
-    assert!(events.contains("device lost: PTP device /dev/ptp-flaky"), "{events}");
+    assert!(
+        events.contains("device lost: PTP device /dev/ptp-flaky"),
+        "{events}"
+    );
     assert!(events.contains("device recovered"), "{events}");
 }
 
@@ -261,7 +278,9 @@ fn diagnose_warns_when_the_timescale_setting_is_wrong() {
     let r = diagnose(&s, 2).expect("diagnose");
     let hint = r.hint.clone().expect("a hint");
     assert!(hint.contains("--ptp-timescale tai"), "{hint}");
-    assert!(r.offset_ns.is_some_and(|o| (o - 37_000_000_000).abs() < 5_000_000));
+    assert!(r
+        .offset_ns
+        .is_some_and(|o| (o - 37_000_000_000).abs() < 5_000_000));
     assert!(r.to_string().contains("WARNING:"));
 }
 
@@ -269,7 +288,9 @@ fn diagnose_warns_when_the_timescale_setting_is_wrong() {
 fn diagnose_with_auto_reports_the_fallback() {
     let r = diagnose(&settings(ClockKind::Auto, "/dev/null"), 2).expect("diagnose");
     assert_eq!(r.source, "system");
-    assert!(r.fallback_reason.is_some_and(|f| f.contains("not a PTP hardware clock")));
+    assert!(r
+        .fallback_reason
+        .is_some_and(|f| f.contains("not a PTP hardware clock")));
 }
 
 #[test]

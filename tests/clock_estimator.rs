@@ -148,7 +148,11 @@ fn tracks_a_50_ppm_drift_with_noisy_windows_within_600_ns() {
     );
     assert!(max < 600, "max error {max} ns");
     assert!(r < 200.0, "rms error {r} ns");
-    assert!((est.drift_ppb - 50_000.0).abs() < 50.0, "drift {}", est.drift_ppb);
+    assert!(
+        (est.drift_ppb - 50_000.0).abs() < 50.0,
+        "drift {}",
+        est.drift_ppb
+    );
     assert!(est.uncertainty_ns > 50.0 && est.uncertainty_ns < 2_000.0);
     assert_eq!(run.core.status().steps, 0);
     assert_monotonic(&run.values);
@@ -198,7 +202,11 @@ fn backward_step_is_slewed_never_stepping_stamps_back() {
     assert_monotonic(&run.values);
     // Slewing limits the rate: stamps keep advancing at no less than 0.9x real time.
     for w in run.values.windows(2) {
-        assert!(w[1] - w[0] >= 45_000_000 - 1_000, "advanced only {} ns in 50 ms", w[1] - w[0]);
+        assert!(
+            w[1] - w[0] >= 45_000_000 - 1_000,
+            "advanced only {} ns in 50 ms",
+            w[1] - w[0]
+        );
     }
 }
 
@@ -209,7 +217,10 @@ fn a_single_outlier_is_rejected_not_taken_as_a_step() {
     let run = simulate(&mut sim, 120);
     let st = run.core.status();
     let max = max_abs(&run.errors, 20, 120);
-    println!("single 2 ms outlier: steps {}, outliers {}, max |error| {max} ns", st.steps, st.outliers);
+    println!(
+        "single 2 ms outlier: steps {}, outliers {}, max |error| {max} ns",
+        st.steps, st.outliers
+    );
     assert_eq!(st.steps, 0);
     assert_eq!(st.outliers, 1);
     assert!(max < 1_000, "max error {max} ns");
@@ -256,7 +267,10 @@ fn uncertainty_grows_while_the_device_is_gone() {
             at_loss = core.status().uncertainty_now_ns;
         }
     }
-    let (before, after) = (at_loss.unwrap_or(f64::NAN), core.status().uncertainty_now_ns.unwrap_or(f64::NAN));
+    let (before, after) = (
+        at_loss.unwrap_or(f64::NAN),
+        core.status().uncertainty_now_ns.unwrap_or(f64::NAN),
+    );
     println!("uncertainty at loss {before:.0} ns, 300 s later {after:.0} ns");
     assert!(after > before);
 }

@@ -156,8 +156,7 @@ pub fn diagnose(settings: &ClockSettings, samples: usize) -> Result<ClockReport,
     report.phc_minus_utc_ns = phc_minus_utc;
     if let (Some(e), Some((last, rtm))) = (est, raw.last()) {
         let mid = last.sys_mid_ns();
-        report.offset_ns =
-            Some(e.phc_at(mid) - settings.phc_minus_utc_ns() - (mid + rtm));
+        report.offset_ns = Some(e.phc_at(mid) - settings.phc_minus_utc_ns() - (mid + rtm));
         report.drift_ppb = Some(e.drift_ppb);
         report.uncertainty_ns = Some(e.uncertainty_ns);
     }
@@ -208,11 +207,9 @@ impl fmt::Display for ClockReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "requested:        --clock {}", self.requested.as_str())?;
         match (&self.device, self.method) {
-            (Some(dev), Some(m)) => writeln!(
-                f,
-                "clock source:     ptp, {} via {m}",
-                dev.display()
-            )?,
+            (Some(dev), Some(m)) => {
+                writeln!(f, "clock source:     ptp, {} via {m}", dev.display())?
+            }
             _ => writeln!(f, "clock source:     system (CLOCK_REALTIME)")?,
         }
         if let Some(r) = &self.fallback_reason {
@@ -231,7 +228,11 @@ impl fmt::Display for ClockReport {
             )?;
         }
         if let Some(d) = self.phc_minus_utc_ns {
-            writeln!(f, "PHC - UTC:        {} (raw PHC minus system clock)", signed_s(d))?;
+            writeln!(
+                f,
+                "PHC - UTC:        {} (raw PHC minus system clock)",
+                signed_s(d)
+            )?;
         }
         if let Some(o) = self.offset_ns {
             writeln!(

@@ -164,13 +164,12 @@ pub fn start_with_device(
     let interval = settings.poll_interval;
     let join = std::thread::Builder::new()
         .name("ringbag-clock".into())
-        .spawn(move || loop {
-            match stop_rx.recv_timeout(interval) {
-                Err(RecvTimeoutError::Timeout) => {}
-                Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+        .spawn(move || {
+            // Ends on the stop message or when the handle (the sender) is gone.
+            while let Err(RecvTimeoutError::Timeout) = stop_rx.recv_timeout(interval) {
+                let r = device.sample();
+                core.poll(r, monotonic_now_ns());
             }
-            let r = device.sample();
-            core.poll(r, monotonic_now_ns());
         })
         .map_err(ClockError::Spawn)?;
     Ok(ClockHandle {
@@ -247,14 +246,18 @@ impl ClockHandle {
         if let Source::Ptp { device, method, .. } = &self.inner.source {
             kv.push(("ringbag.clock.device".into(), device.clone()));
             kv.push(("ringbag.clock.read_method".into(), method.to_string()));
-            kv.push(("ringbag.clock.timescale".into(), s.timescale.as_str().into()));
+            kv.push((
+                "ringbag.clock.timescale".into(),
+                s.timescale.as_str().into(),
+            ));
             kv.push((
                 "ringbag.clock.phc_minus_utc_s".into(),
                 (s.phc_minus_utc_ns() / 1_000_000_000).to_string(),
             ));
         }
         if let Some(st) = self.status() {
-            let fmt = |u: Option<f64>| u.map_or_else(|| "unknown".to_string(), |u| format!("{u:.0}"));
+            let fmt =
+                |u: Option<f64>| u.map_or_else(|| "unknown".to_string(), |u| format!("{u:.0}"));
             kv.push((
                 "ringbag.clock.uncertainty_start_ns".into(),
                 fmt(st.uncertainty_start_ns),

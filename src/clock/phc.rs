@@ -106,7 +106,9 @@ pub struct PtpClockTime {
 
 impl PtpClockTime {
     fn ns(&self) -> i64 {
-        self.sec.saturating_mul(NS_PER_S).saturating_add(i64::from(self.nsec))
+        self.sec
+            .saturating_mul(NS_PER_S)
+            .saturating_add(i64::from(self.nsec))
     }
 }
 
@@ -149,7 +151,12 @@ const PTP_CLK_MAGIC: u8 = b'=';
 nix::ioctl_read!(ptp_clock_getcaps, PTP_CLK_MAGIC, 1, PtpClockCaps);
 // _IOW in the header, but the kernel writes the results back into the same struct.
 nix::ioctl_write_ptr!(ptp_sys_offset, PTP_CLK_MAGIC, 5, PtpSysOffset);
-nix::ioctl_readwrite!(ptp_sys_offset_extended, PTP_CLK_MAGIC, 9, PtpSysOffsetExtended);
+nix::ioctl_readwrite!(
+    ptp_sys_offset_extended,
+    PTP_CLK_MAGIC,
+    9,
+    PtpSysOffsetExtended
+);
 
 /// The kernel's FD_TO_CLOCKID: dynamic POSIX clock id of an open PHC character device.
 pub fn fd_to_clockid(fd: i32) -> libc::clockid_t {
@@ -189,7 +196,7 @@ pub fn bracket(clock: ClockId) -> Result<PhcSample, Errno> {
             phc_ns: phc,
             sys_after_ns: after,
         };
-        if best.is_none_or(|b| s.window_ns() < b.window_ns()) {
+        if best.map_or(true, |b| s.window_ns() < b.window_ns()) {
             best = Some(s);
         }
     }
@@ -218,9 +225,13 @@ pub fn realtime_minus_monotonic_ns() -> i64 {
 // --- the real device --------------------------------------------------------------------
 
 enum Backing {
-    Phc { fd: Option<OwnedFd> },
+    Phc {
+        fd: Option<OwnedFd>,
+    },
     /// CLOCK_MONOTONIC_RAW shifted to look like a PHC on TAI.
-    StandIn { epoch_offset_ns: i64 },
+    StandIn {
+        epoch_offset_ns: i64,
+    },
 }
 
 /// A PTP hardware clock character device (`/dev/ptpN`), or the CLOCK_MONOTONIC_RAW stand-in.
@@ -347,14 +358,17 @@ impl PhcDevice for PtpDevice {
 /// Opens and validates a PHC, and probes the best measurement method it supports.
 fn open_phc(path: &Path) -> Result<(OwnedFd, ClockId, ReadMethod), ClockError> {
     let device = || path.to_path_buf();
-    let fd = open(path, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty()).map_err(|e| match e {
-        Errno::ENOENT | Errno::ENODEV | Errno::ENXIO => ClockError::DeviceMissing { device: device() },
-        Errno::EACCES | Errno::EPERM => ClockError::PermissionDenied { device: device() },
-        source => ClockError::Open {
-            device: device(),
-            source,
-        },
-    })?;
+    let fd =
+        open(path, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty()).map_err(|e| match e {
+            Errno::ENOENT | Errno::ENODEV | Errno::ENXIO => {
+                ClockError::DeviceMissing { device: device() }
+            }
+            Errno::EACCES | Errno::EPERM => ClockError::PermissionDenied { device: device() },
+            source => ClockError::Open {
+                device: device(),
+                source,
+            },
+        })?;
 
     let mut caps = PtpClockCaps::default();
     // SAFETY: `caps` is a live, properly sized repr(C) struct the kernel fills in.

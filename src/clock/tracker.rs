@@ -75,9 +75,13 @@ impl Estimate {
 pub enum Observation {
     Accepted,
     /// Far from the prediction; held until the next sample decides outlier vs step.
-    Suspect { residual_ns: f64 },
+    Suspect {
+        residual_ns: f64,
+    },
     /// Two consecutive samples agreed on a jump of about `size_ns`; the window restarted.
-    Step { size_ns: f64 },
+    Step {
+        size_ns: f64,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -150,7 +154,8 @@ impl Estimator {
         match self.suspect.take() {
             // Confirmed when the new sample agrees with the held one (drift applied).
             Some(prev)
-                if ((p.off - prev.off) as f64 - (p.sys - prev.sys) as f64 * est.drift_ppb * 1e-9)
+                if ((p.off - prev.off) as f64
+                    - (p.sys - prev.sys) as f64 * est.drift_ppb * 1e-9)
                     .abs()
                     <= threshold =>
             {
@@ -275,8 +280,14 @@ pub struct PublishedClock {
     base_sys: AtomicI64,
     base_utc: AtomicI64,
     rate_bits: AtomicU64,
-    last: AtomicI64,
+    /// On its own cache line: every stamp writes it, and sharing a line with the read-mostly
+    /// snapshot would make every reader miss on the snapshot too.
+    last: CachePadded,
 }
+
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct CachePadded(AtomicI64);
 
 impl PublishedClock {
     pub fn new(line: Line) -> Self {
@@ -324,7 +335,7 @@ impl PublishedClock {
         // The line is continuous, but a reader holding the previous line a few µs after a
         // publish could still be ahead of the new one by a few ns; the high-water mark
         // closes that gap across threads.
-        self.last.fetch_max(v, Ordering::Relaxed).max(v)
+        self.last.0.fetch_max(v, Ordering::Relaxed).max(v)
     }
 
     /// UTC stamp now: one vDSO clock read, a seqlock read, arithmetic, one atomic max.
@@ -334,7 +345,7 @@ impl PublishedClock {
         // applied to a time before its base.
         let line = self.line();
         let v = line.eval(monotonic_now_ns());
-        self.last.fetch_max(v, Ordering::Relaxed).max(v)
+        self.last.0.fetch_max(v, Ordering::Relaxed).max(v)
     }
 }
 
