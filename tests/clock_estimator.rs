@@ -338,3 +338,23 @@ fn stamps_never_go_backwards_per_thread_while_lines_are_republished() {
         }
     });
 }
+
+#[test]
+fn a_replugged_device_with_a_new_offset_is_taken_as_one_step() {
+    // The NIC comes back after 30 s with its PHC 3 ms behind (a reset clock that ptp4l has
+    // not yet corrected): one loss, one step, stamps slewed back without going backwards.
+    let mut sim = SimPhc::new(50.0);
+    sim.outage = Some((10 * S + 100 * S, 10 * S + 130 * S));
+    sim.steps.push((10 * S + 115 * S, -3_000_000));
+    let run = simulate(&mut sim, 250);
+    let st = run.core.status();
+    let after = max_abs(&run.errors, 140, 250);
+    println!(
+        "replug 3 ms behind: losses {}, steps {}, max |error| from 10 s after return {after} ns",
+        st.losses, st.steps
+    );
+    assert_eq!(st.losses, 1);
+    assert_eq!(st.steps, 1);
+    assert!(after < 1_000, "error after replug {after} ns");
+    assert_monotonic(&run.values);
+}
