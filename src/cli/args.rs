@@ -30,6 +30,54 @@ pub enum Command {
     Info(InfoArgs),
     /// Replay a bag (like `ros2 bag play`) to ROS topics, or print it with `--sink echo`.
     Play(PlayArgs),
+    /// Show the clock the recorder would stamp with: source, PHC offset, drift, cost per stamp.
+    Clock(ClockCmdArgs),
+}
+
+/// Which clock stamps messages (record, clock, and the service config).
+#[derive(Debug, Args, Clone)]
+pub struct ClockArgs {
+    /// Timestamp source: system, ptp (fail if the PHC cannot be read), auto (ptp if readable,
+    /// else system with one warning).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub clock: crate::clock::ClockKind,
+    /// PTP hardware clock device. `@monotonic-raw` is a stand-in for machines without one.
+    #[arg(long, default_value = crate::clock::DEFAULT_PTP_DEVICE)]
+    pub ptp_device: PathBuf,
+    /// Time scale the PHC keeps: tai (ptp4l's default) or utc.
+    #[arg(long, value_enum, default_value = "tai")]
+    pub ptp_timescale: crate::clock::Timescale,
+    /// TAI − UTC in seconds, subtracted when the PHC keeps TAI (37 since 2017).
+    #[arg(long, default_value_t = crate::clock::DEFAULT_TAI_UTC_OFFSET_S)]
+    pub tai_utc_offset: i64,
+    /// How often the PHC offset is measured, milliseconds (10 to 60000).
+    #[arg(long, default_value_t = 1000)]
+    pub ptp_poll_interval: u64,
+    /// A PHC offset jump larger than this is logged and counted as a step, microseconds.
+    #[arg(long, default_value_t = 100)]
+    pub ptp_step_threshold: u64,
+}
+
+impl ClockArgs {
+    pub fn settings(&self) -> crate::clock::ClockSettings {
+        crate::clock::ClockSettings {
+            kind: self.clock,
+            ptp_device: self.ptp_device.clone(),
+            timescale: self.ptp_timescale,
+            tai_utc_offset_s: self.tai_utc_offset,
+            poll_interval: std::time::Duration::from_millis(self.ptp_poll_interval),
+            step_threshold: std::time::Duration::from_micros(self.ptp_step_threshold),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ClockCmdArgs {
+    #[command(flatten)]
+    pub clock: ClockArgs,
+    /// Offset samples to take (100 ms apart).
+    #[arg(long, default_value_t = 10)]
+    pub samples: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -161,4 +209,7 @@ pub struct RecordArgs {
     /// Stop cleanly after this many synthetic messages in total; 0 = until stopped.
     #[arg(long, default_value_t = 0)]
     pub synthetic_count: u64,
+
+    #[command(flatten)]
+    pub clock: ClockArgs,
 }

@@ -33,6 +33,21 @@ pub fn main_entry() -> i32 {
         Command::Info(a) => cmd_info(&a),
         Command::Record(a) => cmd_record(&a),
         Command::Play(a) => cmd_play(&a),
+        Command::Clock(a) => cmd_clock(&a),
+    }
+}
+
+fn cmd_clock(a: &args::ClockCmdArgs) -> i32 {
+    let settings = a.clock.settings();
+    if let Err(e) = settings.validate() {
+        return fail(EXIT_BAD_INPUT, e);
+    }
+    match crate::clock::diagnose(&settings, a.samples.max(1)) {
+        Ok(report) => {
+            print!("{report}");
+            EXIT_OK
+        }
+        Err(e) => fail(EXIT_BAD_INPUT, e),
     }
 }
 
@@ -121,7 +136,8 @@ fn cmd_record(a: &args::RecordArgs) -> i32 {
             }
             let e = f.error;
             let code = match &e {
-                RecordError::Bag(crate::bag::BagError::AlreadyExists { .. }) => EXIT_BAD_INPUT,
+                RecordError::Bag(crate::bag::BagError::AlreadyExists { .. })
+                | RecordError::Clock(_) => EXIT_BAD_INPUT,
                 _ => EXIT_FAILURE,
             };
             fail(code, e)

@@ -70,7 +70,12 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         }),
         SourceKind::Ros => ros_source(a)?,
     };
+    let clock = a.clock.settings();
+    clock.validate().map_err(|e| e.to_string())?;
     let output = a.output.clone().unwrap_or_else(default_output_name);
+    if output.exists() {
+        return Err(crate::bag::BagError::AlreadyExists { path: output }.to_string());
+    }
     Ok(RecordSettings {
         output,
         writer: WriterOptions {
@@ -88,6 +93,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
             max_splits: a.max_splits,
         },
         source,
+        clock,
     })
 }
 

@@ -83,6 +83,9 @@ impl TimeSource for ClockHandle {
             Source::Ptp { published, .. } => published.now_ns(),
         }
     }
+    fn custom_data(&self) -> Vec<(String, String)> {
+        ClockHandle::custom_data(self)
+    }
 }
 
 /// Starts the clock the settings ask for.

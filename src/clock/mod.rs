@@ -26,6 +26,10 @@ pub use phc::{PhcDevice, PhcSample, PtpDevice, ReadMethod, MONOTONIC_RAW_STAND_I
 /// Stamps messages with UTC nanoseconds since the Unix epoch.
 pub trait TimeSource: Send + Sync {
     fn now_ns(&self) -> i64;
+    /// What the bag's custom_data should record about this clock (read once, at finish).
+    fn custom_data(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 /// CLOCK_REALTIME through the vDSO.

@@ -421,7 +421,11 @@ impl WriterCtx {
             .map(|t| t.clone())
             .unwrap_or_default();
         let total: u64 = topics.iter().map(|t| t.dropped()).sum();
-        let w = self.writer();
+        let clock_data = self.clock.custom_data();
+        let w = self.writer.as_mut().expect("writer present until finish");
+        for (k, v) in clock_data {
+            w.set_custom_data(k, v);
+        }
         w.set_custom_data("ringbag.dropped_messages", total.to_string());
         for t in topics.iter().filter(|t| t.dropped() > 0) {
             w.set_custom_data(

@@ -193,3 +193,124 @@ fn unknown_flags_exit_two_through_clap() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--no-such-flag"));
 }
+
+#[test]
+fn record_with_clock_ptp_on_a_non_phc_fails_before_creating_the_bag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never");
+    let o = out.to_str().unwrap();
+    assert_bad_input(
+        &[
+            "record",
+            "-o",
+            o,
+            "--clock",
+            "ptp",
+            "--ptp-device",
+            "/dev/null",
+            "--synthetic-count",
+            "5",
+        ],
+        &["/dev/null", "not a PTP hardware clock"],
+    );
+    assert_bad_input(
+        &[
+            "record",
+            "-o",
+            o,
+            "--clock",
+            "ptp",
+            "--ptp-device",
+            "/nonexistent/ptp9",
+        ],
+        &["/nonexistent/ptp9"],
+    );
+    assert!(!out.exists());
+    assert_bad_input(
+        &["clock", "--clock", "ptp", "--ptp-device", "/dev/null"],
+        &["/dev/null"],
+    );
+}
+
+#[test]
+fn record_with_clock_auto_falls_back_and_says_so_in_the_bag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("auto");
+    let o = run(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "auto",
+        "--ptp-device",
+        "/nonexistent/ptp9",
+        "--synthetic-count",
+        "20",
+        "--synthetic-rate",
+        "max",
+        "--bag-format",
+        "jazzy",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).matches("/nonexistent/ptp9").count(),
+        1,
+        "one warning: {}",
+        stderr(&o)
+    );
+    let bag = ringbag::bag::reader::Bag::open(&out).unwrap();
+    let cd = &bag.metadata.custom_data;
+    assert_eq!(
+        cd.get("ringbag.clock").map(String::as_str),
+        Some("system"),
+        "{cd:?}"
+    );
+    assert!(
+        cd.get("ringbag.clock.fallback_reason")
+            .is_some_and(|r| r.contains("/nonexistent/ptp9")),
+        "{cd:?}"
+    );
+    assert_eq!(
+        cd.get("ringbag.dropped_messages").map(String::as_str),
+        Some("0")
+    );
+}
+
+#[test]
+fn record_stamps_with_the_tracked_stand_in_clock_and_records_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("ptp");
+    let o = run(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "ptp",
+        "--ptp-device",
+        "@monotonic-raw",
+        "--synthetic-count",
+        "50",
+        "--synthetic-rate",
+        "max",
+        "--bag-format",
+        "jazzy",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bag = ringbag::bag::reader::Bag::open(&out).unwrap();
+    assert_eq!(
+        bag.metadata
+            .custom_data
+            .get("ringbag.clock")
+            .map(String::as_str),
+        Some("ptp")
+    );
+    // The stand-in reads TAI-like time: after the 37 s correction stamps are near UTC.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    assert!(
+        (now - bag.metadata.starting_time_ns).abs() < 30_000_000_000,
+        "stamps are UTC, not TAI"
+    );
+}
