@@ -196,7 +196,7 @@ pub fn bracket(clock: ClockId) -> Result<PhcSample, Errno> {
             phc_ns: phc,
             sys_after_ns: after,
         };
-        if best.map_or(true, |b| s.window_ns() < b.window_ns()) {
+        if best.is_none_or(|b| s.window_ns() < b.window_ns()) {
             best = Some(s);
         }
     }
