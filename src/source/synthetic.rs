@@ -557,77 +557,6 @@ fn msg_dependencies(text: &str, package: &str) -> BTreeSet<String> {
     deps
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dependencies_skip_comments_primitives_and_constants_and_qualify_bare_names() {
-        let text = "# geometry_msgs/Pose not_a_field\nuint8 INT8 = 1\nfloat64[9] cov # x\n\
-                    std_msgs/Header header\nPointField[] fields\n  Vector3 v\n";
-        let deps: Vec<String> = msg_dependencies(text, "sensor_msgs").into_iter().collect();
-        assert_eq!(
-            deps,
-            [
-                "sensor_msgs/PointField",
-                "sensor_msgs/Vector3",
-                "std_msgs/Header"
-            ]
-        );
-    }
-
-    #[test]
-    fn definitions_are_only_found_for_embedded_msg_types() {
-        assert!(full_msg_definition("std_msgs/msg/String").is_some());
-        assert_eq!(full_msg_definition("std_msgs/String"), None);
-        assert_eq!(full_msg_definition("std_msgs/srv/Empty"), None);
-        assert_eq!(full_msg_definition("nav_msgs/msg/Odometry"), None);
-    }
-
-    #[test]
-    fn a_missing_definition_is_stored_as_unknown_like_rosbag2_does() {
-        let def = message_definition("nav_msgs/msg/Odometry", "");
-        assert_eq!(def.encoding, "unknown");
-        assert!(def.encoded_message_definition.is_empty());
-    }
-
-    #[test]
-    fn every_embedded_dependency_resolves() {
-        for (name, text) in MSG_FILES {
-            let package = name.split('/').next().unwrap_or_default();
-            for dep in msg_dependencies(text, package) {
-                assert!(
-                    MSG_FILES.iter().any(|(n, _)| *n == dep),
-                    "{name} needs {dep}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn encoder_templates_do_not_change_while_encoding() {
-        for profile in [SyntheticProfile::Robot, SyntheticProfile::Small] {
-            for topic in profile.topics() {
-                let mut enc = topic.encoder();
-                let before = (enc.template.clone(), enc.template.capacity());
-                let mut buf = Vec::new();
-                for seq in 0..20 {
-                    buf.clear();
-                    enc.encode(seq, 1, &mut buf);
-                }
-                assert_eq!((enc.template.clone(), enc.template.capacity()), before);
-            }
-        }
-    }
-
-    #[test]
-    fn text_prefix_is_left_out_when_the_string_is_too_short_for_it() {
-        let mut text = *b"short";
-        patch_text(&mut text, 1, 1);
-        assert_eq!(&text, b"short");
-    }
-}
-
 // The raw strings below are byte-exact copies of the .msg files; do not re-indent them.
 /// `(package/Type, text)` of each .msg file, verbatim from the ROS 2 Jazzy branches of
 /// ros2/common_interfaces, ros2/rcl_interfaces and ros2/geometry2 (interface data).
@@ -835,3 +764,74 @@ uint32 count     # How many elements in the field
 "#,
     ),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dependencies_skip_comments_primitives_and_constants_and_qualify_bare_names() {
+        let text = "# geometry_msgs/Pose not_a_field\nuint8 INT8 = 1\nfloat64[9] cov # x\n\
+                    std_msgs/Header header\nPointField[] fields\n  Vector3 v\n";
+        let deps: Vec<String> = msg_dependencies(text, "sensor_msgs").into_iter().collect();
+        assert_eq!(
+            deps,
+            [
+                "sensor_msgs/PointField",
+                "sensor_msgs/Vector3",
+                "std_msgs/Header"
+            ]
+        );
+    }
+
+    #[test]
+    fn definitions_are_only_found_for_embedded_msg_types() {
+        assert!(full_msg_definition("std_msgs/msg/String").is_some());
+        assert_eq!(full_msg_definition("std_msgs/String"), None);
+        assert_eq!(full_msg_definition("std_msgs/srv/Empty"), None);
+        assert_eq!(full_msg_definition("nav_msgs/msg/Odometry"), None);
+    }
+
+    #[test]
+    fn a_missing_definition_is_stored_as_unknown_like_rosbag2_does() {
+        let def = message_definition("nav_msgs/msg/Odometry", "");
+        assert_eq!(def.encoding, "unknown");
+        assert!(def.encoded_message_definition.is_empty());
+    }
+
+    #[test]
+    fn every_embedded_dependency_resolves() {
+        for (name, text) in MSG_FILES {
+            let package = name.split('/').next().unwrap_or_default();
+            for dep in msg_dependencies(text, package) {
+                assert!(
+                    MSG_FILES.iter().any(|(n, _)| *n == dep),
+                    "{name} needs {dep}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn encoder_templates_do_not_change_while_encoding() {
+        for profile in [SyntheticProfile::Robot, SyntheticProfile::Small] {
+            for topic in profile.topics() {
+                let mut enc = topic.encoder();
+                let before = (enc.template.clone(), enc.template.capacity());
+                let mut buf = Vec::new();
+                for seq in 0..20 {
+                    buf.clear();
+                    enc.encode(seq, 1, &mut buf);
+                }
+                assert_eq!((enc.template.clone(), enc.template.capacity()), before);
+            }
+        }
+    }
+
+    #[test]
+    fn text_prefix_is_left_out_when_the_string_is_too_short_for_it() {
+        let mut text = *b"short";
+        patch_text(&mut text, 1, 1);
+        assert_eq!(&text, b"short");
+    }
+}
