@@ -300,13 +300,15 @@ fn string_definition_and_hash_equal_the_real_jazzy_recording() {
 fn string_messages_have_the_framing_of_the_real_recording() {
     // The reference bag's "hi" is 00 01 00 00 | 03 00 00 00 | 'h' 'i' 00: length counts the NUL.
     let msg = encode_one(&SyntheticProfile::Small.topics()[0], 1, 2);
+    let negative = encode_one(&SyntheticProfile::Small.topics()[0], 0xabc, -1);
+    assert!(negative[8..].starts_with(b"seq=0000000000000abc stamp=ffffffffffffffff "));
     let len = u32::from_le_bytes(msg[4..8].try_into().unwrap()) as usize;
     assert_eq!(len, msg.len() - 8);
     assert_eq!(msg.last(), Some(&0));
     let text = std::str::from_utf8(&msg[8..msg.len() - 1]).unwrap();
     assert!(!text.contains('\0'));
     assert!(
-        text.starts_with("seq=00000000000000000001 stamp=+0000000000000000002 "),
+        text.starts_with("seq=0000000000000001 stamp=0000000000000002 "),
         "{text}"
     );
 }

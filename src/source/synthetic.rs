@@ -285,12 +285,12 @@ impl Encoder {
         let start = buf.len();
         match self.kind {
             Kind::Text { .. } => {
-                buf.extend_from_slice(&self.template);
+                append_template(buf, &self.template);
                 let text_end = buf.len() - 1;
                 patch_text(&mut buf[start + self.data_offset..text_end], seq, stamp_ns);
             }
             Kind::Image { width, height, .. } => {
-                buf.extend_from_slice(&self.template);
+                append_template(buf, &self.template);
                 cdr::patch_time(buf, start + HEADER_LEN, stamp_ns);
                 let data = &mut buf[start + self.data_offset..];
                 // seq in the first 8 bytes, plus a white column that moves one pixel per frame.
@@ -302,7 +302,7 @@ impl Encoder {
                 }
             }
             Kind::PointCloud { points, .. } => {
-                buf.extend_from_slice(&self.template);
+                append_template(buf, &self.template);
                 cdr::patch_time(buf, start + HEADER_LEN, stamp_ns);
                 let data = &mut buf[start + self.data_offset..];
                 // Intensity of point 0 carries seq; one point per scan moves outwards.
@@ -323,6 +323,18 @@ impl Encoder {
     }
 }
 
+/// Copies a template in 2 KiB pieces. glibc's memcpy uses `rep movsb` for 2 KiB..512 KiB
+/// copies, which on the AMD EPYC bench machine ran at 2 GB/s for the 64 KiB template
+/// (vs 30 GB/s for the 1 MiB one, which takes the vector loop); pieces under glibc's
+/// `rep_movsb_threshold` always take the vector loop. `buf` grows once, not per piece.
+fn append_template(buf: &mut Vec<u8>, template: &[u8]) {
+    const PIECE: usize = 2048;
+    buf.reserve(template.len());
+    for piece in template.chunks(PIECE) {
+        buf.extend_from_slice(piece);
+    }
+}
+
 /// sensor_msgs/PointField FLOAT32.
 const POINT_FIELD_FLOAT32: u8 = 7;
 
@@ -330,27 +342,29 @@ const POINT_FIELD_FLOAT32: u8 = 7;
 const TEXT_FILLER: &[u8] = b"ringbag synthetic payload 0123456789 abcdefghijklmnopqrstuvwxyz. ";
 
 /// Width of the `seq=... stamp=... ` prefix patched into every String message.
-pub const TEXT_PREFIX_LEN: usize = 4 + 20 + 7 + 20 + 1;
+pub const TEXT_PREFIX_LEN: usize = 4 + 16 + 7 + 16 + 1;
 
-/// Writes `seq=<20 digits> stamp=<sign><19 digits> ` at the start of the text (when it fits),
-/// so each message is unique and a reader can check it.
+/// Writes `seq=<16 hex digits> stamp=<16 hex digits> ` at the start of the text (when it
+/// fits), so each message is unique and a reader can check it. Hex rather than decimal keeps
+/// this at a few ns (no divisions) for the 100 B benchmark; the stamp is the two's-complement
+/// bit pattern of `stamp_ns`.
 fn patch_text(text: &mut [u8], seq: u64, stamp_ns: i64) {
     if text.len() < TEXT_PREFIX_LEN {
         return;
     }
     text[..4].copy_from_slice(b"seq=");
-    write_digits(&mut text[4..24], seq);
-    text[24..31].copy_from_slice(b" stamp=");
-    text[31] = if stamp_ns < 0 { b'-' } else { b'+' };
-    write_digits(&mut text[32..51], stamp_ns.unsigned_abs());
-    text[51] = b' ';
+    write_hex(&mut text[4..20], seq);
+    text[20..27].copy_from_slice(b" stamp=");
+    write_hex(&mut text[27..43], stamp_ns as u64);
+    text[43] = b' ';
 }
 
-/// Zero-padded decimal, right-aligned in `dst` (no allocation, unlike `format!`).
-fn write_digits(dst: &mut [u8], mut v: u64) {
+/// Zero-padded lowercase hex, right-aligned in `dst` (no allocation, unlike `format!`).
+fn write_hex(dst: &mut [u8], mut v: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for d in dst.iter_mut().rev() {
-        *d = b'0' + (v % 10) as u8;
-        v /= 10;
+        *d = DIGITS[(v & 0xf) as usize];
+        v >>= 4;
     }
 }
 
