@@ -382,8 +382,8 @@ fn cloud_point(i: u32) -> [f32; 4] {
     ]
 }
 
-/// Identity orientation covariance etc. are not meaningful for synthetic data; a small
-/// diagonal keeps consumers that invert it happy.
+/// Covariances for all three IMU blocks: a small diagonal rather than zeros ("unknown" in
+/// sensor_msgs) or -1 ("not provided"), so consumers that invert it get a valid matrix.
 const DIAG_COVARIANCE: [f64; 9] = [0.01, 0.0, 0.0, 0.0, 0.01, 0.0, 0.0, 0.0, 0.01];
 
 fn encode_imu(buf: &mut Vec<u8>, frame_id: &str, seq: u64, stamp_ns: i64) {
