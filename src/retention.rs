@@ -10,14 +10,16 @@
 //! `ringbag record` budgets its own bag only (`Retention::new`); the service passes the
 //! recording root (`Retention::open_root`) so the budget spans one bag per boot.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::bag::metadata::{sync_dir, BagMetadata, FileInfo, METADATA_FILE, NO_START};
+use crate::bag::metadata::{
+    sync_dir, BagMetadata, FileInfo, TopicWithCount, METADATA_FILE, NO_START,
+};
 use crate::bag::reader::{find_split_files, open_read_only, read_topics, split_stats};
 use crate::bag::writer::{split_size_on_disk, BagWriter, ClosedSplit};
-use crate::bag::BagError;
+use crate::bag::{BagError, TopicInfo};
 
 /// Worst-case growth of a split per projected byte: SQLite leaves pages partly filled (a row
 /// just over half a page wastes nearly half of it) and adds an index entry per row, so the
@@ -570,48 +572,63 @@ impl OldBag {
             return Ok(None);
         }
         let listed: Vec<String> = meta.files.iter().map(|f| f.path.clone()).collect();
-        let mut dirty = false;
-        // Listed files that are gone (a crash after a deletion): drop them.
-        if meta.files.iter().any(|f| !on_disk.contains(&f.path)) {
-            meta.files.retain(|f| on_disk.contains(&f.path));
-            dirty = true;
-        }
-        let mut splits = VecDeque::new();
-        for rel in &on_disk {
-            if listed.contains(rel) {
-                splits.push_back(OldSplit {
-                    rel: rel.clone(),
-                    listed: true,
-                });
-                continue;
+        let consistent =
+            listed.len() == on_disk.len() && on_disk.iter().all(|f| listed.contains(f));
+        let mut splits: VecDeque<OldSplit> = on_disk
+            .iter()
+            .map(|rel| OldSplit {
+                rel: rel.clone(),
+                listed: true,
+            })
+            .collect();
+        let dirty = !consistent;
+        if dirty {
+            // An interrupted recording (files metadata.yaml does not list) or a crash after a
+            // deletion (listed files gone): recount this bag from its rows, once, so the
+            // metadata we rewrite later is true. Unreadable files still count against the
+            // budget, go first, and stay out of the metadata.
+            log::info!(
+                "retention: reconciling {} with its split files",
+                dir.display()
+            );
+            meta.files.clear();
+            for t in &mut meta.topics {
+                t.message_count = 0;
             }
-            // Not listed: an interrupted recording. Count it from its rows; if unreadable,
-            // it still counts against the budget and goes first.
-            let stats = split_counts(&dir.join(rel));
-            match stats {
-                Ok((file, per_topic)) => {
-                    for (name, n) in per_topic {
-                        if let Some(t) = meta.topics.iter_mut().find(|t| t.topic.name == name) {
-                            t.message_count += n;
+            let mut unreadable = Vec::new();
+            splits.clear();
+            for rel in &on_disk {
+                match split_counts(&dir.join(rel)) {
+                    Ok((file, per_topic)) => {
+                        for (info, n) in per_topic {
+                            match meta.topics.iter_mut().find(|t| t.topic.name == info.name) {
+                                Some(t) => t.message_count += n,
+                                None => meta.topics.push(TopicWithCount {
+                                    topic: info,
+                                    message_count: n,
+                                }),
+                            }
                         }
+                        meta.files.push(FileInfo {
+                            path: rel.clone(),
+                            ..file
+                        });
+                        splits.push_back(OldSplit {
+                            rel: rel.clone(),
+                            listed: true,
+                        });
                     }
-                    meta.files.push(FileInfo {
-                        path: rel.clone(),
-                        ..file
-                    });
-                    dirty = true;
-                    splits.push_back(OldSplit {
-                        rel: rel.clone(),
-                        listed: true,
-                    });
+                    Err(e) => {
+                        log::warn!("retention: {rel} in {} is unreadable: {e}", dir.display());
+                        unreadable.push(OldSplit {
+                            rel: rel.clone(),
+                            listed: false,
+                        });
+                    }
                 }
-                Err(e) => {
-                    log::warn!("retention: {rel} in {} is unreadable: {e}", dir.display());
-                    splits.push_front(OldSplit {
-                        rel: rel.clone(),
-                        listed: false,
-                    });
-                }
+            }
+            for u in unreadable.into_iter().rev() {
+                splits.push_front(u);
             }
         }
         let mut bag = OldBag {
@@ -621,9 +638,6 @@ impl OldBag {
             meta_bytes: 0,
         };
         if dirty {
-            bag.meta.files.sort_by_key(|f| {
-                crate::bag::reader::split_number(&f.path).unwrap_or(u64::MAX)
-            });
             bag.refresh_totals();
             bag.write_meta()?;
         }
@@ -680,8 +694,12 @@ impl OldBag {
             // Per-topic counts of this one split, from its rows: bounded by the split size.
             match split_counts(&path) {
                 Ok((_, per_topic)) => {
-                    for (name, n) in per_topic {
-                        if let Some(t) = self.meta.topics.iter_mut().find(|t| t.topic.name == name)
+                    for (info, n) in per_topic {
+                        if let Some(t) = self
+                            .meta
+                            .topics
+                            .iter_mut()
+                            .find(|t| t.topic.name == info.name)
                         {
                             t.message_count = t.message_count.saturating_sub(n);
                         }
@@ -701,16 +719,14 @@ impl OldBag {
 }
 
 /// A split's summary and per-topic counts (by topic name), read from its rows.
-fn split_counts(path: &Path) -> Result<(FileInfo, HashMap<String, u64>), BagError> {
+fn split_counts(path: &Path) -> Result<(FileInfo, Vec<(TopicInfo, u64)>), BagError> {
     let conn = open_read_only(path)?;
     let stats = split_stats(&conn, path)?;
     let topics = read_topics(&conn, path)?;
-    let mut per_topic = HashMap::new();
-    for (id, info) in topics {
-        if let Some(n) = stats.per_topic_id.get(&id) {
-            per_topic.insert(info.name, *n);
-        }
-    }
+    let per_topic = topics
+        .into_iter()
+        .filter_map(|(id, info)| stats.per_topic_id.get(&id).map(|n| (info, *n)))
+        .collect();
     let file = FileInfo {
         path: String::new(),
         starting_time_ns: stats.start_ns,
@@ -860,10 +876,16 @@ mod tests {
                 + 2 * (r.empty_split_bytes + CLOSE_RESERVE_BYTES)
                 + METADATA_SLACK_BYTES;
             assert!(bag.on_disk() + reserve <= 4 * MB, "split {i}");
-            assert_eq!(r.closed_bytes(), bag.closed.iter().map(|c| c.size_bytes).sum::<u64>());
+            assert_eq!(
+                r.closed_bytes(),
+                bag.closed.iter().map(|c| c.size_bytes).sum::<u64>()
+            );
         }
         // Deleted strictly oldest first.
-        assert_eq!(bag.deleted, (0..bag.deleted.len() as u32).collect::<Vec<_>>());
+        assert_eq!(
+            bag.deleted,
+            (0..bag.deleted.len() as u32).collect::<Vec<_>>()
+        );
         assert!(bag.deleted.len() >= 7, "deleted {:?}", bag.deleted);
         assert_eq!(r.deleted(), bag.deleted.len() as u64);
     }
@@ -895,11 +917,18 @@ mod tests {
             let newest = (i + 1) * 10 * S + 5 * S;
             bag.open_span = Some(((i + 1) * 10 * S, newest));
             r.before_batch(&mut bag, 1000, newest).unwrap();
-            let oldest = bag.closed.front().map_or(newest, |c| c.file.starting_time_ns);
+            let oldest = bag
+                .closed
+                .front()
+                .map_or(newest, |c| c.file.starting_time_ns);
             assert!(newest - oldest <= 30 * S, "span {} at {i}", newest - oldest);
             // Coverage: at least the limit minus one split duration once warmed up.
             if i >= 3 {
-                assert!(newest - oldest >= 20 * S, "coverage {} at {i}", newest - oldest);
+                assert!(
+                    newest - oldest >= 20 * S,
+                    "coverage {} at {i}",
+                    newest - oldest
+                );
             }
         }
     }
@@ -966,7 +995,12 @@ mod tests {
         bag.close(MB, 0, 1);
         let e = r.before_batch(&mut bag, 1000, S).unwrap_err().to_string();
         assert_eq!(bag.deleted, vec![0]);
-        for needle in ["/fake/bag", "free-space floor", "--min-free-space", "no closed split"] {
+        for needle in [
+            "/fake/bag",
+            "free-space floor",
+            "--min-free-space",
+            "no closed split",
+        ] {
             assert!(e.contains(needle), "`{needle}` missing from: {e}");
         }
         assert!(e.contains(&(20 * MB).to_string()), "{e}");
@@ -981,13 +1015,19 @@ mod tests {
             r.after_batch(&mut bag).unwrap();
         }
         assert_eq!(r.closed_splits(), bag.closed.len());
-        assert_eq!(r.closed_bytes(), bag.closed.iter().map(|c| c.size_bytes).sum::<u64>());
+        assert_eq!(
+            r.closed_bytes(),
+            bag.closed.iter().map(|c| c.size_bytes).sum::<u64>()
+        );
     }
 
     #[test]
     fn validation_rejects_a_circular_limit_without_a_split_limit() {
         let e = size_policy(10 * MB).validate(0, 0).unwrap_err();
-        assert!(e.contains("--max-record-size") && e.contains("-b/--max-bag-size"), "{e}");
+        assert!(
+            e.contains("--max-record-size") && e.contains("-b/--max-bag-size"),
+            "{e}"
+        );
         let p = RetentionPolicy {
             max_bag_files: Some(3),
             ..Default::default()
@@ -1004,7 +1044,10 @@ mod tests {
     #[test]
     fn validation_rejects_a_size_budget_under_twice_the_split_size() {
         let e = size_policy(3 * MB).validate(2 * MB, 0).unwrap_err();
-        assert!(e.contains("--max-record-size") && e.contains("twice --max-bag-size"), "{e}");
+        assert!(
+            e.contains("--max-record-size") && e.contains("twice --max-bag-size"),
+            "{e}"
+        );
         assert!(size_policy(4 * MB).validate(2 * MB, 0).is_ok());
     }
 
@@ -1015,13 +1058,19 @@ mod tests {
             ..Default::default()
         };
         let e = p.validate(0, 10 * S).unwrap_err();
-        assert!(e.contains("--max-record-duration 15s") && e.contains("2 x 10s"), "{e}");
+        assert!(
+            e.contains("--max-record-duration 15s") && e.contains("2 x 10s"),
+            "{e}"
+        );
         assert!(p.validate(0, 7 * S).is_ok());
     }
 
     #[test]
     fn validation_rejects_zero_and_out_of_range_values() {
-        assert!(size_policy(0).validate(MB, 0).unwrap_err().contains("greater than 0"));
+        assert!(size_policy(0)
+            .validate(MB, 0)
+            .unwrap_err()
+            .contains("greater than 0"));
         for p in [0.0, 100.0, -3.0, 150.0, f64::NAN] {
             let pol = RetentionPolicy {
                 min_free_space_percent: Some(p),

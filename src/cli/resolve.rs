@@ -76,7 +76,8 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         max_cache_size: usize::try_from(max_cache_size).unwrap_or(usize::MAX),
         ..PipelineConfig::default()
     };
-    if retention.is_circular() || retention.min_free_space.is_some()
+    if retention.is_circular()
+        || retention.min_free_space.is_some()
         || retention.min_free_space_percent.is_some()
     {
         // Retention runs between batches, so a batch must be small next to a split and the
@@ -114,9 +115,7 @@ fn retention_policy(
     max_bag_duration_ns: i64,
 ) -> Result<RetentionPolicy, String> {
     let bytes = |name: &str, v: &Option<String>| -> Result<Option<u64>, String> {
-        v.as_deref()
-            .map(|s| flag(name, parse_bytes(s)))
-            .transpose()
+        v.as_deref().map(|s| flag(name, parse_bytes(s))).transpose()
     };
     let max_record_duration_ns = a
         .max_record_duration

@@ -5,3 +5,4 @@ mod errors;
 mod format;
 mod reader;
 mod record;
+mod retention;
