@@ -134,7 +134,14 @@ impl RetentionPolicy {
             ));
         }
         if let Some(size) = self.max_record_size {
-            if max_bag_size > 0 && size < max_bag_size.saturating_mul(2) {
+            if max_bag_size == 0 {
+                // Split by time only, one split could outgrow the whole budget unnoticed.
+                return Err(format!(
+                    "--max-record-size {size}: needs -b/--max-bag-size (at most half of it) so \
+                     that no single split can outgrow the budget"
+                ));
+            }
+            if size < max_bag_size.saturating_mul(2) {
                 return Err(format!(
                     "--max-record-size {size}: must be at least twice --max-bag-size \
                      (2 x {max_bag_size} = {} bytes)",
@@ -1049,6 +1056,11 @@ mod tests {
             "{e}"
         );
         assert!(size_policy(4 * MB).validate(2 * MB, 0).is_ok());
+        let e = size_policy(4 * MB).validate(0, 10 * S).unwrap_err();
+        assert!(
+            e.contains("--max-record-size") && e.contains("needs -b/--max-bag-size"),
+            "{e}"
+        );
     }
 
     #[test]

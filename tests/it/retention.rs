@@ -208,6 +208,10 @@ fn circular_flags_are_refused_before_recording_starts() {
             &["--max-record-size", "-b/--max-bag-size"],
         ),
         (
+            &["-d", "60", "--max-record-size", "10MiB"],
+            &["needs -b/--max-bag-size"],
+        ),
+        (
             &["-b", "1MiB", "--max-record-size", "1.5MiB"],
             &["--max-record-size"],
         ),
