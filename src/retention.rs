@@ -205,6 +205,10 @@ pub trait CurrentBag {
     fn delete_oldest_closed(&mut self) -> Result<Option<ClosedSplit>, BagError>;
     fn set_split_limit(&mut self, n: u32);
     fn split_limit_reached(&self) -> bool;
+    /// Bytes of the open split's `-wal` and `-shm` files (WAL presets only).
+    fn open_split_sidecars(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 impl CurrentBag for BagWriter {
@@ -232,6 +236,21 @@ impl CurrentBag for BagWriter {
     }
     fn split_limit_reached(&self) -> bool {
         BagWriter::split_limit_reached(self)
+    }
+    fn open_split_sidecars(&self) -> (u64, u64) {
+        let (Some(idx), Some(name)) = (
+            self.open_split_index(),
+            BagWriter::dir(self).file_name().and_then(|n| n.to_str()),
+        ) else {
+            return (0, 0);
+        };
+        let base = BagWriter::dir(self).join(format!("{name}_{idx}.db3"));
+        let len = |suffix: &str| {
+            let mut p = base.as_os_str().to_owned();
+            p.push(suffix);
+            fs::metadata(PathBuf::from(p)).map_or(0, |m| m.len())
+        };
+        (len("-wal"), len("-shm"))
     }
 }
 
@@ -460,7 +479,11 @@ impl Retention {
         // One more split than the batch needs: a timer split may open one before the next
         // batch, without asking us.
         let split_reserve = (ahead + 1) * (self.empty_split_bytes + CLOSE_RESERVE_BYTES);
-        let batch_reserve = growth + split_reserve;
+        // WAL presets: a checkpoint (at the latest when the split closes) copies the -wal's
+        // pages into the .db3 while the -wal still exists, so the footprint briefly holds
+        // them twice; -shm sits beside the open split.
+        let (wal, shm) = w.open_split_sidecars();
+        let batch_reserve = growth + split_reserve + wal + shm;
 
         if let Some(max) = self.policy.max_record_size {
             let meta = fs::metadata(w.dir().join(METADATA_FILE)).map_or(0, |m| m.len());

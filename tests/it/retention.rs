@@ -91,10 +91,26 @@ fn lowest_split(dir: &Path) -> u64 {
 
 #[test]
 fn size_budget_holds_at_every_sample_while_recording_many_splits() {
+    size_budget_holds(&["--bag-format", "jazzy"]);
+}
+
+#[test]
+fn size_budget_holds_with_the_wal_preset_and_humble_files() {
+    // WAL: the open split's footprint is the .db3 plus its -wal; both count.
+    size_budget_holds(&[
+        "--bag-format",
+        "humble",
+        "--storage-preset-profile",
+        "resilient",
+    ]);
+}
+
+fn size_budget_holds(extra: &[&str]) {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("size");
     let limit = 4 * MIB;
-    let child = spawn_record(&[
+    let mut args = extra.to_vec();
+    args.extend_from_slice(&[
         "-o",
         out.to_str().unwrap(),
         "--source",
@@ -110,6 +126,7 @@ fn size_budget_holds_at_every_sample_while_recording_many_splits() {
         "--max-record-size",
         "4MiB",
     ]);
+    let child = spawn_record(&args);
     let mut max_seen = 0;
     let (o, samples) = sample_while_running(child, || {
         let b = dir_bytes(&out);
@@ -121,7 +138,7 @@ fn size_budget_holds_at_every_sample_while_recording_many_splits() {
     });
     assert!(o.status.success(), "{}", stderr(&o));
     eprintln!(
-        "size bound: {samples} samples, max observed {max_seen} B of limit {limit} B ({:.1}%)",
+        "size bound {extra:?}: {samples} samples, max observed {max_seen} B of limit {limit} B ({:.1}%)",
         max_seen as f64 * 100.0 / limit as f64
     );
     let (meta, _) = assert_true_and_readable(&out);
