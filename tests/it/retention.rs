@@ -590,3 +590,22 @@ fn five_thousand_splits_under_a_size_budget_keep_memory_and_time_per_split_flat(
     w.finish().unwrap();
     assert_true_and_readable(&dir);
 }
+
+#[test]
+fn a_crash_between_the_metadata_rewrite_and_the_file_removal_leaves_a_readable_bag() {
+    // Retention rewrites metadata.yaml without the oldest split first, then removes the file:
+    // this is the state a crash in between leaves.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cut");
+    old_bag(&dir, T0, 3, 10);
+    let mut meta = BagMetadata::read(&dir).unwrap();
+    let gone = meta.files.remove(0);
+    meta.relative_file_paths.remove(0);
+    meta.message_count -= gone.message_count;
+    meta.starting_time_ns = meta.files[0].starting_time_ns;
+    meta.write_atomic(&dir, Flavour::Jazzy).unwrap();
+    assert!(dir.join(&gone.path).exists());
+    let bag = Bag::open(&dir).expect("the reader opens it");
+    let n = bag.messages(&ReadFilter::default()).unwrap().count() as u64;
+    assert_eq!(n, meta.message_count);
+}
