@@ -178,8 +178,9 @@ fn duration_budget_bounds_the_span_of_the_kept_messages() {
     let span = msgs.last().unwrap().1 - msgs.first().unwrap().1;
     eprintln!("duration bound: kept span {span} ns of limit 3e9 ns");
     assert!(span <= 3_000_000_000, "span {span} ns over 3 s");
-    // Coverage: at least the limit minus one split duration.
-    assert!(span >= 2_000_000_000, "span {span} ns under 2 s");
+    // Coverage: at least the limit minus one split duration (less a batch interval or two,
+    // by which a split can run over -d).
+    assert!(span >= 1_900_000_000, "span {span} ns under 1.9 s");
     assert!(lowest_split(&out) >= 2, "old splits were deleted");
 }
 
