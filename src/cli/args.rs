@@ -116,7 +116,7 @@ pub struct RecordArgs {
 
     /// Circular logging: keep the total size of all split files at most this many bytes (or
     /// with units), deleting the oldest closed splits first; the bound holds at every batch
-    /// commit. Needs -b or -d; at least 2 x --max-bag-size. [default: off]
+    /// commit. Needs -b, and must be at least 2 x --max-bag-size. [default: off]
     #[arg(long, value_name = "BYTES")]
     pub max_record_size: Option<String>,
     /// Circular logging: keep the span from the start of the oldest kept split to the newest
