@@ -196,6 +196,31 @@ pub struct RecordArgs {
     #[arg(long, default_value_t = 0)]
     pub max_splits: u32,
 
+    /// Circular logging: keep the total size of all split files at most this many bytes (or
+    /// with units), deleting the oldest closed splits first; the bound holds at every batch
+    /// commit. Needs -b, and must be at least 2 x --max-bag-size. [default: off]
+    #[arg(long, value_name = "BYTES")]
+    pub max_record_size: Option<String>,
+    /// Circular logging: keep the span from the start of the oldest kept split to the newest
+    /// message at most this long (seconds, or with s/m/h/d), deleting the oldest closed splits.
+    /// Coverage is at least this minus one split duration, so choose -d well below it. Needs -b
+    /// or -d; at least 2 x --max-bag-duration. [default: off]
+    #[arg(long, value_name = "SECONDS")]
+    pub max_record_duration: Option<String>,
+    /// Circular logging: keep at most this many split files (the open one included), deleting
+    /// the oldest. Needs -b or -d; at least 2. [default: off]
+    #[arg(long, value_name = "N")]
+    pub max_bag_files: Option<u32>,
+    /// Keep at least this many bytes (or with units) free on the bag's partition, deleting the
+    /// oldest closed splits; when none is left and space is still short, recording stops with
+    /// an error (exit 1) instead of filling the disk. [default: off]
+    #[arg(long, value_name = "BYTES")]
+    pub min_free_space: Option<String>,
+    /// Like --min-free-space, as a percentage (0 < P < 100) of the partition's size; with both,
+    /// the larger floor applies. [default: off]
+    #[arg(long, value_name = "P")]
+    pub min_free_space_percent: Option<String>,
+
     /// Where messages come from [default: ros in builds with the `ros` feature, else synthetic].
     #[arg(long, value_enum)]
     pub source: Option<SourceKind>,

@@ -6,3 +6,4 @@ mod format;
 mod fuzz;
 mod reader;
 mod record;
+mod retention;
