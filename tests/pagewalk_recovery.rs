@@ -13,13 +13,20 @@ fn assert_recovers_everything(orig: &Original, flavour: Flavour) {
     assert_eq!(r.page_size as usize, orig.page_size);
     assert!(r.schema_page_readable);
     assert_all_genuine(orig, &out, "intact");
-    assert_eq!(out.messages.len(), orig.messages.len(), "intact file loses no message");
+    assert_eq!(
+        out.messages.len(),
+        orig.messages.len(),
+        "intact file loses no message"
+    );
     assert_eq!(r.messages_recovered as usize, orig.messages.len());
     assert_eq!(r.overflow_chains_broken, 0);
     assert_eq!(r.cells_undecodable, 0);
     assert_eq!(r.rows_implausible, 0);
     assert_eq!(r.messages_unknown_topic, 0);
-    assert_eq!(r.pages_unaccounted, 0, "every page is a b-tree, free or overflow page");
+    assert_eq!(
+        r.pages_unaccounted, 0,
+        "every page is a b-tree, free or overflow page"
+    );
     // Live-tree rows come in rowid order.
     assert!(out.messages.windows(2).all(|w| w[0].id < w[1].id));
     let names: Vec<&str> = out.walk.topics.iter().map(|t| t.name.as_str()).collect();
@@ -27,12 +34,22 @@ fn assert_recovers_everything(orig: &Original, flavour: Flavour) {
     assert_eq!(names, expected);
     match flavour {
         Flavour::Humble => {
-            assert_eq!((r.schema_version, r.distro.as_deref()), (Some(3), Some("humble")));
-            assert!(out.walk.topics.iter().all(|t| t.type_description_hash.is_none()));
+            assert_eq!(
+                (r.schema_version, r.distro.as_deref()),
+                (Some(3), Some("humble"))
+            );
+            assert!(out
+                .walk
+                .topics
+                .iter()
+                .all(|t| t.type_description_hash.is_none()));
             assert!(out.walk.definitions.is_empty());
         }
         Flavour::Jazzy => {
-            assert_eq!((r.schema_version, r.distro.as_deref()), (Some(4), Some("jazzy")));
+            assert_eq!(
+                (r.schema_version, r.distro.as_deref()),
+                (Some(4), Some("jazzy"))
+            );
             assert_eq!(
                 out.walk.topics[0].type_description_hash.as_deref(),
                 Some(format!("RIHS01_{:064}", 1).as_str())
@@ -47,7 +64,9 @@ fn assert_recovers_everything(orig: &Original, flavour: Flavour) {
     }
     assert_eq!(out.walk.topics[1].type_name, "sensor_msgs/msg/Imu");
     assert_eq!(out.walk.topics[1].serialization_format, "cdr");
-    assert!(out.walk.topics[1].offered_qos_profiles.contains("reliability: 1"));
+    assert!(out.walk.topics[1]
+        .offered_qos_profiles
+        .contains("reliability: 1"));
 }
 
 #[test]
@@ -67,7 +86,10 @@ fn deleted_rows_are_not_resurrected_from_free_pages() {
     let orig = build(dir.path(), Flavour::Jazzy, 4096, 150, 7, Some(3));
     let out = run(&orig.bytes);
     assert!(out.walk.report.freelist_readable);
-    assert!(out.walk.report.freelist_pages > 0, "the deletes freed pages");
+    assert!(
+        out.walk.report.freelist_pages > 0,
+        "the deletes freed pages"
+    );
     assert_all_genuine(&orig, &out, "after deletes");
     assert_eq!(out.messages.len(), orig.messages.len());
 }
@@ -100,7 +122,11 @@ fn zeroing_any_single_page_loses_exactly_the_rows_stored_on_it() {
             };
             assert_eq!(topics_lost, expected_topics, "{what}: topics");
             if *pgno == 1 {
-                assert_eq!(out.walk.report.page_size_source, PageSizeSource::Guessed, "{what}");
+                assert_eq!(
+                    out.walk.report.page_size_source,
+                    PageSizeSource::Guessed,
+                    "{what}"
+                );
                 assert_eq!(out.walk.report.page_size as usize, ps, "{what}");
                 assert_eq!(out.walk.report.schema_version, Some(4), "{what}");
                 assert_eq!(out.walk.definitions.len(), TOPICS.len(), "{what}");
@@ -121,7 +147,11 @@ fn zeroed_header_page_is_recovered_by_shape_at_every_page_size() {
             bytes[..ps].fill(0);
             let out = run(&bytes);
             let what = format!("{flavour:?} page size {ps}, page 1 zeroed");
-            assert_eq!(out.walk.report.page_size_source, PageSizeSource::Guessed, "{what}");
+            assert_eq!(
+                out.walk.report.page_size_source,
+                PageSizeSource::Guessed,
+                "{what}"
+            );
             assert_eq!(out.walk.report.page_size as usize, ps, "{what}");
             assert!(!out.walk.report.schema_page_readable);
             assert_all_genuine(&orig, &out, &what);
@@ -129,7 +159,10 @@ fn zeroed_header_page_is_recovered_by_shape_at_every_page_size() {
             assert_eq!(out.walk.topics.len(), TOPICS.len(), "{what}");
             let expect_hash = flavour == Flavour::Jazzy;
             assert!(
-                out.walk.topics.iter().all(|t| t.type_description_hash.is_some() == expect_hash),
+                out.walk
+                    .topics
+                    .iter()
+                    .all(|t| t.type_description_hash.is_some() == expect_hash),
                 "{what}: topics told apart from definitions"
             );
         }
@@ -146,7 +179,11 @@ fn a_broken_overflow_link_drops_only_its_row() {
         .filter(|p| p.0 == "messages" && p.2 == "overflow")
         .map(|p| p.1)
         .collect();
-    let leaf = orig.pages.iter().find(|p| p.0 == "messages" && p.2 == "leaf").map(|p| p.1);
+    let leaf = orig
+        .pages
+        .iter()
+        .find(|p| p.0 == "messages" && p.2 == "leaf")
+        .map(|p| p.1);
     let mut rng = Rng::new(5);
     let mut trials = 0;
     for _ in 0..60 {
@@ -193,7 +230,12 @@ fn a_zero_tailed_blob_is_kept_when_zero_pages_are_not_holes() {
     bytes[page_range(&orig, last)].fill(0);
     let strict = run(&bytes);
     assert_eq!(orig.messages.len() - strict.messages.len(), 1);
-    let lenient = run_with(&bytes, WalkOptions { zero_page_is_hole: false });
+    let lenient = run_with(
+        &bytes,
+        WalkOptions {
+            zero_page_is_hole: false,
+        },
+    );
     assert_eq!(lenient.messages.len(), orig.messages.len());
     let changed = lenient
         .messages
@@ -245,12 +287,19 @@ fn the_callback_can_stop_the_walk() {
 #[test]
 fn empty_short_and_missing_files_recover_nothing_without_error() {
     let dir = tempfile::tempdir().expect("tempdir");
-    for (name, bytes) in [("empty.db3", vec![]), ("short.db3", b"SQLite format 3\0".repeat(4)[..50].to_vec())] {
+    for (name, bytes) in [
+        ("empty.db3", vec![]),
+        ("short.db3", b"SQLite format 3\0".repeat(4)[..50].to_vec()),
+    ] {
         let path = dir.path().join(name);
         std::fs::write(&path, &bytes).expect("write");
         let w = walk(&path, |_| ControlFlow::Continue(())).expect("walk a short file");
         assert_eq!(w.report.messages_recovered, 0, "{name}");
-        assert_eq!(w.report.page_size_source, PageSizeSource::NotFound, "{name}");
+        assert_eq!(
+            w.report.page_size_source,
+            PageSizeSource::NotFound,
+            "{name}"
+        );
         assert!(w.topics.is_empty());
     }
     let missing = dir.path().join("missing.db3");

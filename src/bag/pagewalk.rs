@@ -20,7 +20,7 @@
 //! The file must not be written while it is mapped (another process truncating it would
 //! fault the mapping); salvage runs on a closed split, so nobody writes it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -129,6 +129,9 @@ pub struct WalkReport {
     pub overflow_chains_broken: u64,
     /// Rows that had the right shape but implausible values (bad UTF-8, ids <= 0, ...).
     pub rows_implausible: u64,
+    /// Orphan rows skipped because their table's live tree covers their rowid intact: stale
+    /// copies, e.g. deleted rows on free pages the freelist no longer names.
+    pub rows_stale: u64,
     /// Rows skipped because a row with the same rowid was already recovered.
     pub rows_duplicate: u64,
     /// Whether the overflow read budget ran out (only adversarial bytes can cause this).
@@ -325,8 +328,9 @@ impl<'a> Db<'a> {
             };
             let score = (2..=db.npages)
                 .filter(|&p| {
-                    db.btree(p)
-                        .is_some_and(|h| h.ncells > 0 && h.cells(db.page(p).unwrap_or(&[])).all(|c| c.is_some()))
+                    db.btree(p).is_some_and(|h| {
+                        h.ncells > 0 && h.cells(db.page(p).unwrap_or(&[])).all(|c| c.is_some())
+                    })
                 })
                 .count();
             // Ties go to the larger size: it is the one whose pages contain the others' hits.
@@ -370,10 +374,15 @@ impl<'a> Db<'a> {
         if ncells > 0 && (content < ptr_end || content > self.usable) {
             return None;
         }
-        if first_freeblock != 0 && (first_freeblock < ptr_end || first_freeblock + 4 > self.usable) {
+        if first_freeblock != 0 && (first_freeblock < ptr_end || first_freeblock + 4 > self.usable)
+        {
             return None;
         }
-        let right_child = if interior { Some(be32(page, hdr + 8)?) } else { None };
+        let right_child = if interior {
+            Some(be32(page, hdr + 8)?)
+        } else {
+            None
+        };
         Some(BtreeHeader {
             kind,
             ncells,
@@ -528,7 +537,11 @@ fn int_value(t: u64, b: &[u8]) -> Option<i64> {
         9 => 1,
         _ => {
             // Sign-extend a big-endian two's-complement integer of n bytes.
-            let mut v: i64 = if s.first().is_some_and(|&x| x & 0x80 != 0) { -1 } else { 0 };
+            let mut v: i64 = if s.first().is_some_and(|&x| x & 0x80 != 0) {
+                -1
+            } else {
+                0
+            };
             for &x in s {
                 v = (v << 8) | x as i64;
             }
@@ -576,7 +589,9 @@ fn shape(h: &RecordHeader) -> Shape {
     let t = &h.types[..h.ncols];
     match t {
         [0, a, b, c] if is_int(*a) && is_int(*b) && is_blob(*c) => Shape::Message,
-        [0, rest @ ..] if (rest.len() == 4 || rest.len() == 5) && rest.iter().all(|&x| is_text(x)) => {
+        [0, rest @ ..]
+            if (rest.len() == 4 || rest.len() == 5) && rest.iter().all(|&x| is_text(x)) =>
+        {
             Shape::Texts
         }
         [0, a] if is_text(*a) => Shape::Schema,
@@ -586,7 +601,7 @@ fn shape(h: &RecordHeader) -> Shape {
 }
 
 /// Which rosbag2 table a live b-tree belongs to, from `sqlite_master`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Table {
     Messages,
     Topics,
@@ -621,7 +636,10 @@ struct IdSet {
 
 impl IdSet {
     fn contains(&self, x: i64) -> bool {
-        self.ranges.range(..=x).next_back().is_some_and(|(_, &end)| x <= end)
+        self.ranges
+            .range(..=x)
+            .next_back()
+            .is_some_and(|(_, &end)| x <= end)
     }
 
     /// Returns false when `x` was already present.
@@ -651,6 +669,20 @@ impl IdSet {
 // ---------------------------------------------------------------------------------------
 // The walk
 
+/// Rowids `lo < id <= hi`; `None` is unbounded.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    lo: Option<i64>,
+    hi: Option<i64>,
+}
+
+impl Span {
+    const ALL: Span = Span { lo: None, hi: None };
+    fn contains(&self, x: i64) -> bool {
+        self.lo.map_or(true, |l| x > l) && self.hi.map_or(true, |h| x <= h)
+    }
+}
+
 struct Leaf {
     pgno: u32,
     owner: Option<Table>,
@@ -672,6 +704,8 @@ struct Walker<'a> {
     definitions: BTreeMap<i64, RecoveredDefinition>,
     metadata: BTreeMap<i64, RecoveredMetadata>,
     message_ids: IdSet,
+    /// Per table whose root is known: rowid ranges of its lost subtrees.
+    gaps: HashMap<Table, Vec<Span>>,
 }
 
 impl<'a> Walker<'a> {
@@ -691,15 +725,16 @@ impl<'a> Walker<'a> {
             definitions: BTreeMap::new(),
             metadata: BTreeMap::new(),
             message_ids: IdSet::default(),
+            gaps: HashMap::new(),
         }
     }
 
     fn run(&mut self, on_message: &mut dyn FnMut(RecoveredMessage) -> ControlFlow<()>) {
-        self.read_freelist();
         let roots = self.read_master();
         for (root, table) in roots {
             self.walk_tree(root, table);
         }
+        self.read_freelist();
         self.find_orphans();
         self.count_pages();
         self.collect_small_rows();
@@ -722,8 +757,10 @@ impl<'a> Walker<'a> {
         }
     }
 
-    /// Read the freelist; trust it only if it is entirely consistent with the header count,
-    /// since a torn freelist could otherwise hide pages that hold real rows.
+    /// Read the freelist so stale rows on free pages are not resurrected. Trunk pages are
+    /// trusted one by one up to the first inconsistent one (a truncated or torn list still
+    /// names genuinely free pages before the damage); a trunk naming a live b-tree page is
+    /// inconsistent, so live rows can never be hidden this way.
     fn read_freelist(&mut self) {
         let Some(header) = self.db.bytes.get(..100) else {
             return;
@@ -735,33 +772,39 @@ impl<'a> Walker<'a> {
             return;
         };
         let mut pages = HashSet::new();
+        let mut complete = false;
         let cap = (self.db.usable / 4).saturating_sub(2);
-        while trunk != 0 {
-            let Some(page) = self.db.page(trunk) else {
-                return;
-            };
-            if trunk == 1 || !pages.insert(trunk) {
-                return;
+        loop {
+            if trunk == 0 {
+                complete = true;
+                break;
             }
+            if trunk == 1 || self.btree_pages.contains(&trunk) || pages.contains(&trunk) {
+                break;
+            }
+            let Some(page) = self.db.page(trunk) else {
+                break;
+            };
             let (Some(next), Some(n)) = (be32(page, 0), be32(page, 4)) else {
-                return;
+                break;
             };
             let n = n as usize;
             if n > cap {
-                return;
+                break;
             }
-            for i in 0..n {
-                match be32(page, 8 + 4 * i) {
-                    Some(leaf) if leaf >= 2 && leaf <= self.db.npages && pages.insert(leaf) => {}
-                    _ => return,
-                }
+            let leaves: Vec<u32> = (0..n).filter_map(|i| be32(page, 8 + 4 * i)).collect();
+            let consistent = leaves.iter().all(|&l| {
+                l >= 2 && l != trunk && !self.btree_pages.contains(&l) && !pages.contains(&l)
+            });
+            if !consistent {
+                break;
             }
+            pages.insert(trunk);
+            // Entries past the end of a truncated file are simply gone.
+            pages.extend(leaves.into_iter().filter(|&l| l <= self.db.npages));
             trunk = next;
         }
-        if pages.len() as u64 != count as u64 {
-            return;
-        }
-        self.report.freelist_readable = true;
+        self.report.freelist_readable = complete && pages.len() as u64 == count as u64;
         self.report.freelist_pages = pages.len() as u32;
         self.free_pages = pages;
     }
@@ -797,7 +840,8 @@ impl<'a> Walker<'a> {
         }
         self.report.schema_page_readable = roots.iter().any(|&(_, t)| t == Table::Messages);
         // sqlite_master's own pages are b-tree pages too.
-        self.btree_pages.extend(seen.iter().filter(|&&p| self.db.btree(p).is_some()));
+        self.btree_pages
+            .extend(seen.iter().filter(|&&p| self.db.btree(p).is_some()));
         roots
     }
 
@@ -811,7 +855,8 @@ impl<'a> Walker<'a> {
             return None;
         }
         let cols = columns(&h, &payload)?;
-        let (Col::Bytes(a, b), Col::Bytes(c, d), Col::Int(root)) = (&cols[0], &cols[1], &cols[3]) else {
+        let (Col::Bytes(a, b), Col::Bytes(c, d), Col::Int(root)) = (&cols[0], &cols[1], &cols[3])
+        else {
             return None;
         };
         let kind = payload.get(*a..*b)?;
@@ -826,28 +871,37 @@ impl<'a> Walker<'a> {
     }
 
     fn interior_children(&self, page: &[u8], h: &BtreeHeader) -> Vec<u32> {
-        let mut kids: Vec<u32> = h.cells(page).flatten().filter_map(|pc| be32(page, pc)).collect();
+        let mut kids: Vec<u32> = h
+            .cells(page)
+            .flatten()
+            .filter_map(|pc| be32(page, pc))
+            .collect();
         kids.extend(h.right_child);
         kids
     }
 
     /// Walk one live b-tree depth-first in key order, recording its pages and table leaves.
+    /// For a table, each link that leads nowhere valid records the rowid range it covered
+    /// (from the interior keys): only orphan rows inside such a gap can belong to the table;
+    /// an orphan row elsewhere is a stale copy (e.g. a deleted row on an unlisted free page).
     fn walk_tree(&mut self, root: u32, table: Table) {
-        let mut stack = vec![root];
+        let mut gaps = Vec::new();
+        let mut stack = vec![(root, Span::ALL)];
         let mut expect_index: Option<bool> = None;
-        while let Some(pgno) = stack.pop() {
-            if self.btree_pages.contains(&pgno) {
-                self.report.tree_links_broken += 1;
-                continue;
-            }
-            let Some(h) = self.db.btree(pgno) else {
-                self.report.tree_links_broken += 1;
-                continue;
+        while let Some((pgno, span)) = stack.pop() {
+            let h = match self.db.btree(pgno) {
+                Some(h) if !self.btree_pages.contains(&pgno) => h,
+                _ => {
+                    self.report.tree_links_broken += 1;
+                    gaps.push(span);
+                    continue;
+                }
             };
             // One tree holds one kind of page; a child of the other kind is a torn link.
             let is_index = matches!(h.kind, LEAF_INDEX | INTERIOR_INDEX);
             if *expect_index.get_or_insert(is_index) != is_index {
                 self.report.tree_links_broken += 1;
+                gaps.push(span);
                 continue;
             }
             let Some(page) = self.db.page(pgno) else {
@@ -855,8 +909,47 @@ impl<'a> Walker<'a> {
             };
             self.btree_pages.insert(pgno);
             match h.kind {
-                INTERIOR_TABLE | INTERIOR_INDEX => {
+                INTERIOR_INDEX => {
                     let mut kids = self.interior_children(page, &h);
+                    kids.reverse();
+                    stack.extend(kids.into_iter().map(|k| (k, Span::ALL)));
+                }
+                INTERIOR_TABLE => {
+                    let mut kids = Vec::with_capacity(h.ncells + 1);
+                    let mut lo = span.lo;
+                    let mut broken_since: Option<Option<i64>> = None;
+                    for pc in h.cells(page) {
+                        let link = pc
+                            .and_then(|pc| Some((be32(page, pc)?, varint(page, pc + 4)?.0 as i64)));
+                        match link {
+                            Some((child, key))
+                                if lo.map_or(true, |l| key > l)
+                                    && span.hi.map_or(true, |h| key <= h) =>
+                            {
+                                if let Some(from) = broken_since.take() {
+                                    gaps.push(Span {
+                                        lo: from,
+                                        hi: Some(key),
+                                    });
+                                }
+                                kids.push((child, Span { lo, hi: Some(key) }));
+                                lo = Some(key);
+                            }
+                            _ => {
+                                self.report.tree_links_broken += 1;
+                                broken_since.get_or_insert(lo);
+                            }
+                        }
+                    }
+                    if let Some(from) = broken_since {
+                        gaps.push(Span {
+                            lo: from,
+                            hi: span.hi,
+                        });
+                    }
+                    if let Some(right) = h.right_child {
+                        kids.push((right, Span { lo, hi: span.hi }));
+                    }
                     kids.reverse();
                     stack.extend(kids);
                 }
@@ -870,6 +963,26 @@ impl<'a> Walker<'a> {
                 _ => {}
             }
         }
+        if table != Table::Unknown {
+            self.gaps.entry(table).or_default().extend(gaps);
+        }
+    }
+
+    /// An orphan row outside its table's lost ranges is counted and skipped.
+    fn is_stale(&mut self, owner: Option<Table>, table: Table, rowid: i64) -> bool {
+        let stale = owner.is_none() && !self.orphan_fits(table, rowid);
+        if stale {
+            self.report.rows_stale += 1;
+        }
+        stale
+    }
+
+    /// Whether an orphan row of `table` may be genuine: its table's tree is unknown, or the
+    /// rowid falls in a range whose subtree was lost.
+    fn orphan_fits(&self, table: Table, rowid: i64) -> bool {
+        self.gaps
+            .get(&table)
+            .map_or(true, |gaps| gaps.iter().any(|g| g.contains(rowid)))
     }
 
     fn find_orphans(&mut self) {
@@ -902,7 +1015,11 @@ impl<'a> Walker<'a> {
 
     /// The whole payload of a cell: borrowed when local, assembled from its overflow chain
     /// otherwise. The chain is validated completely before anything is copied.
-    fn payload<'p>(&mut self, cell: &LeafCell<'p>, count_broken: bool) -> Result<std::borrow::Cow<'p, [u8]>, ()> {
+    fn payload<'p>(
+        &mut self,
+        cell: &LeafCell<'p>,
+        count_broken: bool,
+    ) -> Result<std::borrow::Cow<'p, [u8]>, ()> {
         let Some(first) = cell.first_overflow else {
             return Ok(std::borrow::Cow::Borrowed(cell.local));
         };
@@ -927,7 +1044,9 @@ impl<'a> Walker<'a> {
             let last = i + 1 == n;
             let good = match (page, next) {
                 (Some(p), Some(next)) if last => {
-                    next == 0 && !(self.opts.zero_page_is_hole && p[..self.db.usable].iter().all(|&b| b == 0))
+                    next == 0
+                        && !(self.opts.zero_page_is_hole
+                            && p[..self.db.usable].iter().all(|&b| b == 0))
                 }
                 (Some(_), Some(next)) => next != 0,
                 _ => false,
@@ -982,7 +1101,13 @@ impl<'a> Walker<'a> {
         Some((cell, rh))
     }
 
-    fn small_row(&mut self, s: Shape, owner: Option<Table>, cell: &LeafCell<'_>, rh: &RecordHeader) {
+    fn small_row(
+        &mut self,
+        s: Shape,
+        owner: Option<Table>,
+        cell: &LeafCell<'_>,
+        rh: &RecordHeader,
+    ) {
         let Ok(payload) = self.payload(cell, true) else {
             return;
         };
@@ -1011,6 +1136,14 @@ impl<'a> Walker<'a> {
                     Some(Table::Definitions) => false,
                     _ => t.len() == 5 || t[0].starts_with('/'),
                 };
+                let table = if is_topic {
+                    Table::Topics
+                } else {
+                    Table::Definitions
+                };
+                if self.is_stale(owner, table, id) {
+                    return;
+                }
                 if is_topic {
                     if !t[0].starts_with('/') || t[1].is_empty() || t[2].is_empty() {
                         self.report.rows_implausible += 1;
@@ -1041,6 +1174,8 @@ impl<'a> Walker<'a> {
                     insert_first(&mut self.definitions, id, def)
                 }
             }
+            Shape::Schema if self.is_stale(owner, Table::Schema, id) => return,
+            Shape::Metadata if self.is_stale(owner, Table::Metadata, id) => return,
             Shape::Schema => match text(1) {
                 Some(d)
                     if (1..=1000).contains(&id)
@@ -1083,7 +1218,10 @@ impl<'a> Walker<'a> {
     }
 
     /// Second pass: message rows, live tree first, each handed to the callback once.
-    fn collect_messages(&mut self, on_message: &mut dyn FnMut(RecoveredMessage) -> ControlFlow<()>) {
+    fn collect_messages(
+        &mut self,
+        on_message: &mut dyn FnMut(RecoveredMessage) -> ControlFlow<()>,
+    ) {
         let leaves = std::mem::take(&mut self.leaves);
         'pages: for leaf in &leaves {
             let (Some(h), Some(page)) = (self.db.btree(leaf.pgno), self.db.page(leaf.pgno)) else {
@@ -1096,7 +1234,7 @@ impl<'a> Walker<'a> {
                 if shape(&rh) != Shape::Message {
                     continue;
                 }
-                let Some(msg) = self.message(&cell, &rh) else {
+                let Some(msg) = self.message(leaf.owner, &cell, &rh) else {
                     continue;
                 };
                 if !self.message_ids.insert(msg.id) {
@@ -1117,7 +1255,15 @@ impl<'a> Walker<'a> {
         self.leaves = leaves;
     }
 
-    fn message(&mut self, cell: &LeafCell<'_>, rh: &RecordHeader) -> Option<RecoveredMessage> {
+    fn message(
+        &mut self,
+        owner: Option<Table>,
+        cell: &LeafCell<'_>,
+        rh: &RecordHeader,
+    ) -> Option<RecoveredMessage> {
+        if self.is_stale(owner, Table::Messages, cell.rowid) {
+            return None;
+        }
         // Skip the copy of a row that is already recovered (a stale duplicate).
         if self.message_ids.contains(cell.rowid) {
             self.report.rows_duplicate += 1;
@@ -1208,7 +1354,11 @@ mod tests {
     #[test]
     fn garbage_and_tiny_inputs_recover_nothing() {
         for bytes in [vec![], vec![0u8; 50], vec![0xAB; 10_000]] {
-            let w = walk_bytes(&bytes, WalkOptions::default(), |_| ControlFlow::Continue(()));
+            let w = walk_bytes(
+                &bytes,
+                WalkOptions::default(),
+                |_| ControlFlow::Continue(()),
+            );
             assert!(w.topics.is_empty());
             assert_eq!(w.report.messages_recovered, 0);
         }

@@ -130,7 +130,12 @@ pub fn build(
             Flavour::Jazzy => {
                 conn.execute(
                     "INSERT INTO message_definitions VALUES (?1, ?2, 'ros2msg', ?3, ?4)",
-                    rusqlite::params![id, ty, "uint32 height\n".repeat(300), format!("RIHS01_{id:064}")],
+                    rusqlite::params![
+                        id,
+                        ty,
+                        "uint32 height\n".repeat(300),
+                        format!("RIHS01_{id:064}")
+                    ],
                 )
                 .expect("definition row");
                 conn.execute(
@@ -156,13 +161,15 @@ pub fn build(
             let mut data = vec![0u8; message_size(&mut rng)];
             rng.fill(&mut data);
             data[..4].copy_from_slice(&[0, 1, 0, 0]); // CDR little-endian encapsulation
-            stmt.execute(rusqlite::params![topic_id, ts, data]).expect("insert");
+            stmt.execute(rusqlite::params![topic_id, ts, data])
+                .expect("insert");
             messages.insert(conn.last_insert_rowid(), (topic_id, ts, data));
         }
     }
     conn.execute_batch("COMMIT").expect("commit");
     if let Some(k) = delete_every {
-        conn.execute("DELETE FROM messages WHERE id % ?1 = 0", [k]).expect("delete");
+        conn.execute("DELETE FROM messages WHERE id % ?1 = 0", [k])
+            .expect("delete");
         messages.retain(|id, _| id % k != 0);
     }
     let pages = {
@@ -233,7 +240,12 @@ pub fn assert_all_genuine(orig: &Original, out: &Outcome, what: &str) {
         assert!(m.data == *data, "{what}: message {} bytes differ", m.id);
     }
     for t in &out.walk.topics {
-        assert_eq!(orig.topics.get(&t.id), Some(&t.name), "{what}: topic {} differs", t.id);
+        assert_eq!(
+            orig.topics.get(&t.id),
+            Some(&t.name),
+            "{what}: topic {} differs",
+            t.id
+        );
     }
 }
 
