@@ -322,3 +322,18 @@ fn walking_a_file_on_disk_matches_walking_its_bytes() {
     assert_eq!(ids, orig.messages.keys().copied().collect::<Vec<_>>());
     assert_eq!(w.topics.len(), TOPICS.len());
 }
+
+#[test]
+fn a_wrong_page_size_in_an_intact_header_is_outvoted_by_the_pages() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let orig = build(dir.path(), Flavour::Humble, 4096, 60, 71, None);
+    for wrong in [1024u16, 8192, 1] {
+        let mut bytes = orig.bytes.clone();
+        bytes[16..18].copy_from_slice(&wrong.to_be_bytes());
+        let out = run(&bytes);
+        assert_eq!(out.walk.report.page_size, 4096, "header said {wrong}");
+        assert_eq!(out.walk.report.page_size_source, PageSizeSource::Guessed);
+        assert_all_genuine(&orig, &out, "wrong page size");
+        assert_eq!(out.messages.len(), orig.messages.len());
+    }
+}

@@ -282,11 +282,19 @@ fn varint(b: &[u8], at: usize) -> Option<(u64, usize)> {
 }
 
 impl<'a> Db<'a> {
+    /// The header's geometry, unless another page size makes more pages parse (a flipped
+    /// page-size field would otherwise hide every row).
     fn open(bytes: &'a [u8]) -> Option<(Db<'a>, PageSizeSource)> {
-        if let Some(db) = Self::from_header(bytes) {
-            return Some((db, PageSizeSource::Header));
+        let header = Self::from_header(bytes);
+        let guessed = Self::guess(bytes);
+        match (header, guessed) {
+            (Some(h), Some((score, g))) if g.page_size != h.page_size && score > h.score() => {
+                Some((g, PageSizeSource::Guessed))
+            }
+            (Some(h), _) => Some((h, PageSizeSource::Header)),
+            (None, Some((_, g))) => Some((g, PageSizeSource::Guessed)),
+            (None, None) => None,
         }
-        Self::guess(bytes).map(|db| (db, PageSizeSource::Guessed))
     }
 
     fn with_geometry(bytes: &'a [u8], page_size: usize, reserved: usize) -> Option<Db<'a>> {
@@ -317,28 +325,34 @@ impl<'a> Db<'a> {
         Self::with_geometry(bytes, page_size, reserved)
     }
 
+    /// Pages (after page 1) that are well-formed b-tree pages with every cell pointer inside
+    /// the page.
+    fn score(&self) -> usize {
+        (2..=self.npages)
+            .filter(|&p| {
+                let page = self.page(p).unwrap_or(&[]);
+                self.btree(p)
+                    .is_some_and(|h| h.ncells > 0 && h.cells(page).all(|c| c.is_some()))
+            })
+            .count()
+    }
+
     /// Try every legal page size (reserved bytes assumed 0, as rosbag2 writes) and keep the
     /// one under which most pages are well-formed b-tree pages. A wrong size either misses
     /// real page starts (too large) or sees cell pointers beyond its page end (too small).
-    fn guess(bytes: &'a [u8]) -> Option<Db<'a>> {
+    fn guess(bytes: &'a [u8]) -> Option<(usize, Db<'a>)> {
         let mut best: Option<(usize, Db<'a>)> = None;
         for &size in &PAGE_SIZES {
             let Some(db) = Self::with_geometry(bytes, size, 0) else {
                 continue;
             };
-            let score = (2..=db.npages)
-                .filter(|&p| {
-                    db.btree(p).is_some_and(|h| {
-                        h.ncells > 0 && h.cells(db.page(p).unwrap_or(&[])).all(|c| c.is_some())
-                    })
-                })
-                .count();
+            let score = db.score();
             // Ties go to the larger size: it is the one whose pages contain the others' hits.
             if score > 0 && best.as_ref().map_or(true, |(s, _)| score >= *s) {
                 best = Some((score, db));
             }
         }
-        best.map(|(_, db)| db)
+        best
     }
 
     fn page(&self, pgno: u32) -> Option<&'a [u8]> {
@@ -855,7 +869,8 @@ impl<'a> Walker<'a> {
             return None;
         }
         let cols = columns(&h, &payload)?;
-        let (Col::Bytes(a, b), Col::Bytes(c, d), Col::Int(root)) = (&cols[0], &cols[1], &cols[3])
+        let (Col::Bytes(a, b), Col::Bytes(c, d), Col::Int(root)) =
+            (cols.first()?, cols.get(1)?, cols.get(3)?)
         else {
             return None;
         };
@@ -1026,8 +1041,9 @@ impl<'a> Walker<'a> {
         let per_page = self.db.usable - 4;
         let rest = cell.payload_len - cell.local.len();
         let n = rest.div_ceil(per_page);
-        let mut chain = Vec::with_capacity(n.min(self.db.npages as usize));
-        let mut seen = HashSet::with_capacity(n.min(self.db.npages as usize));
+        // Grown as needed: a garbage cell may claim a huge chain and fail on its first page.
+        let mut chain = Vec::new();
+        let mut seen = HashSet::new();
         let mut pgno = first;
         for i in 0..n {
             let ok = self.overflow_budget > 0
@@ -1274,8 +1290,8 @@ impl<'a> Walker<'a> {
             self.report.cells_undecodable += 1;
             return None;
         };
-        match (&cols[1], &cols[2], &cols[3]) {
-            (Col::Int(topic_id), Col::Int(timestamp), Col::Bytes(a, _))
+        match (cols.get(1), cols.get(2), cols.get(3)) {
+            (Some(Col::Int(topic_id)), Some(Col::Int(timestamp)), Some(Col::Bytes(a, _)))
                 if cell.rowid > 0 && *topic_id > 0 && *timestamp >= 0 =>
             {
                 // The blob is the record's tail: drop the head in place instead of copying.
