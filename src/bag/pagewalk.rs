@@ -974,6 +974,19 @@ impl<'a> Walker<'a> {
                         owner: Some(table),
                     });
                     self.report.leaf_pages_live += 1;
+                    // Rows past the rightmost leaf are not contradicted by the tree: a torn
+                    // append can leave new leaves whose parent update never reached disk.
+                    if span.hi.is_none() {
+                        let last = h
+                            .cells(page)
+                            .flatten()
+                            .filter_map(|pc| self.db.leaf_cell(page, pc).map(|c| c.rowid))
+                            .max();
+                        gaps.push(Span {
+                            lo: last.or(span.lo),
+                            hi: None,
+                        });
+                    }
                 }
                 _ => {}
             }
