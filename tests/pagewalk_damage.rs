@@ -151,7 +151,7 @@ fn small_base() -> &'static Original {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_bytes_never_panic_or_yield_rows(bytes in proptest::collection::vec(any::<u8>(), 0..70_000)) {

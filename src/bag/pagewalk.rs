@@ -17,6 +17,19 @@
 //! Whatever the bytes, the walk does not panic and its work is bounded: every page is parsed
 //! a fixed number of times and overflow reads share a budget proportional to the file size.
 //!
+//! ```no_run
+//! # fn main() -> Result<(), ringbag::bag::pagewalk::PagewalkError> {
+//! use std::ops::ControlFlow;
+//! let mut bytes = 0u64;
+//! let walk = ringbag::bag::pagewalk::walk(std::path::Path::new("bag_0.db3"), |msg| {
+//!     bytes += msg.data.len() as u64; // e.g. INSERT it into the fresh split
+//!     ControlFlow::Continue(())
+//! })?;
+//! println!("{} topics, {} messages lost to broken chains", walk.topics.len(),
+//!          walk.report.overflow_chains_broken);
+//! # Ok(()) }
+//! ```
+//!
 //! The file must not be written while it is mapped (another process truncating it would
 //! fault the mapping); salvage runs on a closed split, so nobody writes it.
 
