@@ -713,6 +713,9 @@ impl Span {
 struct Leaf {
     pgno: u32,
     owner: Option<Table>,
+    /// The rowids its parent keys allow; a cell outside them was damaged (e.g. a flipped
+    /// rowid varint) and is dropped. Unbounded for orphans.
+    span: Span,
 }
 
 struct Walker<'a> {
@@ -985,6 +988,7 @@ impl<'a> Walker<'a> {
                     self.leaves.push(Leaf {
                         pgno,
                         owner: Some(table),
+                        span,
                     });
                     self.report.leaf_pages_live += 1;
                     // Rows past the rightmost leaf are not contradicted by the tree: a torn
@@ -1032,7 +1036,11 @@ impl<'a> Walker<'a> {
                 continue;
             }
             if self.db.btree(pgno).is_some_and(|h| h.kind == LEAF_TABLE) {
-                self.leaves.push(Leaf { pgno, owner: None });
+                self.leaves.push(Leaf {
+                    pgno,
+                    owner: None,
+                    span: Span::ALL,
+                });
                 self.report.leaf_pages_orphan += 1;
             }
         }
@@ -1123,7 +1131,7 @@ impl<'a> Walker<'a> {
             };
             for pc in h.cells(page) {
                 self.report.cells_seen += 1;
-                let Some((cell, rh)) = pc.and_then(|pc| self.decode(page, pc)) else {
+                let Some((cell, rh)) = pc.and_then(|pc| self.decode(leaf, page, pc)) else {
                     self.report.cells_undecodable += 1;
                     continue;
                 };
@@ -1137,8 +1145,16 @@ impl<'a> Walker<'a> {
         self.leaves = leaves;
     }
 
-    fn decode<'p>(&self, page: &'p [u8], pc: usize) -> Option<(LeafCell<'p>, RecordHeader)> {
+    fn decode<'p>(
+        &self,
+        leaf: &Leaf,
+        page: &'p [u8],
+        pc: usize,
+    ) -> Option<(LeafCell<'p>, RecordHeader)> {
         let cell = self.db.leaf_cell(page, pc)?;
+        if !leaf.span.contains(cell.rowid) {
+            return None;
+        }
         let rh = record_header(cell.local, cell.payload_len)?;
         Some((cell, rh))
     }
@@ -1270,7 +1286,7 @@ impl<'a> Walker<'a> {
                 continue;
             };
             for pc in h.cells(page).flatten() {
-                let Some((cell, rh)) = self.decode(page, pc) else {
+                let Some((cell, rh)) = self.decode(leaf, page, pc) else {
                     continue;
                 };
                 if shape(&rh) != Shape::Message {
