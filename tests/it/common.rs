@@ -38,7 +38,10 @@ pub fn stdout(o: &Output) -> String {
 
 /// `../shared/reference-bags` next to the repository, if this machine has it.
 pub fn reference_bags() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference-bags");
+    // RINGBAG_REFERENCE_BAGS overrides (cross mounts the project only; see Cross.toml).
+    let p = std::env::var_os("RINGBAG_REFERENCE_BAGS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference-bags"));
     if p.join("humble/humble_ref/metadata.yaml").exists() {
         Some(p)
     } else {
