@@ -46,6 +46,38 @@ STAGE_NAMES=()
 STAGE_SECS=()
 CURRENT_STAGE=""
 T0=$SECONDS
+LOGS="$(mktemp -d)"
+# Per-suite test counts, "suite passed failed skipped", for the closing summary.
+COUNTS=()
+
+# Sums cargo's "test result:" lines of a log into "passed failed ignored".
+cargo_counts() {
+    awk '/^test result:/ {
+            for (i = 1; i <= NF; i++) {
+                if ($(i) ~ /^passed;?$/)  p += $(i - 1)
+                if ($(i) ~ /^failed;?$/)  f += $(i - 1)
+                if ($(i) ~ /^ignored;?$/) g += $(i - 1)
+            }
+         }
+         END { printf "%d %d %d\n", p, f, g }' "$1"
+}
+
+# pytest -q's closing line ("3 passed, 1 skipped in 2.1s") as "passed failed skipped".
+pytest_counts() {
+    local line
+    line="$(grep -E '^[=]* ?[0-9]+ (passed|failed|skipped|error)' "$1" | tail -n1 || true)"
+    local n p=0 f=0 s=0
+    for n in passed failed skipped error errors; do
+        local v
+        v="$(grep -oE "[0-9]+ $n\b" <<<"$line" | cut -d' ' -f1 || true)"
+        case "$n" in
+            passed) p=${v:-0} ;;
+            failed | error | errors) f=$((f + ${v:-0})) ;;
+            skipped) s=${v:-0} ;;
+        esac
+    done
+    echo "$p $f $s"
+}
 
 summary() {
     local rc=$?
@@ -59,10 +91,21 @@ summary() {
         printf '    %-22s FAILED after %ss\n' "$CURRENT_STAGE" "$((SECONDS - STAGE_T0))"
     fi
     printf '    %-22s %5ss\n' "total" "$((SECONDS - T0))"
+    local entry suite p f k tp=0 tf=0 tk=0
+    for entry in "${COUNTS[@]}"; do
+        read -r suite p f k <<<"$entry"
+        printf '    %-22s %d passed, %d failed, %d skipped/ignored\n' "$suite tests" "$p" "$f" "$k"
+        tp=$((tp + p)) tf=$((tf + f)) tk=$((tk + k))
+    done
+    rm -rf "$LOGS"
     if [[ $rc -eq 0 ]]; then
         echo "==> all stages passed"
     else
         echo "==> FAILED (exit $rc)" >&2
+    fi
+    # One plain closing line over every suite that ran.
+    if [[ ${#COUNTS[@]} -gt 0 ]]; then
+        echo "tests: $tp passed, $tf failed, $tk skipped"
     fi
 }
 trap summary EXIT
@@ -164,22 +207,42 @@ install_all() {
 # ---------------------------------------------------------------- stages
 cargo_n() { "${NICE[@]}" cargo "$@"; }
 
+# The suites keep a copy of their output to count results, also when they fail.
+run_host_tests() {
+    local rc=0
+    cargo_n test 2>&1 | tee "$LOGS/test.log" || rc=$?
+    COUNTS+=("host $(cargo_counts "$LOGS/test.log")")
+    return "$rc"
+}
+
 run_interop() {
     cargo_n build --bin ringbag
-    RINGBAG_BIN="$TARGET_DIR/debug/ringbag" "$VENV/bin/pytest" tests/interop -q
+    local rc=0
+    # -rs lists skipped tests with their reason (e.g. reference bags absent).
+    RINGBAG_BIN="$TARGET_DIR/debug/ringbag" "$VENV/bin/pytest" tests/interop -q -rs 2>&1 |
+        tee "$LOGS/interop.log" || rc=$?
+    COUNTS+=("interop $(pytest_counts "$LOGS/interop.log")")
+    return "$rc"
+}
+
+run_cross() {
+    local rc=0
+    RINGBAG_NICE="${RINGBAG_NICE:-10}" bash scripts/cross-test.sh 2>&1 | tee "$LOGS/cross.log" || rc=$?
+    COUNTS+=("aarch64 $(cargo_counts "$LOGS/cross.log")")
+    return "$rc"
 }
 
 stage "install" install_all
 stage "fmt" cargo_n fmt --check
 stage "clippy" cargo_n clippy --all-targets -- -D warnings
-stage "test" cargo_n test
+stage "test" run_host_tests
 # r2r's doc-only feature uses the bindings shipped in the crate instead of a sourced ROS 2, so
 # the `ros` code type-checks (and is linted) on machines without ROS; it cannot link or run.
 stage "check-ros" cargo_n clippy --all-targets --features ros,r2r/doc-only -- -D warnings
 # Before cross: it is fast and catches format regressions long before the qemu run ends.
 stage "interop" run_interop
 if [[ $QUICK -eq 0 ]]; then
-    stage "cross-aarch64" env RINGBAG_NICE="${RINGBAG_NICE:-10}" bash scripts/cross-test.sh
+    stage "cross-aarch64" run_cross
 else
     echo
     echo "==> cross-aarch64 skipped (--quick)"
