@@ -361,7 +361,7 @@ impl<'a> Db<'a> {
             };
             let score = db.score();
             // Ties go to the larger size: it is the one whose pages contain the others' hits.
-            if score > 0 && best.as_ref().map_or(true, |(s, _)| score >= *s) {
+            if score > 0 && best.as_ref().is_none_or(|(s, _)| score >= *s) {
                 best = Some((score, db));
             }
         }
@@ -706,7 +706,7 @@ struct Span {
 impl Span {
     const ALL: Span = Span { lo: None, hi: None };
     fn contains(&self, x: i64) -> bool {
-        self.lo.map_or(true, |l| x > l) && self.hi.map_or(true, |h| x <= h)
+        self.lo.is_none_or(|l| x > l) && self.hi.is_none_or(|h| x <= h)
     }
 }
 
@@ -954,8 +954,8 @@ impl<'a> Walker<'a> {
                             .and_then(|pc| Some((be32(page, pc)?, varint(page, pc + 4)?.0 as i64)));
                         match link {
                             Some((child, key))
-                                if lo.map_or(true, |l| key > l)
-                                    && span.hi.map_or(true, |h| key <= h) =>
+                                if lo.is_none_or(|l| key > l)
+                                    && span.hi.is_none_or(|h| key <= h) =>
                             {
                                 if let Some(from) = broken_since.take() {
                                     gaps.push(Span {
@@ -1027,7 +1027,7 @@ impl<'a> Walker<'a> {
     fn orphan_fits(&self, table: Table, rowid: i64) -> bool {
         self.gaps
             .get(&table)
-            .map_or(true, |gaps| gaps.iter().any(|g| g.contains(rowid)))
+            .is_none_or(|gaps| gaps.iter().any(|g| g.contains(rowid)))
     }
 
     fn find_orphans(&mut self) {
