@@ -742,7 +742,7 @@ impl OldBag {
             // metadata.yaml first (see BagWriter::delete_oldest_closed for why).
             self.write_meta()?;
         }
-        remove_split(&path)?;
+        crate::bag::writer::remove_split_file(&path)?;
         sync_dir(&self.dir)?;
         Ok(false)
     }
@@ -768,19 +768,6 @@ fn split_counts(path: &Path) -> Result<(FileInfo, Vec<(TopicInfo, u64)>), BagErr
         message_count: stats.count,
     };
     Ok((file, per_topic))
-}
-
-fn remove_split(path: &Path) -> Result<(), BagError> {
-    fs::remove_file(path).map_err(BagError::io(path))?;
-    for suffix in ["-wal", "-shm", "-journal"] {
-        let mut side = path.as_os_str().to_owned();
-        side.push(suffix);
-        let side = PathBuf::from(side);
-        if side.exists() {
-            fs::remove_file(&side).map_err(BagError::io(&side))?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

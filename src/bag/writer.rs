@@ -696,7 +696,8 @@ pub fn split_size_on_disk(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn remove_split_file(path: &Path) -> Result<(), BagError> {
+/// Remove a split and any SQLite side files (`-wal`, `-shm`, `-journal`) next to it.
+pub fn remove_split_file(path: &Path) -> Result<(), BagError> {
     fs::remove_file(path).map_err(BagError::io(path))?;
     for suffix in ["-wal", "-shm", "-journal"] {
         let mut side = path.as_os_str().to_owned();

@@ -46,6 +46,13 @@ pub(crate) struct Shared {
     pub pool_budget: usize,
 }
 
+impl Shared {
+    /// A snapshot of the registered topics' counters (locks briefly; never on the push path).
+    pub fn topic_stats(&self) -> Vec<Arc<TopicStats>> {
+        self.topics.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+}
+
 /// Cheap to clone; hand one to each callback or generator thread.
 #[derive(Clone)]
 pub struct Producer {

@@ -390,12 +390,7 @@ impl WriterCtx {
 
     /// Log drops at most once a second; producers only count.
     fn report_drops(&self, already: u64) -> u64 {
-        let topics = self
-            .shared
-            .topics
-            .lock()
-            .map(|t| t.clone())
-            .unwrap_or_default();
+        let topics = self.shared.topic_stats();
         let total: u64 = topics.iter().map(|t| t.dropped()).sum();
         if total > already {
             let detail: Vec<String> = topics
@@ -414,12 +409,7 @@ impl WriterCtx {
 
     /// Drops per topic go into the bag's custom_data so the bag says it is incomplete.
     fn annotate_custom_data(&mut self) {
-        let topics = self
-            .shared
-            .topics
-            .lock()
-            .map(|t| t.clone())
-            .unwrap_or_default();
+        let topics = self.shared.topic_stats();
         let total: u64 = topics.iter().map(|t| t.dropped()).sum();
         let clock_data = self.clock.custom_data();
         let w = self.writer.as_mut().expect("writer present until finish");
