@@ -81,6 +81,8 @@ pytest_counts() {
 
 summary() {
     local rc=$?
+    # Left mid-stage (e.g. killed by a signal): never report success.
+    [[ -n "$CURRENT_STAGE" && $rc -eq 0 ]] && rc=1
     echo
     echo "==> summary"
     local i
@@ -107,8 +109,12 @@ summary() {
     if [[ ${#COUNTS[@]} -gt 0 ]]; then
         echo "tests: $tp passed, $tf failed, $tk skipped"
     fi
+    exit "$rc"
 }
 trap summary EXIT
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # stage NAME CMD...: run CMD with a header, record its wall time; set -e stops at a failure.
 stage() {
