@@ -1,12 +1,14 @@
 //! ringbag: an always-on ROS 2 bag recorder for edge devices.
 //!
-//! The library holds everything; `main.rs` only parses arguments and maps errors to exit codes.
-//! Module dependencies point one way (see README "Architecture"): `bag` knows nothing of
-//! clocks, threads, sources or the CLI, so the format can be tested and fuzzed alone.
+//! The library holds everything; `main.rs` only calls `cli::main_entry`. Module dependencies
+//! point one way (see README "Architecture"): `bag` knows nothing of clocks, threads,
+//! sources or the CLI, so the format can be tested and fuzzed alone.
 
 pub mod bag;
 pub mod cli;
 pub mod clock;
 pub mod pipeline;
+pub mod record;
 pub mod retention;
+pub mod signals;
 pub mod source;

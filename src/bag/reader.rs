@@ -1,1 +1,602 @@
-//! reader
+//! Reading bags: a directory with metadata.yaml, a directory without it (metadata derived
+//! from the .db3 files), or a single .db3 file. Messages come back in timestamp order across
+//! splits; a start time is found through `timestamp_idx`, never by scanning.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+
+use super::metadata::{BagMetadata, FileInfo, TopicWithCount, METADATA_FILE, NO_START};
+use super::qos::parse_profiles_str;
+use super::{BagError, Flavour, TopicInfo};
+
+/// An opened bag.
+#[derive(Debug)]
+pub struct Bag {
+    pub path: PathBuf,
+    /// metadata.yaml as read, or derived from the files when it is missing.
+    pub metadata: BagMetadata,
+    /// True when metadata.yaml was missing and the metadata was derived from the splits.
+    pub derived: bool,
+    pub splits: Vec<SplitFile>,
+    /// Topics across all splits; `ReadMessage::topic` indexes this.
+    pub topics: Vec<TopicInfo>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SplitFile {
+    pub path: PathBuf,
+    pub rel: String,
+    pub size_bytes: u64,
+    pub schema_version: Option<i64>,
+    pub ros_distro: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadMessage {
+    pub topic: usize,
+    pub timestamp: i64,
+    pub data: Vec<u8>,
+}
+
+/// Which messages to read.
+#[derive(Debug, Clone, Default)]
+pub struct ReadFilter {
+    /// Topic names to keep; `None` keeps all.
+    pub topics: Option<Vec<String>>,
+    /// First timestamp to return (inclusive), ns since epoch.
+    pub start_ns: Option<i64>,
+    /// Last timestamp to return (inclusive).
+    pub end_ns: Option<i64>,
+}
+
+/// The split index in `<name>_<N>.db3`, which orders splits (not the lexical order:
+/// `_10` comes after `_9`).
+pub fn split_number(file_name: &str) -> Option<u64> {
+    let stem = file_name.strip_suffix(".db3")?;
+    let (_, n) = stem.rsplit_once('_')?;
+    n.parse().ok()
+}
+
+/// All `*.db3` files in `dir`, ordered by split number (files without one go last, by name).
+pub fn find_split_files(dir: &Path) -> Result<Vec<String>, BagError> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .map_err(BagError::io(dir))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".db3"))
+        .collect();
+    names.sort_by(|a, b| {
+        (split_number(a).unwrap_or(u64::MAX), a).cmp(&(split_number(b).unwrap_or(u64::MAX), b))
+    });
+    Ok(names)
+}
+
+pub fn open_read_only(path: &Path) -> Result<Connection, BagError> {
+    if !path.exists() {
+        return Err(BagError::NotFound {
+            path: path.to_path_buf(),
+        });
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(BagError::sqlite(path))?;
+    // Touch the schema now so "not a database" surfaces here, naming this file.
+    let has_messages: bool = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='messages'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)
+        .map_err(BagError::sqlite(path))?;
+    if !has_messages {
+        return Err(BagError::invalid(
+            path,
+            "not a rosbag2 split (no `messages` table)",
+        ));
+    }
+    Ok(conn)
+}
+
+/// Schema version and distro from the `schema` table (absent before schema version 3).
+pub fn read_schema(
+    conn: &Connection,
+    path: &Path,
+) -> Result<(Option<i64>, Option<String>), BagError> {
+    let has: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='schema'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(BagError::sqlite(path))?;
+    if has == 0 {
+        return Ok((None, None));
+    }
+    let row = conn
+        .query_row("SELECT schema_version, ros_distro FROM schema", [], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+        })
+        .optional()
+        .map_err(BagError::sqlite(path))?;
+    match row {
+        Some((v, _)) if !(1..=4).contains(&v) => Err(BagError::invalid(
+            path,
+            format!("unsupported schema version {v} (this build reads 1 to 4)"),
+        )),
+        Some((v, d)) => Ok((Some(v), Some(d))),
+        None => Ok((None, None)),
+    }
+}
+
+/// The `topics` table: (id, topic). Columns differ between schema versions, so ask which
+/// exist rather than trusting the version number.
+pub fn read_topics(conn: &Connection, path: &Path) -> Result<Vec<(i64, TopicInfo)>, BagError> {
+    let cols: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('topics')")
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .map_err(BagError::sqlite(path))?;
+    let has = |c: &str| cols.iter().any(|x| x == c);
+    let sql = format!(
+        "SELECT id, name, type, serialization_format, {}, {} FROM topics ORDER BY id",
+        if has("offered_qos_profiles") {
+            "offered_qos_profiles"
+        } else {
+            "''"
+        },
+        if has("type_description_hash") {
+            "type_description_hash"
+        } else {
+            "''"
+        },
+    );
+    let mut st = conn.prepare(&sql).map_err(BagError::sqlite(path))?;
+    let rows = st
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, String>(5)?,
+            ))
+        })
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(BagError::sqlite(path))?;
+    rows.into_iter()
+        .map(|(id, name, type_name, fmt, qos, hash)| {
+            let offered_qos_profiles = parse_profiles_str(&qos)
+                .map_err(|e| BagError::invalid(path, format!("topic {name}: {e}")))?;
+            Ok((
+                id,
+                TopicInfo {
+                    name,
+                    type_name,
+                    serialization_format: fmt,
+                    offered_qos_profiles,
+                    type_description_hash: hash,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// Count, time span and per-topic counts of one split, straight from its rows.
+#[derive(Debug, Clone)]
+pub struct SplitStats {
+    pub count: u64,
+    pub start_ns: i64,
+    pub end_ns: i64,
+    pub per_topic_id: HashMap<i64, u64>,
+}
+
+pub fn split_stats(conn: &Connection, path: &Path) -> Result<SplitStats, BagError> {
+    let (count, start, end): (i64, Option<i64>, Option<i64>) = conn
+        .query_row(
+            "SELECT count(*), min(timestamp), max(timestamp) FROM messages",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .map_err(BagError::sqlite(path))?;
+    let per_topic_id = conn
+        .prepare("SELECT topic_id, count(*) FROM messages GROUP BY topic_id")
+        .and_then(|mut s| {
+            s.query_map([], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64))
+            })?
+            .collect::<Result<HashMap<_, _>, _>>()
+        })
+        .map_err(BagError::sqlite(path))?;
+    Ok(SplitStats {
+        count: count as u64,
+        start_ns: start.unwrap_or(NO_START),
+        end_ns: end.unwrap_or(NO_START),
+        per_topic_id,
+    })
+}
+
+impl Bag {
+    /// Open a bag directory or a single .db3 file.
+    pub fn open(path: &Path) -> Result<Bag, BagError> {
+        if !path.exists() {
+            return Err(BagError::NotFound {
+                path: path.to_path_buf(),
+            });
+        }
+        if path.is_file() {
+            return Self::open_files(
+                path,
+                path.parent().unwrap_or(Path::new(".")),
+                vec![file_name(path)],
+                None,
+            );
+        }
+        let meta_path = path.join(METADATA_FILE);
+        if !meta_path.exists() {
+            let files = find_split_files(path)?;
+            if files.is_empty() {
+                return Err(BagError::invalid(
+                    path,
+                    "not a bag: no metadata.yaml and no .db3 files",
+                ));
+            }
+            return Self::open_files(path, path, files, None);
+        }
+        let metadata = BagMetadata::read(path)?;
+        if metadata.storage_identifier != "sqlite3" {
+            return Err(BagError::UnsupportedStorage {
+                path: path.to_path_buf(),
+                storage: metadata.storage_identifier,
+            });
+        }
+        let listed: Vec<String> = if metadata.relative_file_paths.is_empty() {
+            metadata.files.iter().map(|f| f.path.clone()).collect()
+        } else {
+            metadata.relative_file_paths.clone()
+        };
+        // Older rosbag2 wrote paths with the bag directory in front; accept both.
+        let listed: Vec<String> = listed
+            .into_iter()
+            .map(|p| {
+                let as_is = path.join(&p);
+                if as_is.exists() {
+                    p
+                } else {
+                    Path::new(&p)
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .unwrap_or(&p)
+                        .to_string()
+                }
+            })
+            .collect();
+        for rel in &listed {
+            if !path.join(rel).exists() {
+                return Err(BagError::invalid(
+                    &meta_path,
+                    format!("lists {rel}, which does not exist (run `ringbag reindex`)"),
+                ));
+            }
+        }
+        let newest_listed = listed.iter().filter_map(|f| split_number(f)).max();
+        if let Some(extra) = find_split_files(path)?
+            .into_iter()
+            .filter(|f| !listed.contains(f))
+            .find(|f| {
+                split_number(f)
+                    .zip(newest_listed)
+                    .is_some_and(|(n, m)| n > m)
+            })
+        {
+            return Err(BagError::invalid(
+                &meta_path,
+                format!("does not list {extra} (recording in progress or interrupted; run `ringbag reindex`)"),
+            ));
+        }
+        Self::open_files(path, path, listed, Some(metadata))
+    }
+
+    fn open_files(
+        path: &Path,
+        dir: &Path,
+        rels: Vec<String>,
+        metadata: Option<BagMetadata>,
+    ) -> Result<Bag, BagError> {
+        let mut splits = Vec::new();
+        let mut topics: Vec<TopicInfo> = metadata
+            .as_ref()
+            .map(|m| m.topics.iter().map(|t| t.topic.clone()).collect())
+            .unwrap_or_default();
+        let mut derived_files = Vec::new();
+        let mut derived_counts: HashMap<String, u64> = HashMap::new();
+        let mut flavour = Flavour::Humble;
+        for rel in rels {
+            let p = dir.join(&rel);
+            let conn = open_read_only(&p)?;
+            let (schema_version, ros_distro) = read_schema(&conn, &p)?;
+            if schema_version.unwrap_or(0) >= 4 {
+                flavour = Flavour::Jazzy;
+            }
+            let file_topics = read_topics(&conn, &p)?;
+            for (_, t) in &file_topics {
+                if !topics.iter().any(|x| x.name == t.name) {
+                    topics.push(t.clone());
+                }
+            }
+            if metadata.is_none() {
+                let st = split_stats(&conn, &p)?;
+                for (id, t) in &file_topics {
+                    *derived_counts.entry(t.name.clone()).or_default() +=
+                        st.per_topic_id.get(id).copied().unwrap_or(0);
+                }
+                derived_files.push(FileInfo {
+                    path: rel.clone(),
+                    starting_time_ns: st.start_ns,
+                    duration_ns: if st.count > 0 {
+                        st.end_ns - st.start_ns
+                    } else {
+                        0
+                    },
+                    message_count: st.count,
+                });
+            }
+            splits.push(SplitFile {
+                size_bytes: fs::metadata(&p).map(|m| m.len()).unwrap_or(0),
+                path: p,
+                rel,
+                schema_version,
+                ros_distro,
+            });
+        }
+        if let Some(metadata) = &metadata {
+            for t in &metadata.topics {
+                if t.message_count > 0 && !topics.iter().any(|x| x.name == t.topic.name) {
+                    return Err(BagError::invalid(
+                        path.join(METADATA_FILE),
+                        format!(
+                            "topic {} is in metadata.yaml but in none of its files",
+                            t.topic.name
+                        ),
+                    ));
+                }
+            }
+        }
+        let derived = metadata.is_none();
+        let metadata = match metadata {
+            Some(m) => m,
+            None => derive_metadata(flavour, &topics, &derived_counts, derived_files),
+        };
+        Ok(Bag {
+            path: path.to_path_buf(),
+            metadata,
+            derived,
+            splits,
+            topics,
+        })
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.splits.iter().map(|s| s.size_bytes).sum()
+    }
+
+    pub fn topic_index(&self, name: &str) -> Option<usize> {
+        self.topics.iter().position(|t| t.name == name)
+    }
+
+    /// Messages in timestamp order (ties by split, then row id) across all splits.
+    pub fn messages(&self, filter: &ReadFilter) -> Result<MessageIter, BagError> {
+        if let Some(names) = &filter.topics {
+            if let Some(missing) = names.iter().find(|n| self.topic_index(n).is_none()) {
+                return Err(BagError::invalid(
+                    &self.path,
+                    format!("has no topic {missing}"),
+                ));
+            }
+        }
+        let mut cursors = Vec::new();
+        for (order, s) in self.splits.iter().enumerate() {
+            let conn = open_read_only(&s.path)?;
+            let mut id_to_topic = HashMap::new();
+            let mut keep_ids = Vec::new();
+            for (id, t) in read_topics(&conn, &s.path)? {
+                let idx = self
+                    .topic_index(&t.name)
+                    .expect("topics were collected at open");
+                let wanted = filter.topics.as_ref().is_none_or(|n| n.contains(&t.name));
+                if wanted {
+                    keep_ids.push(id);
+                }
+                id_to_topic.insert(id, idx);
+            }
+            if filter.topics.is_some() && keep_ids.is_empty() {
+                continue;
+            }
+            let topic_clause = match &filter.topics {
+                None => String::new(),
+                Some(_) => format!(
+                    " AND topic_id IN ({})",
+                    keep_ids
+                        .iter()
+                        .map(|i| i.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            };
+            let end_clause = if filter.end_ns.is_some() {
+                " AND timestamp <= ?3"
+            } else {
+                ""
+            };
+            cursors.push(SplitCursor {
+                sql: format!("{}{topic_clause}{end_clause} {CURSOR_ORDER}", CURSOR_SELECT),
+                conn,
+                path: s.path.clone(),
+                id_to_topic,
+                last: (filter.start_ns.unwrap_or(i64::MIN), i64::MIN),
+                end: filter.end_ns,
+                buf: VecDeque::new(),
+                done: false,
+                order,
+            });
+        }
+        let mut it = MessageIter {
+            cursors,
+            heap: BinaryHeap::new(),
+            started: false,
+        };
+        it.prime()?;
+        Ok(it)
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn derive_metadata(
+    flavour: Flavour,
+    topics: &[TopicInfo],
+    counts: &HashMap<String, u64>,
+    files: Vec<FileInfo>,
+) -> BagMetadata {
+    let mut m = BagMetadata::empty(flavour);
+    let with = files.iter().filter(|f| f.message_count > 0);
+    if let (Some(s), Some(e)) = (
+        with.clone().map(|f| f.starting_time_ns).min(),
+        with.map(|f| f.starting_time_ns + f.duration_ns).max(),
+    ) {
+        m.starting_time_ns = s;
+        m.duration_ns = e - s;
+    }
+    m.message_count = files.iter().map(|f| f.message_count).sum();
+    m.topics = topics
+        .iter()
+        .map(|t| TopicWithCount {
+            topic: t.clone(),
+            message_count: counts.get(&t.name).copied().unwrap_or(0),
+        })
+        .collect();
+    m.relative_file_paths = files.iter().map(|f| f.path.clone()).collect();
+    m.files = files;
+    m
+}
+
+/// Row-value comparison `(timestamp, id) > (?, ?)` is answered from `timestamp_idx`
+/// (whose entries are (timestamp, rowid)), so each chunk is an index seek, not a scan.
+pub const CURSOR_SELECT: &str =
+    "SELECT id, topic_id, timestamp, data FROM messages WHERE (timestamp, id) > (?1, ?2)";
+pub const CURSOR_ORDER: &str = "ORDER BY timestamp, id";
+
+/// Rows and bytes fetched per chunk: bounded so that 1 MiB messages don't balloon memory.
+const CHUNK_ROWS: usize = 512;
+const CHUNK_BYTES: usize = 8 << 20;
+
+struct SplitCursor {
+    sql: String,
+    conn: Connection,
+    path: PathBuf,
+    id_to_topic: HashMap<i64, usize>,
+    /// Last (timestamp, id) returned; the next chunk starts after it.
+    last: (i64, i64),
+    end: Option<i64>,
+    buf: VecDeque<(i64, i64, usize, Vec<u8>)>,
+    done: bool,
+    order: usize,
+}
+
+impl SplitCursor {
+    fn fill(&mut self) -> Result<(), BagError> {
+        if self.done || !self.buf.is_empty() {
+            return Ok(());
+        }
+        let mut st = self
+            .conn
+            .prepare_cached(&self.sql)
+            .map_err(BagError::sqlite(&self.path))?;
+        let mut rows = match self.end {
+            Some(end) => st.query(rusqlite::params![self.last.0, self.last.1, end]),
+            None => st.query(rusqlite::params![self.last.0, self.last.1]),
+        }
+        .map_err(BagError::sqlite(&self.path))?;
+        let mut bytes = 0;
+        while let Some(r) = rows.next().map_err(BagError::sqlite(&self.path))? {
+            let row = (|| -> rusqlite::Result<_> {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, Vec<u8>>(3)?,
+                ))
+            })()
+            .map_err(BagError::sqlite(&self.path))?;
+            let (id, topic_id, ts, data) = row;
+            let topic = *self.id_to_topic.get(&topic_id).ok_or_else(|| {
+                BagError::invalid(
+                    &self.path,
+                    format!("message {id} names unknown topic id {topic_id}"),
+                )
+            })?;
+            bytes += data.len();
+            self.last = (ts, id);
+            self.buf.push_back((ts, id, topic, data));
+            if self.buf.len() >= CHUNK_ROWS || bytes >= CHUNK_BYTES {
+                return Ok(());
+            }
+        }
+        self.done = true;
+        Ok(())
+    }
+}
+
+/// Iterator over a bag's messages in time order.
+pub struct MessageIter {
+    cursors: Vec<SplitCursor>,
+    heap: BinaryHeap<Reverse<(i64, usize, i64, usize)>>,
+    started: bool,
+}
+
+impl MessageIter {
+    fn prime(&mut self) -> Result<(), BagError> {
+        for i in 0..self.cursors.len() {
+            self.push_head(i)?;
+        }
+        self.started = true;
+        Ok(())
+    }
+
+    fn push_head(&mut self, i: usize) -> Result<(), BagError> {
+        let c = &mut self.cursors[i];
+        c.fill()?;
+        if let Some((ts, id, _, _)) = c.buf.front() {
+            self.heap.push(Reverse((*ts, c.order, *id, i)));
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for MessageIter {
+    type Item = Result<ReadMessage, BagError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let Reverse((_, _, _, i)) = self.heap.pop()?;
+        let (ts, _, topic, data) = self.cursors[i].buf.pop_front()?;
+        if let Err(e) = self.push_head(i) {
+            return Some(Err(e));
+        }
+        Some(Ok(ReadMessage {
+            topic,
+            timestamp: ts,
+            data,
+        }))
+    }
+}

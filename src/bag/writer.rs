@@ -1,1 +1,677 @@
-//! writer
+//! The split writer: one bag directory, splits `<name>_<N>.db3`, metadata.yaml.
+//!
+//! The caller (the pipeline's writer thread) hands over batches; each batch is one SQLite
+//! transaction through one cached prepared INSERT. Splitting by size and duration happens
+//! inside a batch, before the message that would cross the limit, so a message larger than
+//! the split size simply gets a split of its own.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use rusqlite::{params, Connection, OpenFlags};
+
+use super::metadata::{sync_dir, BagMetadata, FileInfo, TopicWithCount, NO_START};
+use super::qos::{profiles_to_yaml_string, PolicyStyle};
+use super::schema::{create_tables, StoragePreset};
+use super::{BagError, Flavour, MessageDefinition, TopicInfo};
+
+/// Per-row bytes SQLite adds beyond the payload (cell header, index entry, page slack),
+/// used to project a split's size before a commit. Measured: 100 B messages grow the file by
+/// ~150 B each with 16 KiB pages; 64 is a floor, and the real size is re-read after commit.
+pub const ROW_OVERHEAD_BYTES: u64 = 64;
+
+#[derive(Debug, Clone)]
+pub struct WriterOptions {
+    pub flavour: Flavour,
+    pub preset: StoragePreset,
+    /// Split when the open file would exceed this many bytes; 0 = never.
+    pub max_bag_size: u64,
+    /// Split when the open file would span more than this; 0 = never.
+    pub max_bag_duration_ns: i64,
+    pub custom_data: BTreeMap<String, String>,
+}
+
+impl WriterOptions {
+    pub fn new(flavour: Flavour) -> Self {
+        WriterOptions {
+            flavour,
+            preset: StoragePreset::WriteOptimized,
+            max_bag_size: 0,
+            max_bag_duration_ns: 0,
+            custom_data: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct TopicState {
+    info: TopicInfo,
+    definition: Option<MessageDefinition>,
+    /// Messages of this topic in the splits still on disk.
+    count: u64,
+}
+
+/// The split being written.
+#[derive(Debug)]
+struct OpenSplit {
+    index: u32,
+    rel: String,
+    path: PathBuf,
+    conn: Connection,
+    start_ns: i64,
+    end_ns: i64,
+    count: u64,
+    per_topic: Vec<u64>,
+    /// Topics already in this file's `topics` table (index = ringbag topic index).
+    registered: Vec<bool>,
+    /// Types already in `message_definitions`.
+    definitions: Vec<String>,
+    /// File size after the last commit.
+    size_committed: u64,
+    /// Projected bytes written since the last commit.
+    pending_bytes: u64,
+}
+
+/// A finished, fsynced split: what retention needs to account for and delete it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClosedSplit {
+    pub index: u32,
+    pub file: FileInfo,
+    pub path: PathBuf,
+    pub size_bytes: u64,
+    /// Message count per topic index.
+    pub per_topic: Vec<u64>,
+}
+
+impl ClosedSplit {
+    pub fn end_ns(&self) -> i64 {
+        if self.file.message_count == 0 {
+            NO_START
+        } else {
+            self.file.starting_time_ns + self.file.duration_ns
+        }
+    }
+}
+
+/// What a finished bag looks like.
+#[derive(Debug, Clone)]
+pub struct BagSummary {
+    pub dir: PathBuf,
+    pub metadata: BagMetadata,
+    pub size_bytes: u64,
+}
+
+pub struct BagWriter {
+    dir: PathBuf,
+    name: String,
+    opts: WriterOptions,
+    topics: Vec<TopicState>,
+    split: Option<OpenSplit>,
+    closed: VecDeque<ClosedSplit>,
+    /// Splits closed since the caller last asked (retention consumes these).
+    newly_closed: Vec<ClosedSplit>,
+    next_index: u32,
+    failed: Option<String>,
+}
+
+impl std::fmt::Debug for BagWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BagWriter")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One message to write: topic index (from `add_topic`), receive time, CDR bytes.
+pub type Row<'a> = (usize, i64, &'a [u8]);
+
+impl BagWriter {
+    /// Create `dir` (it must not exist) and open split 0.
+    pub fn create(dir: &Path, opts: WriterOptions) -> Result<Self, BagError> {
+        if dir.exists() {
+            return Err(BagError::AlreadyExists {
+                path: dir.to_path_buf(),
+            });
+        }
+        let name = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| BagError::invalid(dir, "output path has no usable directory name"))?
+            .to_string();
+        fs::create_dir_all(dir).map_err(BagError::io(dir))?;
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
+        let mut w = BagWriter {
+            dir: dir.to_path_buf(),
+            name,
+            opts,
+            topics: Vec::new(),
+            split: None,
+            closed: VecDeque::new(),
+            newly_closed: Vec::new(),
+            next_index: 0,
+            failed: None,
+        };
+        w.open_split()?;
+        // A metadata.yaml from the first moment: a crash before the first split closes still
+        // leaves a bag that names its files (reindex refreshes the counts).
+        w.write_metadata()?;
+        Ok(w)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn flavour(&self) -> Flavour {
+        self.opts.flavour
+    }
+    pub fn options(&self) -> &WriterOptions {
+        &self.opts
+    }
+
+    /// Register a topic; returns the index to use in rows. Registering the same name again
+    /// returns the existing index.
+    pub fn add_topic(
+        &mut self,
+        info: TopicInfo,
+        definition: Option<MessageDefinition>,
+    ) -> Result<usize, BagError> {
+        self.check_ok()?;
+        if let Some(i) = self.topics.iter().position(|t| t.info.name == info.name) {
+            return Ok(i);
+        }
+        self.topics.push(TopicState {
+            info,
+            definition,
+            count: 0,
+        });
+        let idx = self.topics.len() - 1;
+        let r = self.register_in_split(idx);
+        self.guard(r)?;
+        Ok(idx)
+    }
+
+    pub fn set_custom_data(&mut self, key: impl Into<String>, value: impl Into<String>) {
+        self.opts.custom_data.insert(key.into(), value.into());
+    }
+
+    /// Write rows as one transaction (several if a split boundary falls inside the batch).
+    pub fn write_batch<'a, I>(&mut self, rows: I) -> Result<(), BagError>
+    where
+        I: IntoIterator<Item = Row<'a>>,
+    {
+        self.check_ok()?;
+        let r = self.write_batch_inner(rows);
+        self.guard(r)
+    }
+
+    fn write_batch_inner<'a, I>(&mut self, rows: I) -> Result<(), BagError>
+    where
+        I: IntoIterator<Item = Row<'a>>,
+    {
+        self.begin()?;
+        for (topic, ts, data) in rows {
+            if topic >= self.topics.len() {
+                return Err(BagError::invalid(
+                    &self.dir,
+                    format!("row names unknown topic index {topic}"),
+                ));
+            }
+            if self.must_split_before(ts, data.len() as u64) {
+                self.commit()?;
+                self.rotate()?;
+                self.begin()?;
+            }
+            let s = self.split.as_mut().expect("a split is open while writing");
+            s.conn
+                .prepare_cached(
+                    "INSERT INTO messages (topic_id, timestamp, data) VALUES (?1, ?2, ?3)",
+                )
+                .and_then(|mut st| st.execute(params![topic as i64 + 1, ts, data]))
+                .map_err(BagError::sqlite(&s.path))?;
+            s.count += 1;
+            s.per_topic[topic] += 1;
+            s.start_ns = s.start_ns.min(ts);
+            s.end_ns = if s.count == 1 { ts } else { s.end_ns.max(ts) };
+            s.pending_bytes += data.len() as u64 + ROW_OVERHEAD_BYTES;
+            self.topics[topic].count += 1;
+        }
+        self.commit()
+    }
+
+    fn must_split_before(&self, ts: i64, len: u64) -> bool {
+        let Some(s) = &self.split else { return false };
+        if s.count == 0 {
+            return false;
+        }
+        let size = self.opts.max_bag_size;
+        let dur = self.opts.max_bag_duration_ns;
+        (size > 0 && s.size_committed + s.pending_bytes + len + ROW_OVERHEAD_BYTES > size)
+            || (dur > 0 && ts.saturating_sub(s.start_ns) >= dur)
+    }
+
+    /// Split now if the open file spans `max_bag_duration` at time `now_ns`; lets quiet topics
+    /// rotate on a timer. Returns true if it split.
+    pub fn split_if_due(&mut self, now_ns: i64) -> Result<bool, BagError> {
+        self.check_ok()?;
+        let dur = self.opts.max_bag_duration_ns;
+        let due = match &self.split {
+            Some(s) if dur > 0 && s.count > 0 => now_ns.saturating_sub(s.start_ns) >= dur,
+            _ => false,
+        };
+        if due {
+            let r = self.rotate();
+            self.guard(r)?;
+        }
+        Ok(due)
+    }
+
+    /// Close the open split and open the next one.
+    pub fn split(&mut self) -> Result<(), BagError> {
+        self.check_ok()?;
+        let r = self.rotate();
+        self.guard(r)
+    }
+
+    /// Bytes on disk of the open split, as of its last commit.
+    pub fn open_split_size(&self) -> u64 {
+        self.split.as_ref().map_or(0, |s| s.size_committed)
+    }
+    /// (start, end) of the open split's messages, if it has any.
+    pub fn open_split_span(&self) -> Option<(i64, i64)> {
+        self.split
+            .as_ref()
+            .filter(|s| s.count > 0)
+            .map(|s| (s.start_ns, s.end_ns))
+    }
+    pub fn open_split_index(&self) -> Option<u32> {
+        self.split.as_ref().map(|s| s.index)
+    }
+    /// Closed splits still on disk, oldest first.
+    pub fn closed_splits(&self) -> &VecDeque<ClosedSplit> {
+        &self.closed
+    }
+    /// Splits closed since the last call.
+    pub fn take_newly_closed(&mut self) -> Vec<ClosedSplit> {
+        std::mem::take(&mut self.newly_closed)
+    }
+    /// Number of split files created so far, including the open one.
+    pub fn splits_created(&self) -> u32 {
+        self.next_index
+    }
+
+    /// Delete the oldest closed split (never the open one) and rewrite metadata.yaml so it
+    /// lists exactly what remains. Returns what was deleted.
+    pub fn delete_oldest_closed(&mut self) -> Result<Option<ClosedSplit>, BagError> {
+        self.check_ok()?;
+        let Some(old) = self.closed.pop_front() else {
+            return Ok(None);
+        };
+        for (t, n) in self.topics.iter_mut().zip(&old.per_topic) {
+            t.count -= n;
+        }
+        let r = remove_split_file(&old.path).and_then(|_| sync_dir(&self.dir));
+        let r = r.and_then(|_| self.write_metadata());
+        self.guard(r)?;
+        Ok(Some(old))
+    }
+
+    /// The metadata as of the last commit: closed splits plus the open one.
+    pub fn metadata(&self) -> BagMetadata {
+        let mut files: Vec<FileInfo> = self.closed.iter().map(|c| c.file.clone()).collect();
+        if let Some(s) = &self.split {
+            files.push(open_file_info(s));
+        }
+        let mut m = BagMetadata::empty(self.opts.flavour);
+        let with_msgs = files.iter().filter(|f| f.message_count > 0);
+        let start = with_msgs.clone().map(|f| f.starting_time_ns).min();
+        let end = with_msgs.map(|f| f.starting_time_ns + f.duration_ns).max();
+        if let (Some(start), Some(end)) = (start, end) {
+            m.starting_time_ns = start;
+            m.duration_ns = end - start;
+        }
+        m.message_count = files.iter().map(|f| f.message_count).sum();
+        m.topics = self
+            .topics
+            .iter()
+            .map(|t| TopicWithCount {
+                topic: t.info.clone(),
+                message_count: t.count,
+            })
+            .collect();
+        m.relative_file_paths = files.iter().map(|f| f.path.clone()).collect();
+        m.files = files;
+        m.custom_data = self.opts.custom_data.clone();
+        m
+    }
+
+    /// Finish the bag: commit, record the split's own metadata, fsync the file and the
+    /// directory, write metadata.yaml atomically. After an earlier failure, finishes what it
+    /// can and returns the original error.
+    pub fn finish(mut self) -> Result<BagSummary, BagError> {
+        let close = self.close_open_split();
+        let meta = self.write_metadata();
+        if let Some(reason) = self.failed.take() {
+            return Err(BagError::Failed {
+                path: self.dir.clone(),
+                reason,
+            });
+        }
+        close?;
+        meta?;
+        let metadata = self.metadata();
+        let size_bytes = self.closed.iter().map(|c| c.size_bytes).sum();
+        Ok(BagSummary {
+            dir: self.dir.clone(),
+            metadata,
+            size_bytes,
+        })
+    }
+
+    pub fn failed(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    // ---- internals -------------------------------------------------------------------
+
+    fn check_ok(&self) -> Result<(), BagError> {
+        match &self.failed {
+            Some(reason) => Err(BagError::Failed {
+                path: self.dir.clone(),
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// After an I/O error the writer refuses further writes (the file may be inconsistent
+    /// with our counters); the caller finishes what it can and exits non-zero.
+    fn guard<T>(&mut self, r: Result<T, BagError>) -> Result<T, BagError> {
+        if let Err(e) = &r {
+            if self.failed.is_none() {
+                self.failed = Some(e.to_string());
+            }
+            if let Some(s) = &self.split {
+                // Best effort: keep what the failed batch managed to write. Errors here add
+                // nothing to the one we already report.
+                let _ = s.conn.execute_batch("COMMIT");
+            }
+        }
+        r
+    }
+
+    fn begin(&mut self) -> Result<(), BagError> {
+        let s = self.split.as_mut().expect("a split is open");
+        s.conn
+            .execute_batch("BEGIN")
+            .map_err(BagError::sqlite(&s.path))
+    }
+
+    fn commit(&mut self) -> Result<(), BagError> {
+        let s = self.split.as_mut().expect("a split is open");
+        s.conn
+            .execute_batch("COMMIT")
+            .map_err(BagError::sqlite(&s.path))?;
+        s.size_committed = split_size_on_disk(&s.path);
+        s.pending_bytes = 0;
+        Ok(())
+    }
+
+    fn split_path(&self, index: u32) -> (String, PathBuf) {
+        let rel = format!("{}_{}.db3", self.name, index);
+        let path = self.dir.join(&rel);
+        (rel, path)
+    }
+
+    fn open_split(&mut self) -> Result<(), BagError> {
+        let index = self.next_index;
+        let (rel, path) = self.split_path(index);
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(&path, flags).map_err(BagError::sqlite(&path))?;
+        let preset = self.opts.preset;
+        let setup = || -> rusqlite::Result<()> {
+            conn.execute_batch(&preset.create_pragmas())?;
+            apply_pragmas(&conn, &preset.write_pragmas())?;
+            create_tables(&conn, self.opts.flavour)?;
+            if self.opts.flavour == Flavour::Jazzy {
+                // rosbag2 Jazzy writes a placeholder row at open and the final one at close.
+                let placeholder = self.split_metadata(&rel, NO_START, 0, 0, &[]);
+                conn.execute(
+                    "INSERT INTO metadata (metadata_version, metadata) VALUES (?1, ?2)",
+                    params![self.opts.flavour.metadata_version(), placeholder],
+                )?;
+            }
+            Ok(())
+        };
+        setup().map_err(BagError::sqlite(&path))?;
+        self.next_index += 1;
+        self.split = Some(OpenSplit {
+            index,
+            rel,
+            size_committed: split_size_on_disk(&path),
+            path,
+            conn,
+            start_ns: NO_START,
+            end_ns: NO_START,
+            count: 0,
+            per_topic: vec![0; self.topics.len()],
+            registered: vec![false; self.topics.len()],
+            definitions: Vec::new(),
+            pending_bytes: 0,
+        });
+        for i in 0..self.topics.len() {
+            self.register_in_split(i)?;
+        }
+        Ok(())
+    }
+
+    /// Insert topic `idx` (and its definition) into the open split. rosbag2 lists every known
+    /// topic in every split, so each file is readable alone.
+    fn register_in_split(&mut self, idx: usize) -> Result<(), BagError> {
+        let flavour = self.opts.flavour;
+        let Some(s) = self.split.as_mut() else {
+            return Ok(());
+        };
+        if s.registered.len() <= idx {
+            s.registered.resize(idx + 1, false);
+            s.per_topic.resize(idx + 1, 0);
+        }
+        if s.registered[idx] {
+            return Ok(());
+        }
+        let t = &self.topics[idx];
+        let style = match flavour {
+            Flavour::Humble => PolicyStyle::Integer,
+            Flavour::Jazzy => PolicyStyle::Name,
+        };
+        let qos = profiles_to_yaml_string(&t.info.offered_qos_profiles, style);
+        let r = match flavour {
+            Flavour::Humble => s.conn.execute(
+                "INSERT INTO topics (id, name, type, serialization_format, offered_qos_profiles) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![idx as i64 + 1, t.info.name, t.info.type_name, t.info.serialization_format, qos],
+            ),
+            Flavour::Jazzy => s.conn.execute(
+                "INSERT INTO topics (id, name, type, serialization_format, offered_qos_profiles, type_description_hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![idx as i64 + 1, t.info.name, t.info.type_name, t.info.serialization_format, qos, t.info.type_description_hash],
+            ),
+        };
+        r.map_err(BagError::sqlite(&s.path))?;
+        if flavour == Flavour::Jazzy && !s.definitions.contains(&t.info.type_name) {
+            // rosbag2 writes a row per type even when the definition is unknown.
+            let def = t.definition.clone().unwrap_or_else(|| MessageDefinition {
+                topic_type: t.info.type_name.clone(),
+                encoding: "unknown".into(),
+                encoded_message_definition: String::new(),
+                type_description_hash: t.info.type_description_hash.clone(),
+            });
+            s.conn
+                .execute(
+                    "INSERT INTO message_definitions (topic_type, encoding, encoded_message_definition, type_description_hash) VALUES (?1, ?2, ?3, ?4)",
+                    params![def.topic_type, def.encoding, def.encoded_message_definition, def.type_description_hash],
+                )
+                .map_err(BagError::sqlite(&s.path))?;
+            s.definitions.push(t.info.type_name.clone());
+        }
+        s.registered[idx] = true;
+        s.size_committed = split_size_on_disk(&s.path);
+        Ok(())
+    }
+
+    /// Split-local metadata text for Jazzy's `metadata` table: this file only, so the work
+    /// per split is O(topics), never O(splits so far).
+    fn split_metadata(
+        &self,
+        rel: &str,
+        start: i64,
+        end: i64,
+        count: u64,
+        per_topic: &[u64],
+    ) -> String {
+        let mut m = BagMetadata::empty(self.opts.flavour);
+        let file = FileInfo {
+            path: rel.to_string(),
+            starting_time_ns: start,
+            duration_ns: if count > 0 { end - start } else { 0 },
+            message_count: count,
+        };
+        m.starting_time_ns = file.starting_time_ns;
+        m.duration_ns = file.duration_ns;
+        m.message_count = count;
+        m.topics = self
+            .topics
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| count > 0 || per_topic.get(*i).is_some())
+            .map(|(i, t)| TopicWithCount {
+                topic: t.info.clone(),
+                message_count: per_topic.get(i).copied().unwrap_or(0),
+            })
+            .collect();
+        m.relative_file_paths = vec![file.path.clone()];
+        m.files = vec![file];
+        m.custom_data = self.opts.custom_data.clone();
+        m.to_table_yaml(self.opts.flavour)
+    }
+
+    /// Commit and close the open split; fsync it and the directory before it counts as
+    /// closed (retention may delete older splits only after that).
+    fn close_open_split(&mut self) -> Result<(), BagError> {
+        let Some(s) = self.split.take() else {
+            return Ok(());
+        };
+        if self.opts.flavour == Flavour::Jazzy {
+            let text = self.split_metadata(&s.rel, s.start_ns, s.end_ns, s.count, &s.per_topic);
+            s.conn
+                .execute(
+                    "INSERT INTO metadata (metadata_version, metadata) VALUES (?1, ?2)",
+                    params![self.opts.flavour.metadata_version(), text],
+                )
+                .map_err(BagError::sqlite(&s.path))?;
+        }
+        let file = open_file_info(&s);
+        let OpenSplit {
+            index,
+            path,
+            conn,
+            per_topic,
+            ..
+        } = s;
+        conn.close().map_err(|(_, e)| BagError::Sqlite {
+            path: path.clone(),
+            source: e,
+        })?;
+        fs::File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(BagError::io(&path))?;
+        sync_dir(&self.dir)?;
+        let closed = ClosedSplit {
+            index,
+            size_bytes: split_size_on_disk(&path),
+            file,
+            path,
+            per_topic,
+        };
+        self.closed.push_back(closed.clone());
+        self.newly_closed.push(closed);
+        Ok(())
+    }
+
+    fn rotate(&mut self) -> Result<(), BagError> {
+        self.close_open_split()?;
+        self.open_split()
+    }
+
+    fn write_metadata(&self) -> Result<(), BagError> {
+        self.metadata().write_atomic(&self.dir, self.opts.flavour)
+    }
+}
+
+impl Drop for BagWriter {
+    /// Best effort only: `finish()` is the way to close a bag. A writer dropped without it
+    /// (a panic elsewhere) still commits, so `reindex` finds the rows.
+    fn drop(&mut self) {
+        if let Some(s) = &self.split {
+            if !s.conn.is_autocommit() {
+                if let Err(e) = s.conn.execute_batch("COMMIT") {
+                    log::error!("{}: commit on drop failed: {e}", s.path.display());
+                }
+            }
+            log::warn!(
+                "{}: bag writer dropped without finish(); run `ringbag reindex` on it",
+                self.dir.display()
+            );
+        }
+    }
+}
+
+fn open_file_info(s: &OpenSplit) -> FileInfo {
+    FileInfo {
+        path: s.rel.clone(),
+        starting_time_ns: s.start_ns,
+        duration_ns: if s.count > 0 {
+            s.end_ns - s.start_ns
+        } else {
+            0
+        },
+        message_count: s.count,
+    }
+}
+
+/// Run `PRAGMA x=y;` statements one by one: some (journal_mode) return a row, which
+/// `execute_batch` would treat as an error.
+pub fn apply_pragmas(conn: &Connection, pragmas: &str) -> rusqlite::Result<()> {
+    for stmt in pragmas.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        let mut st = conn.prepare(stmt)?;
+        let mut rows = st.query([])?;
+        while rows.next()?.is_some() {}
+    }
+    Ok(())
+}
+
+/// A split's footprint: the .db3 plus its WAL, if any (the disk budget is what counts).
+pub fn split_size_on_disk(path: &Path) -> u64 {
+    let main = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    main + fs::metadata(PathBuf::from(wal))
+        .map(|m| m.len())
+        .unwrap_or(0)
+}
+
+fn remove_split_file(path: &Path) -> Result<(), BagError> {
+    fs::remove_file(path).map_err(BagError::io(path))?;
+    for suffix in ["-wal", "-shm", "-journal"] {
+        let mut side = path.as_os_str().to_owned();
+        side.push(suffix);
+        let side = PathBuf::from(side);
+        if side.exists() {
+            fs::remove_file(&side).map_err(BagError::io(&side))?;
+        }
+    }
+    Ok(())
+}

@@ -1,1 +1,15 @@
-//! Recording pipeline: bounded queues and the writer thread.
+//! The recording pipeline: subscription callbacks push into a bounded lock-free queue; one
+//! writer thread drains it in batches into the bag.
+//!
+//! Hot path (`Producer::push*`): one clock read, one pooled buffer, one `try_send`, a few
+//! relaxed atomics. It never blocks, never takes a lock, never allocates once the pool is
+//! warm, and never touches SQLite. When the byte budget (`--max-cache-size`) or the queue's
+//! slots are exhausted the message is dropped and counted per topic, as rosbag2 does.
+
+mod queue;
+mod stats;
+mod writer_thread;
+
+pub use queue::{Producer, TopicHandle};
+pub use stats::{RecordSummary, TopicStats};
+pub use writer_thread::{Pipeline, PipelineConfig, PipelineError, StopReason};

@@ -1,6 +1,7 @@
 //! Where messages come from.
 pub mod cdr;
-pub mod select;
-pub mod synthetic;
+pub mod generator;
 #[cfg(feature = "ros")]
 pub mod ros;
+pub mod select;
+pub mod synthetic;

@@ -1,0 +1,28 @@
+//! Plain `ringbag: level: message` lines on stderr; journald adds its own timestamps.
+
+struct StderrLogger;
+
+impl log::Log for StderrLogger {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::max_level()
+    }
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            eprintln!(
+                "ringbag: {}: {}",
+                r.level().as_str().to_lowercase(),
+                r.args()
+            );
+        }
+    }
+    fn flush(&self) {}
+}
+
+static LOGGER: StderrLogger = StderrLogger;
+
+pub fn init(level: &str) {
+    let filter = level.parse().unwrap_or(log::LevelFilter::Info);
+    // A second init (tests) keeps the first logger.
+    let _ = log::set_logger(&LOGGER);
+    log::set_max_level(filter);
+}

@@ -1,0 +1,223 @@
+//! The producer side: what subscription callbacks and generators hold.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+
+use super::stats::TopicStats;
+use crate::bag::{MessageDefinition, TopicInfo};
+use crate::clock::TimeSource;
+
+/// One queued message. `data` is a pooled buffer that the writer hands back.
+#[derive(Debug)]
+pub(crate) struct Item {
+    pub topic: u32,
+    pub ts: i64,
+    pub data: Vec<u8>,
+}
+
+/// Topic registration travels on its own channel; the writer drains it before every batch
+/// and again whenever it meets a topic id it does not know yet.
+#[derive(Debug)]
+pub(crate) struct Register {
+    pub id: u32,
+    pub info: TopicInfo,
+    pub definition: Option<MessageDefinition>,
+}
+
+/// State shared by producers and the writer thread.
+pub(crate) struct Shared {
+    /// Bytes queued or in the writer's current batch; bounded by `budget`.
+    pub in_flight: AtomicUsize,
+    pub budget: usize,
+    /// Set when recording must end (signal, max-splits, writer failure).
+    pub stop: AtomicBool,
+    /// Set when the writer can take no more (failed); producers then drop without queueing.
+    pub writer_gone: AtomicBool,
+    pub next_topic: AtomicU32,
+    /// Registered topics' counters. Locked only at registration and by the writer's
+    /// once-a-second report, never on the push path.
+    pub topics: Mutex<Vec<Arc<TopicStats>>>,
+    pub pool_tx: Sender<Vec<u8>>,
+    pub pool_rx: Receiver<Vec<u8>>,
+    /// Capacity held by pooled buffers; bounded by `pool_budget` so the pool cannot hoard.
+    pub pool_bytes: AtomicUsize,
+    pub pool_budget: usize,
+}
+
+/// Cheap to clone; hand one to each callback or generator thread.
+#[derive(Clone)]
+pub struct Producer {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) tx: Sender<Item>,
+    pub(crate) reg_tx: Sender<Register>,
+    pub(crate) clock: Arc<dyn TimeSource>,
+}
+
+/// A registered topic: its id and its counters.
+#[derive(Clone, Debug)]
+pub struct TopicHandle {
+    id: u32,
+    stats: Arc<TopicStats>,
+}
+
+impl TopicHandle {
+    pub fn stats(&self) -> &TopicStats {
+        &self.stats
+    }
+}
+
+impl Producer {
+    /// Register a topic with the writer. Not for the hot path (it allocates and locks once).
+    pub fn add_topic(&self, info: TopicInfo, definition: Option<MessageDefinition>) -> TopicHandle {
+        let id = self.shared.next_topic.fetch_add(1, Relaxed);
+        let stats = Arc::new(TopicStats::new(&info.name, &info.type_name));
+        if let Ok(mut t) = self.shared.topics.lock() {
+            t.push(stats.clone());
+        }
+        // The writer owns the receiver until it exits; after that nothing is recorded anyway.
+        let _ = self.reg_tx.send(Register {
+            id,
+            info,
+            definition,
+        });
+        TopicHandle { id, stats }
+    }
+
+    /// Stamp with the recorder's clock and enqueue a copy of `data`. Never blocks; returns
+    /// false when the message was dropped (and counted).
+    pub fn push(&self, topic: &TopicHandle, data: &[u8]) -> bool {
+        let ts = self.clock.now_ns();
+        let mut buf = self.take_buffer();
+        buf.extend_from_slice(data);
+        self.enqueue(topic, ts, buf, true).is_ok()
+    }
+
+    /// As `push`, taking ownership of a buffer the middleware already allocated (r2r hands
+    /// over a `Vec<u8>`), so nothing is copied.
+    pub fn push_owned(&self, topic: &TopicHandle, data: Vec<u8>) -> bool {
+        let ts = self.clock.now_ns();
+        self.enqueue(topic, ts, data, true).is_ok()
+    }
+
+    /// Stamp, let `fill` write the message straight into a pooled buffer, enqueue. Used by
+    /// the synthetic source so generating costs no extra copy.
+    pub fn push_with(&self, topic: &TopicHandle, fill: impl FnOnce(i64, &mut Vec<u8>)) -> bool {
+        let ts = self.clock.now_ns();
+        let mut buf = self.take_buffer();
+        fill(ts, &mut buf);
+        self.enqueue(topic, ts, buf, true).is_ok()
+    }
+
+    /// Like `push_with`, but when the queue is full it hands the buffer back instead of
+    /// counting a drop: for sources that may wait (the synthetic generator in `max` mode).
+    pub fn try_push_with(
+        &self,
+        topic: &TopicHandle,
+        buf: Option<Vec<u8>>,
+        fill: impl FnOnce(i64, &mut Vec<u8>),
+    ) -> Result<(), Vec<u8>> {
+        let ts = self.clock.now_ns();
+        let mut buf = buf.unwrap_or_else(|| self.take_buffer());
+        buf.clear();
+        fill(ts, &mut buf);
+        self.enqueue(topic, ts, buf, false)
+    }
+
+    /// Re-offer a buffer that `try_push_with` handed back, keeping its timestamp fresh.
+    pub fn retry(&self, topic: &TopicHandle, buf: Vec<u8>) -> Result<(), Vec<u8>> {
+        let ts = self.clock.now_ns();
+        self.enqueue(topic, ts, buf, false)
+    }
+
+    pub fn stop_requested(&self) -> bool {
+        self.shared.stop.load(Relaxed)
+    }
+
+    /// Ask the recording to end (used by signal handling and by sources that are done).
+    pub fn request_stop(&self) {
+        self.shared.stop.store(true, Relaxed);
+    }
+
+    /// Bytes currently queued or being written.
+    pub fn in_flight_bytes(&self) -> usize {
+        self.shared.in_flight.load(Relaxed)
+    }
+
+    pub fn now_ns(&self) -> i64 {
+        self.clock.now_ns()
+    }
+
+    fn take_buffer(&self) -> Vec<u8> {
+        match self.shared.pool_rx.try_recv() {
+            Ok(mut b) => {
+                self.shared.pool_bytes.fetch_sub(b.capacity(), Relaxed);
+                b.clear();
+                b
+            }
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn enqueue(
+        &self,
+        topic: &TopicHandle,
+        ts: i64,
+        data: Vec<u8>,
+        count_drop: bool,
+    ) -> Result<(), Vec<u8>> {
+        let len = data.len();
+        let shared = &self.shared;
+        let rejected = |data: Vec<u8>| {
+            if count_drop {
+                topic.stats.dropped.fetch_add(1, Relaxed);
+                give_back(shared, data);
+                Err(Vec::new())
+            } else {
+                Err(data)
+            }
+        };
+        if shared.writer_gone.load(Relaxed) {
+            return rejected(data);
+        }
+        // Reserve bytes first so the budget holds even with many producers racing.
+        let before = shared.in_flight.fetch_add(len, Relaxed);
+        if before + len > shared.budget && before > 0 {
+            shared.in_flight.fetch_sub(len, Relaxed);
+            return rejected(data);
+        }
+        match self.tx.try_send(Item {
+            topic: topic.id,
+            ts,
+            data,
+        }) {
+            Ok(()) => {
+                topic.stats.accepted.fetch_add(1, Relaxed);
+                topic.stats.bytes.fetch_add(len as u64, Relaxed);
+                Ok(())
+            }
+            Err(TrySendError::Full(item)) | Err(TrySendError::Disconnected(item)) => {
+                shared.in_flight.fetch_sub(len, Relaxed);
+                rejected(item.data)
+            }
+        }
+    }
+}
+
+/// Return a buffer to the pool if the pool has room for its capacity; otherwise free it.
+pub(crate) fn give_back(shared: &Shared, buf: Vec<u8>) {
+    let cap = buf.capacity();
+    if cap == 0 {
+        return;
+    }
+    if shared.pool_bytes.fetch_add(cap, Relaxed) + cap > shared.pool_budget {
+        shared.pool_bytes.fetch_sub(cap, Relaxed);
+        return;
+    }
+    if let Err(e) = shared.pool_tx.try_send(buf) {
+        shared
+            .pool_bytes
+            .fetch_sub(e.into_inner().capacity(), Relaxed);
+    }
+}

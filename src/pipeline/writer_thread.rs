@@ -1,0 +1,410 @@
+//! The single writer thread: drains the queue in batches, one transaction per batch, and
+//! applies the retention budget around every commit.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, TryRecvError};
+
+use super::queue::{give_back, Item, Producer, Register, Shared};
+use super::stats::{RecordSummary, TopicStats};
+use crate::bag::writer::{BagSummary, BagWriter, ROW_OVERHEAD_BYTES};
+use crate::bag::BagError;
+use crate::clock::TimeSource;
+use crate::retention::{Retention, RetentionError, Verdict};
+
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// Byte budget of queued messages (`--max-cache-size`).
+    pub max_cache_size: usize,
+    /// Queue slots; a second bound for floods of tiny messages.
+    pub queue_slots: usize,
+    /// A batch ends at this many messages ...
+    pub batch_max_messages: usize,
+    /// ... or this many bytes ...
+    pub batch_max_bytes: usize,
+    /// ... or when its oldest message has waited this long.
+    pub batch_max_delay: Duration,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            max_cache_size: 100 * 1024 * 1024,
+            queue_slots: 1 << 16,
+            batch_max_messages: 4096,
+            batch_max_bytes: 8 << 20,
+            batch_max_delay: Duration::from_millis(50),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Bag(#[from] BagError),
+    #[error(transparent)]
+    Retention(#[from] RetentionError),
+    #[error("writer thread panicked: {0}")]
+    Panicked(String),
+}
+
+/// Why the writer stopped on its own (the caller may also stop it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    Requested,
+    /// `--max-splits` reached: a clean, successful end.
+    MaxSplits(u32),
+}
+
+pub struct Pipeline {
+    shared: Arc<Shared>,
+    producer: Producer,
+    handle: Option<JoinHandle<Result<(BagSummary, StopReason), PipelineError>>>,
+    started: Instant,
+    splits_deleted: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Pipeline {
+    /// Start the writer thread over an open bag.
+    pub fn start(
+        writer: BagWriter,
+        retention: Option<Retention>,
+        clock: Arc<dyn TimeSource>,
+        cfg: PipelineConfig,
+    ) -> Pipeline {
+        let (tx, rx) = crossbeam_channel::bounded(cfg.queue_slots.max(1));
+        let (reg_tx, reg_rx) = crossbeam_channel::unbounded();
+        // Pool: a quarter of the cache budget, at most 32 MiB, so RSS stays near the budget.
+        let pool_budget = (cfg.max_cache_size / 4).min(32 << 20);
+        let (pool_tx, pool_rx) = crossbeam_channel::bounded(1024);
+        let shared = Arc::new(Shared {
+            in_flight: AtomicUsize::new(0),
+            budget: cfg.max_cache_size,
+            stop: AtomicBool::new(false),
+            writer_gone: AtomicBool::new(false),
+            next_topic: AtomicU32::new(0),
+            topics: Mutex::new(Vec::new()),
+            pool_tx,
+            pool_rx,
+            pool_bytes: AtomicUsize::new(0),
+            pool_budget,
+        });
+        let splits_deleted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let ctx = WriterCtx {
+            shared: shared.clone(),
+            rx,
+            reg_rx,
+            writer: Some(writer),
+            retention,
+            cfg,
+            topic_map: Vec::new(),
+            clock: clock.clone(),
+            splits_deleted: splits_deleted.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("ringbag-writer".into())
+            .spawn(move || ctx.run())
+            .ok();
+        let producer = Producer {
+            shared: shared.clone(),
+            tx,
+            reg_tx,
+            clock,
+        };
+        let p = Pipeline {
+            shared,
+            producer,
+            handle,
+            started: Instant::now(),
+            splits_deleted,
+        };
+        if p.handle.is_none() {
+            p.shared.writer_gone.store(true, Relaxed);
+            p.shared.stop.store(true, Relaxed);
+        }
+        p
+    }
+
+    pub fn producer(&self) -> Producer {
+        self.producer.clone()
+    }
+
+    /// True once the writer has stopped on its own or a stop was requested.
+    pub fn stopping(&self) -> bool {
+        self.shared.stop.load(Relaxed)
+    }
+
+    /// Per-topic counters so far.
+    pub fn topic_stats(&self) -> Vec<Arc<TopicStats>> {
+        self.shared
+            .topics
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default()
+    }
+
+    /// Stop accepting, write everything already accepted, finish the bag.
+    pub fn finish(
+        mut self,
+    ) -> (
+        Result<(BagSummary, StopReason), PipelineError>,
+        RecordSummary,
+    ) {
+        self.shared.stop.store(true, Relaxed);
+        let result = match self.handle.take() {
+            Some(h) => h.join().unwrap_or_else(|p| {
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(PipelineError::Panicked(msg))
+            }),
+            None => Err(PipelineError::Panicked(
+                "writer thread could not be spawned".into(),
+            )),
+        };
+        let stats = self.topic_stats();
+        let mut summary = RecordSummary {
+            wall_time: self.started.elapsed(),
+            splits_deleted: self.splits_deleted.load(Relaxed),
+            ..Default::default()
+        };
+        for t in &stats {
+            summary.messages_written += t.accepted();
+            summary.bytes_written += t.bytes();
+            summary.dropped_total += t.dropped();
+            summary
+                .per_topic
+                .push((t.name.clone(), t.accepted(), t.dropped()));
+        }
+        if let Ok((bag, _)) = &result {
+            summary.bag_size_bytes = bag.size_bytes;
+            summary.splits_created = bag.metadata.files.len() as u32;
+        }
+        (result, summary)
+    }
+}
+
+struct WriterCtx {
+    shared: Arc<Shared>,
+    rx: Receiver<Item>,
+    reg_rx: Receiver<Register>,
+    writer: Option<BagWriter>,
+    retention: Option<Retention>,
+    cfg: PipelineConfig,
+    /// Producer topic id → bag topic index.
+    topic_map: Vec<Option<usize>>,
+    clock: Arc<dyn TimeSource>,
+    splits_deleted: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl WriterCtx {
+    fn run(mut self) -> Result<(BagSummary, StopReason), PipelineError> {
+        let r = self.run_loop();
+        // Whatever happened, stop producers and finish the bag with what was committed.
+        self.shared.stop.store(true, Relaxed);
+        if r.is_err() {
+            self.shared.writer_gone.store(true, Relaxed);
+        }
+        self.annotate_custom_data();
+        let writer = self.writer.take().expect("writer present until finish");
+        let finished = writer.finish();
+        match (r, finished) {
+            (Err(e), _) => {
+                self.drain_and_discard();
+                Err(e)
+            }
+            (Ok(_), Err(e)) => Err(e.into()),
+            (Ok(reason), Ok(summary)) => Ok((summary, reason)),
+        }
+    }
+
+    fn writer(&mut self) -> &mut BagWriter {
+        self.writer.as_mut().expect("writer present until finish")
+    }
+
+    fn run_loop(&mut self) -> Result<StopReason, PipelineError> {
+        let mut batch: Vec<Item> = Vec::with_capacity(self.cfg.batch_max_messages);
+        let mut batch_bytes = 0usize;
+        let mut batch_started = Instant::now();
+        let mut last_drop_report = Instant::now();
+        let mut reported_drops = 0u64;
+        loop {
+            let stopping = self.shared.stop.load(Relaxed);
+            self.drain_registrations()?;
+            let mut disconnected = false;
+            while batch.len() < self.cfg.batch_max_messages
+                && batch_bytes < self.cfg.batch_max_bytes
+            {
+                match self.rx.try_recv() {
+                    Ok(item) => {
+                        if batch.is_empty() {
+                            batch_started = Instant::now();
+                        }
+                        batch_bytes += item.data.len();
+                        batch.push(item);
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        disconnected = true;
+                        break;
+                    }
+                }
+            }
+            let full = batch.len() >= self.cfg.batch_max_messages
+                || batch_bytes >= self.cfg.batch_max_bytes;
+            let due = !batch.is_empty() && batch_started.elapsed() >= self.cfg.batch_max_delay;
+            if full || due || ((stopping || disconnected) && !batch.is_empty()) {
+                self.write(&mut batch)?;
+                batch_bytes = 0;
+                if let Some(reason) = self.after_batch()? {
+                    return Ok(reason);
+                }
+                continue;
+            }
+            if batch.is_empty() && (stopping || disconnected) && self.rx.is_empty() {
+                return Ok(StopReason::Requested);
+            }
+            // Quiet topics still rotate on time.
+            let now = self.clock.now_ns();
+            if self.writer().split_if_due(now)? {
+                if let Some(reason) = self.after_batch()? {
+                    return Ok(reason);
+                }
+            }
+            if last_drop_report.elapsed() >= Duration::from_secs(1) {
+                reported_drops = self.report_drops(reported_drops);
+                last_drop_report = Instant::now();
+            }
+            // Nothing to do yet: park briefly. Producers never wake us (that would cost them
+            // a syscall); the queue holds far more than what arrives in one park.
+            let wait = if batch.is_empty() {
+                Duration::from_millis(5)
+            } else {
+                self.cfg
+                    .batch_max_delay
+                    .saturating_sub(batch_started.elapsed())
+                    .min(Duration::from_millis(5))
+            };
+            std::thread::park_timeout(wait);
+        }
+    }
+
+    fn drain_registrations(&mut self) -> Result<(), PipelineError> {
+        while let Ok(reg) = self.reg_rx.try_recv() {
+            let idx = self.writer().add_topic(reg.info, reg.definition)?;
+            let id = reg.id as usize;
+            if self.topic_map.len() <= id {
+                self.topic_map.resize(id + 1, None);
+            }
+            self.topic_map[id] = Some(idx);
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, batch: &mut Vec<Item>) -> Result<(), PipelineError> {
+        // A registration sent before its first message may still be in flight.
+        if batch.iter().any(|i| {
+            self.topic_map
+                .get(i.topic as usize)
+                .copied()
+                .flatten()
+                .is_none()
+        }) {
+            self.drain_registrations()?;
+        }
+        let incoming: u64 = batch
+            .iter()
+            .map(|i| i.data.len() as u64 + ROW_OVERHEAD_BYTES)
+            .sum();
+        let newest = batch.iter().map(|i| i.ts).max().unwrap_or(0);
+        if let Some(ret) = self.retention.as_mut() {
+            let w = self.writer.as_mut().expect("writer present");
+            let n = ret.before_batch(w, incoming, newest)?;
+            self.splits_deleted.fetch_add(n, Relaxed);
+        }
+        let map = &self.topic_map;
+        let rows = batch.iter().filter_map(|i| {
+            let idx = map.get(i.topic as usize).copied().flatten()?;
+            Some((idx, i.ts, i.data.as_slice()))
+        });
+        let w = self.writer.as_mut().expect("writer present");
+        let result = w.write_batch(rows);
+        let bytes: usize = batch.iter().map(|i| i.data.len()).sum();
+        for item in batch.drain(..) {
+            give_back(&self.shared, item.data);
+        }
+        self.shared.in_flight.fetch_sub(bytes, Relaxed);
+        result?;
+        Ok(())
+    }
+
+    fn after_batch(&mut self) -> Result<Option<StopReason>, PipelineError> {
+        let Some(ret) = self.retention.as_mut() else {
+            self.writer().take_newly_closed();
+            return Ok(None);
+        };
+        let w = self.writer.as_mut().expect("writer present");
+        let (verdict, deleted) = ret.after_batch(w)?;
+        self.splits_deleted.fetch_add(deleted, Relaxed);
+        Ok(match verdict {
+            Verdict::Continue => None,
+            Verdict::StopMaxSplits(n) => Some(StopReason::MaxSplits(n)),
+        })
+    }
+
+    /// Log drops at most once a second; producers only count.
+    fn report_drops(&self, already: u64) -> u64 {
+        let topics = self
+            .shared
+            .topics
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default();
+        let total: u64 = topics.iter().map(|t| t.dropped()).sum();
+        if total > already {
+            let detail: Vec<String> = topics
+                .iter()
+                .filter(|t| t.dropped() > 0)
+                .map(|t| format!("{}={}", t.name, t.dropped()))
+                .collect();
+            log::warn!(
+                "dropped {} messages in the last second (queue full; raise --max-cache-size?); totals: {}",
+                total - already,
+                detail.join(", ")
+            );
+        }
+        total
+    }
+
+    /// Drops per topic go into the bag's custom_data so the bag says it is incomplete.
+    fn annotate_custom_data(&mut self) {
+        let topics = self
+            .shared
+            .topics
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default();
+        let total: u64 = topics.iter().map(|t| t.dropped()).sum();
+        let w = self.writer();
+        w.set_custom_data("ringbag.dropped_messages", total.to_string());
+        for t in topics.iter().filter(|t| t.dropped() > 0) {
+            w.set_custom_data(
+                format!("ringbag.dropped_messages.{}", t.name),
+                t.dropped().to_string(),
+            );
+        }
+    }
+
+    /// After a failure, release whatever is still queued so producers' budget accounting
+    /// stays right while they shut down.
+    fn drain_and_discard(&mut self) {
+        while let Ok(item) = self.rx.try_recv() {
+            self.shared.in_flight.fetch_sub(item.data.len(), Relaxed);
+        }
+    }
+}

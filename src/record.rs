@@ -1,0 +1,122 @@
+//! `ringbag record`: wire clock, bag writer, retention, pipeline and source together, run
+//! until the source ends, a signal arrives or a stop condition holds, then finish cleanly.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::bag::writer::{BagSummary, BagWriter, WriterOptions};
+use crate::bag::BagError;
+use crate::clock::{SystemClock, TimeSource};
+use crate::pipeline::{Pipeline, PipelineConfig, PipelineError, RecordSummary, StopReason};
+use crate::retention::{Retention, RetentionPolicy};
+use crate::signals;
+use crate::source::generator::{self, GeneratorConfig};
+
+/// Where messages come from, resolved.
+#[derive(Debug, Clone)]
+pub enum SourceSettings {
+    Synthetic(GeneratorConfig),
+    #[cfg(feature = "ros")]
+    Ros(crate::source::select::RosSourceOptions),
+}
+
+#[derive(Debug, Clone)]
+pub struct RecordSettings {
+    pub output: PathBuf,
+    pub writer: WriterOptions,
+    pub pipeline: PipelineConfig,
+    pub retention: RetentionPolicy,
+    pub source: SourceSettings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error(transparent)]
+    Bag(#[from] BagError),
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    #[error("source failed: {0}")]
+    Source(String),
+    #[error("cannot install signal handlers: {0}")]
+    Signals(nix::Error),
+}
+
+pub struct RecordOutcome {
+    pub bag: BagSummary,
+    pub stop: StopReason,
+    pub summary: RecordSummary,
+}
+
+/// Record until done. On a writer failure the bag is finished as far as possible and the
+/// error is returned (with the summary, so the caller can still print what was kept).
+/// A failed recording: the error, and what was recorded before it (if the pipeline ran).
+pub struct RecordFailure {
+    pub error: RecordError,
+    pub summary: Option<RecordSummary>,
+}
+
+fn failure(error: RecordError, summary: Option<RecordSummary>) -> Box<RecordFailure> {
+    Box::new(RecordFailure { error, summary })
+}
+
+pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>> {
+    signals::install().map_err(|e| failure(RecordError::Signals(e), None))?;
+    let clock: Arc<dyn TimeSource> = Arc::new(SystemClock);
+    let writer = BagWriter::create(&settings.output, settings.writer.clone())
+        .map_err(|e| failure(e.into(), None))?;
+    log::info!("recording into {}", settings.output.display());
+    let pipeline = Pipeline::start(
+        writer,
+        Some(Retention::new(settings.retention.clone())),
+        clock,
+        settings.pipeline.clone(),
+    );
+    let producer = pipeline.producer();
+    let source = {
+        let producer = producer.clone();
+        let src = settings.source.clone();
+        std::thread::Builder::new()
+            .name("ringbag-source".into())
+            .spawn(move || -> Result<(), String> {
+                match src {
+                    SourceSettings::Synthetic(cfg) => {
+                        generator::run(cfg, &producer);
+                        Ok(())
+                    }
+                    #[cfg(feature = "ros")]
+                    SourceSettings::Ros(opts) => {
+                        crate::source::ros::run(&opts, producer).map_err(|e| e.to_string())
+                    }
+                }
+            })
+    };
+    let source = match source {
+        Ok(h) => h,
+        Err(e) => {
+            let (_, summary) = pipeline.finish();
+            return Err(failure(
+                RecordError::Source(format!("cannot start source thread: {e}")),
+                Some(summary),
+            ));
+        }
+    };
+    // The main thread only watches: signals, the source ending, the writer stopping itself.
+    while !source.is_finished() && !pipeline.stopping() {
+        if signals::stop_requested() {
+            log::info!("stop requested; writing what was accepted");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    producer.request_stop();
+    let source_result = source
+        .join()
+        .unwrap_or_else(|_| Err("source thread panicked".to_string()));
+    let (result, summary) = pipeline.finish();
+    match (result, source_result) {
+        (Err(e), _) => Err(failure(e.into(), Some(summary))),
+        (Ok(_), Err(e)) => Err(failure(RecordError::Source(e), Some(summary))),
+        (Ok((bag, stop)), Ok(())) => Ok(RecordOutcome { bag, stop, summary }),
+    }
+}

@@ -1,0 +1,1 @@
+//! r2r source (feature `ros`); arrives with the ros branch.
