@@ -11,6 +11,9 @@ use std::time::Duration;
 use regex::Regex;
 use serde::Deserialize;
 
+use crate::bag::qos::{Durability, History, Liveliness, QosDuration, Reliability};
+use crate::bag::QosProfile as Qos;
+
 /// Default discovery polling interval, as `ros2 bag record -p`.
 pub const DEFAULT_POLLING_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -205,98 +208,28 @@ impl TopicSelector {
 // ---------------------------------------------------------------------------------------------
 // QoS
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum History {
-    SystemDefault,
-    KeepLast,
-    KeepAll,
-    Unknown,
+/// rmw time → std, saturating: rmw's "infinite" does not fit every consumer's arithmetic.
+pub fn duration_to_std(d: QosDuration) -> Duration {
+    Duration::from_secs(d.sec).saturating_add(Duration::from_nanos(d.nsec))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reliability {
-    SystemDefault,
-    Reliable,
-    BestEffort,
-    BestAvailable,
-    Unknown,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
-    SystemDefault,
-    TransientLocal,
-    Volatile,
-    BestAvailable,
-    Unknown,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Liveliness {
-    SystemDefault,
-    Automatic,
-    ManualByTopic,
-    BestAvailable,
-    Unknown,
-}
-
-/// An rmw duration as rosbag2 writes it (`{sec, nsec}`); all zero means "unspecified".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct QosTime {
-    pub sec: u64,
-    pub nsec: u64,
-}
-
-impl From<Duration> for QosTime {
-    fn from(d: Duration) -> Self {
-        QosTime {
-            sec: d.as_secs(),
-            nsec: u64::from(d.subsec_nanos()),
-        }
+pub fn duration_from_std(d: Duration) -> QosDuration {
+    QosDuration {
+        sec: d.as_secs(),
+        nsec: u64::from(d.subsec_nanos()),
     }
 }
 
-impl QosTime {
-    /// Saturates rather than overflow: rmw's "infinite" is `{i64::MAX, 999999999}`.
-    pub fn to_duration(self) -> Duration {
-        Duration::from_secs(self.sec).saturating_add(Duration::from_nanos(self.nsec))
-    }
-}
-
-/// One QoS profile, field for field as rmw and rosbag2's metadata have it. Kept free of r2r so
-/// selection, adaptation and override parsing are testable without ROS 2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Qos {
-    pub history: History,
-    pub depth: u64,
-    pub reliability: Reliability,
-    pub durability: Durability,
-    pub deadline: QosTime,
-    pub lifespan: QosTime,
-    pub liveliness: Liveliness,
-    pub liveliness_lease_duration: QosTime,
-    pub avoid_ros_namespace_conventions: bool,
-}
-
-impl Default for Qos {
-    /// rmw_qos_profile_default: keep last 10, reliable, volatile.
-    fn default() -> Self {
-        Qos {
-            history: History::KeepLast,
-            depth: DEFAULT_SUBSCRIPTION_DEPTH,
-            reliability: Reliability::Reliable,
-            durability: Durability::Volatile,
-            deadline: QosTime::default(),
-            lifespan: QosTime::default(),
-            liveliness: Liveliness::SystemDefault,
-            liveliness_lease_duration: QosTime::default(),
-            avoid_ros_namespace_conventions: false,
-        }
+/// Depth, reliability and durability are adapted; the other fields keep rclcpp's defaults.
+fn base_request() -> Qos {
+    Qos {
+        depth: DEFAULT_SUBSCRIPTION_DEPTH,
+        ..Qos::default()
     }
 }
 
 /// The profile to subscribe with, and whether the publishers disagreed (worth one warning).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdaptedQos {
     pub qos: Qos,
     /// Some but not all publishers offer reliable: requesting best effort.
@@ -310,7 +243,7 @@ pub struct AdaptedQos {
 /// compatible with every offer. Depth is the deepest keep-last offer (at least 10), so a
 /// transient_local publisher's whole history reaches the recorder. No offers: the default.
 pub fn adapt_to_offers(offers: &[Qos]) -> AdaptedQos {
-    let mut qos = Qos::default();
+    let mut qos = base_request();
     if offers.is_empty() {
         return AdaptedQos {
             qos,
@@ -355,10 +288,10 @@ pub struct QosOverride {
     pub depth: Option<u64>,
     pub reliability: Option<Reliability>,
     pub durability: Option<Durability>,
-    pub deadline: Option<QosTime>,
-    pub lifespan: Option<QosTime>,
+    pub deadline: Option<QosDuration>,
+    pub lifespan: Option<QosDuration>,
     pub liveliness: Option<Liveliness>,
-    pub liveliness_lease_duration: Option<QosTime>,
+    pub liveliness_lease_duration: Option<QosDuration>,
     pub avoid_ros_namespace_conventions: Option<bool>,
 }
 
@@ -414,59 +347,29 @@ struct RawOverride {
     avoid_ros_namespace_conventions: Option<bool>,
 }
 
-/// Maps a policy written either way onto its enum, using rmw's integer values.
-fn policy<T: Copy>(
+/// Maps a policy written either way onto its enum (rmw integers and names, as rosbag2 does).
+fn policy<T>(
     raw: &Option<RawPolicy>,
     field: &str,
-    table: &[(i64, &str, T)],
+    from_int: fn(i64) -> Option<T>,
+    from_name: fn(&str) -> Option<T>,
 ) -> Result<Option<T>, String> {
     let Some(raw) = raw else { return Ok(None) };
     let found = match raw {
-        RawPolicy::Int(i) => table.iter().find(|(n, _, _)| n == i),
-        RawPolicy::Name(s) => {
-            let s = s.trim().to_ascii_lowercase();
-            table.iter().find(|(_, name, _)| *name == s)
-        }
+        RawPolicy::Int(i) => from_int(*i),
+        RawPolicy::Name(s) => from_name(&s.trim().to_ascii_lowercase()),
     };
-    match found {
-        Some((_, _, v)) => Ok(Some(*v)),
-        None => {
-            let names: Vec<&str> = table.iter().map(|(_, n, _)| *n).collect();
-            let got = match raw {
-                RawPolicy::Int(i) => i.to_string(),
-                RawPolicy::Name(s) => format!("{s:?}"),
-            };
-            Err(format!("{field}: {got} is not one of {}", names.join(", ")))
-        }
+    match (found, raw) {
+        (Some(v), _) => Ok(Some(v)),
+        (None, RawPolicy::Int(i)) => Err(format!("{field}: unknown rmw value {i}")),
+        (None, RawPolicy::Name(s)) => Err(format!(
+            "{field}: unknown value {s:?} (e.g. system_default, keep_last, reliable, best_effort, transient_local, volatile, automatic)"
+        )),
     }
 }
 
-const HISTORY: &[(i64, &str, History)] = &[
-    (0, "system_default", History::SystemDefault),
-    (1, "keep_last", History::KeepLast),
-    (2, "keep_all", History::KeepAll),
-];
-const RELIABILITY: &[(i64, &str, Reliability)] = &[
-    (0, "system_default", Reliability::SystemDefault),
-    (1, "reliable", Reliability::Reliable),
-    (2, "best_effort", Reliability::BestEffort),
-    (4, "best_available", Reliability::BestAvailable),
-];
-const DURABILITY: &[(i64, &str, Durability)] = &[
-    (0, "system_default", Durability::SystemDefault),
-    (1, "transient_local", Durability::TransientLocal),
-    (2, "volatile", Durability::Volatile),
-    (4, "best_available", Durability::BestAvailable),
-];
-const LIVELINESS: &[(i64, &str, Liveliness)] = &[
-    (0, "system_default", Liveliness::SystemDefault),
-    (1, "automatic", Liveliness::Automatic),
-    (3, "manual_by_topic", Liveliness::ManualByTopic),
-    (5, "best_available", Liveliness::BestAvailable),
-];
-
-fn time(raw: &Option<RawTime>) -> Option<QosTime> {
-    raw.as_ref().map(|t| QosTime {
+fn time(raw: &Option<RawTime>) -> Option<QosDuration> {
+    raw.as_ref().map(|t| QosDuration {
         sec: t.sec,
         nsec: t.nsec,
     })
@@ -488,13 +391,28 @@ pub fn parse_qos_overrides(text: &str, path: &Path) -> Result<QosOverrides, Sele
         let name = normalize_topic_name(&topic).map_err(|e| err(e.to_string()))?;
         let ctx = |e: String| err(format!("topic {name}: {e}"));
         let o = QosOverride {
-            history: policy(&r.history, "history", HISTORY).map_err(ctx)?,
+            history: policy(&r.history, "history", History::from_int, History::from_name).map_err(ctx)?,
             depth: r.depth,
-            reliability: policy(&r.reliability, "reliability", RELIABILITY).map_err(ctx)?,
-            durability: policy(&r.durability, "durability", DURABILITY).map_err(ctx)?,
+            reliability: policy(
+                &r.reliability,
+                "reliability",
+                Reliability::from_int,
+                Reliability::from_name,
+            ).map_err(ctx)?,
+            durability: policy(
+                &r.durability,
+                "durability",
+                Durability::from_int,
+                Durability::from_name,
+            ).map_err(ctx)?,
             deadline: time(&r.deadline),
             lifespan: time(&r.lifespan),
-            liveliness: policy(&r.liveliness, "liveliness", LIVELINESS).map_err(ctx)?,
+            liveliness: policy(
+                &r.liveliness,
+                "liveliness",
+                Liveliness::from_int,
+                Liveliness::from_name,
+            ).map_err(ctx)?,
             liveliness_lease_duration: time(&r.liveliness_lease_duration),
             avoid_ros_namespace_conventions: r.avoid_ros_namespace_conventions,
         };
@@ -522,13 +440,6 @@ pub fn requested_qos(topic: &str, offers: &[Qos], overrides: &QosOverrides) -> A
         adapted.qos = o.apply(adapted.qos);
     }
     adapted
-}
-
-/// Converts to the bag's stored profile.
-pub fn to_bag_qos(_qos: &Qos) -> crate::bag::QosProfile {
-    // TODO(merge): crate::bag::QosProfile is still a placeholder on main; fill the fields
-    // (history, depth, reliability, ...) once the lead's bag/qos.rs lands.
-    crate::bag::QosProfile
 }
 
 #[cfg(test)]
@@ -700,7 +611,7 @@ mod tests {
 
     #[test]
     fn no_offers_gives_the_default_profile() {
-        assert_eq!(adapt_to_offers(&[]).qos, Qos::default());
+        assert_eq!(adapt_to_offers(&[]).qos, base_request());
     }
 
     #[test]
@@ -722,7 +633,7 @@ tf_static:
         assert_eq!(cam.history, Some(History::KeepLast));
         assert_eq!(cam.depth, Some(3));
         assert_eq!(cam.reliability, Some(Reliability::BestEffort));
-        assert_eq!(cam.deadline, Some(QosTime { sec: 1, nsec: 500 }));
+        assert_eq!(cam.deadline, Some(QosDuration { sec: 1, nsec: 500 }));
         assert_eq!(cam.lifespan, None);
         let tf = o["/tf_static"];
         assert_eq!(tf.reliability, Some(Reliability::Reliable));
@@ -769,12 +680,12 @@ tf_static:
 
     #[test]
     fn infinite_rmw_durations_convert_without_overflow() {
-        let inf = QosTime {
+        let inf = QosDuration {
             sec: i64::MAX as u64,
             nsec: 999_999_999,
         };
-        assert!(inf.to_duration() >= Duration::from_secs(i64::MAX as u64));
+        assert!(duration_to_std(inf) >= Duration::from_secs(i64::MAX as u64));
         let d = Duration::new(3, 25);
-        assert_eq!(QosTime::from(d).to_duration(), d);
+        assert_eq!(duration_to_std(duration_from_std(d)), d);
     }
 }
