@@ -186,7 +186,10 @@ impl TopicSelector {
 
     pub fn decide(&self, name: &str) -> Decision {
         if self.exclude_topics.iter().any(|t| t == name)
-            || self.exclude_regex.as_ref().is_some_and(|r| r.is_match(name))
+            || self
+                .exclude_regex
+                .as_ref()
+                .is_some_and(|r| r.is_match(name))
         {
             return Decision::Excluded;
         }
@@ -391,20 +394,23 @@ pub fn parse_qos_overrides(text: &str, path: &Path) -> Result<QosOverrides, Sele
         let name = normalize_topic_name(&topic).map_err(|e| err(e.to_string()))?;
         let ctx = |e: String| err(format!("topic {name}: {e}"));
         let o = QosOverride {
-            history: policy(&r.history, "history", History::from_int, History::from_name).map_err(ctx)?,
+            history: policy(&r.history, "history", History::from_int, History::from_name)
+                .map_err(ctx)?,
             depth: r.depth,
             reliability: policy(
                 &r.reliability,
                 "reliability",
                 Reliability::from_int,
                 Reliability::from_name,
-            ).map_err(ctx)?,
+            )
+            .map_err(ctx)?,
             durability: policy(
                 &r.durability,
                 "durability",
                 Durability::from_int,
                 Durability::from_name,
-            ).map_err(ctx)?,
+            )
+            .map_err(ctx)?,
             deadline: time(&r.deadline),
             lifespan: time(&r.lifespan),
             liveliness: policy(
@@ -412,7 +418,8 @@ pub fn parse_qos_overrides(text: &str, path: &Path) -> Result<QosOverrides, Sele
                 "liveliness",
                 Liveliness::from_int,
                 Liveliness::from_name,
-            ).map_err(ctx)?,
+            )
+            .map_err(ctx)?,
             liveliness_lease_duration: time(&r.liveliness_lease_duration),
             avoid_ros_namespace_conventions: r.avoid_ros_namespace_conventions,
         };
@@ -645,7 +652,11 @@ tf_static:
     fn an_override_replaces_only_the_fields_it_sets() {
         let yaml = "/imu: {reliability: reliable}\n";
         let o = parse_qos_overrides(yaml, Path::new("o.yaml")).unwrap();
-        let offers = [offer(Reliability::BestEffort, Durability::TransientLocal, 20)];
+        let offers = [offer(
+            Reliability::BestEffort,
+            Durability::TransientLocal,
+            20,
+        )];
         let r = requested_qos("/imu", &offers, &o);
         assert_eq!(r.qos.reliability, Reliability::Reliable);
         assert_eq!(r.qos.durability, Durability::TransientLocal);
