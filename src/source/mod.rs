@@ -3,4 +3,5 @@ pub mod cdr;
 pub mod generator;
 #[cfg(feature = "ros")]
 pub mod ros;
+pub mod select;
 pub mod synthetic;

@@ -1,0 +1,702 @@
+//! Topic selection and QoS adaptation for the live ROS 2 source, as `ros2 bag record` does them.
+//!
+//! Everything here is pure and built without the `ros` feature: the CLI builds
+//! [`RosSourceOptions`] on every machine, and the rules are unit-tested without ROS 2.
+//! `source::ros` only feeds it names, types and offered profiles it got from r2r.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use regex::Regex;
+use serde::Deserialize;
+
+use crate::bag::qos::{Durability, History, Liveliness, QosDuration, Reliability};
+use crate::bag::QosProfile as Qos;
+
+/// Default discovery polling interval, as `ros2 bag record -p`.
+pub const DEFAULT_POLLING_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Queue depth requested when no publisher keeps a deeper history (rclcpp's default depth).
+pub const DEFAULT_SUBSCRIPTION_DEPTH: u64 = 10;
+
+/// What to record from a live ROS 2 graph; mirrors `ros2 bag record`'s selection flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RosSourceOptions {
+    /// Topics named on the command line; a missing leading `/` is added.
+    pub topics: Vec<String>,
+    /// `-a/--all`: every visible topic.
+    pub all: bool,
+    /// `-e/--regex`: topics whose name contains a match (ECMAScript-like `regex_search`).
+    pub regex: Option<String>,
+    /// `--exclude-regex`: drop topics whose name contains a match.
+    pub exclude_regex: Option<String>,
+    /// `--exclude-topics`: drop these exact names.
+    pub exclude_topics: Vec<String>,
+    /// `-p/--polling-interval`: how often the graph is polled for new topics.
+    pub polling_interval: Duration,
+    /// `--no-discovery`: subscribe only to topics seen at start.
+    pub no_discovery: bool,
+    /// `--include-hidden-topics`: also record `-a`/regex matches with a token starting with `_`.
+    pub include_hidden_topics: bool,
+    /// `--qos-profile-overrides-path`: YAML map of topic → QoS, as ros2 bag reads it.
+    pub qos_profile_overrides_path: Option<PathBuf>,
+}
+
+impl Default for RosSourceOptions {
+    fn default() -> Self {
+        RosSourceOptions {
+            topics: Vec::new(),
+            all: false,
+            regex: None,
+            exclude_regex: None,
+            exclude_topics: Vec::new(),
+            polling_interval: DEFAULT_POLLING_INTERVAL,
+            no_discovery: false,
+            include_hidden_topics: false,
+            qos_profile_overrides_path: None,
+        }
+    }
+}
+
+/// Why a selection or an override file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    #[error("no topics selected: name topics, or use -a/--all or -e/--regex")]
+    NothingSelected,
+    #[error("invalid {flag} pattern {pattern:?}: {source}")]
+    BadRegex {
+        flag: &'static str,
+        pattern: String,
+        #[source]
+        source: regex::Error,
+    },
+    #[error("invalid topic name {name:?}: {reason}")]
+    BadTopicName { name: String, reason: &'static str },
+    #[error("polling interval must be greater than zero")]
+    ZeroPollingInterval,
+    #[error("cannot read QoS overrides {path}: {source}")]
+    OverridesRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("QoS overrides {path}: {reason}")]
+    OverridesParse { path: PathBuf, reason: String },
+}
+
+/// Adds the leading `/` a root-namespace node would resolve a relative name with.
+pub fn normalize_topic_name(name: &str) -> Result<String, SelectError> {
+    let trimmed = name.trim();
+    let bad = |reason| SelectError::BadTopicName {
+        name: name.to_string(),
+        reason,
+    };
+    if trimmed.is_empty() || trimmed == "/" {
+        return Err(bad("empty"));
+    }
+    if trimmed.contains("//") || trimmed.ends_with('/') {
+        return Err(bad("empty token"));
+    }
+    if trimmed.contains('~') || trimmed.contains('{') {
+        // Private and substitution names need a node context ros2 bag would supply; refuse them
+        // rather than record an unexpected topic.
+        return Err(bad("private or substitution names are not supported"));
+    }
+    if trimmed.starts_with('/') {
+        Ok(trimmed.to_string())
+    } else {
+        Ok(format!("/{trimmed}"))
+    }
+}
+
+/// A topic is hidden when any of its tokens starts with `_` (rcl's rule, e.g. `/a/_action/x`).
+pub fn is_hidden_topic(name: &str) -> bool {
+    name.split('/').any(|token| token.starts_with('_'))
+}
+
+/// The outcome of asking whether a discovered topic is to be recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Record,
+    /// Neither named, nor matched by `-a` or `-e`.
+    NotSelected,
+    /// Matched, but hidden and `--include-hidden-topics` is off.
+    Hidden,
+    /// Removed by `--exclude-topics` or `--exclude-regex`.
+    Excluded,
+}
+
+/// Compiled selection rules.
+#[derive(Debug)]
+pub struct TopicSelector {
+    topics: Vec<String>,
+    all: bool,
+    regex: Option<Regex>,
+    exclude_regex: Option<Regex>,
+    exclude_topics: Vec<String>,
+    include_hidden: bool,
+}
+
+fn compile(flag: &'static str, pattern: &Option<String>) -> Result<Option<Regex>, SelectError> {
+    match pattern {
+        None => Ok(None),
+        Some(p) => Regex::new(p)
+            .map(Some)
+            .map_err(|source| SelectError::BadRegex {
+                flag,
+                pattern: p.clone(),
+                source,
+            }),
+    }
+}
+
+impl TopicSelector {
+    pub fn new(opts: &RosSourceOptions) -> Result<Self, SelectError> {
+        if opts.topics.is_empty() && !opts.all && opts.regex.is_none() {
+            return Err(SelectError::NothingSelected);
+        }
+        if opts.polling_interval.is_zero() && !opts.no_discovery {
+            return Err(SelectError::ZeroPollingInterval);
+        }
+        let topics = opts
+            .topics
+            .iter()
+            .map(|t| normalize_topic_name(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let exclude_topics = opts
+            .exclude_topics
+            .iter()
+            .map(|t| normalize_topic_name(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(TopicSelector {
+            topics,
+            all: opts.all,
+            regex: compile("-e/--regex", &opts.regex)?,
+            exclude_regex: compile("--exclude-regex", &opts.exclude_regex)?,
+            exclude_topics,
+            include_hidden: opts.include_hidden_topics,
+        })
+    }
+
+    /// Topics named explicitly (normalized), which discovery keeps waiting for.
+    pub fn named_topics(&self) -> &[String] {
+        &self.topics
+    }
+
+    pub fn decide(&self, name: &str) -> Decision {
+        if self.exclude_topics.iter().any(|t| t == name)
+            || self
+                .exclude_regex
+                .as_ref()
+                .is_some_and(|r| r.is_match(name))
+        {
+            return Decision::Excluded;
+        }
+        // A topic the user named is recorded even if hidden: they asked for it by name.
+        if self.topics.iter().any(|t| t == name) {
+            return Decision::Record;
+        }
+        let matched = self.all || self.regex.as_ref().is_some_and(|r| r.is_match(name));
+        if !matched {
+            return Decision::NotSelected;
+        }
+        if !self.include_hidden && is_hidden_topic(name) {
+            return Decision::Hidden;
+        }
+        Decision::Record
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// QoS
+
+/// rmw time → std, saturating: rmw's "infinite" does not fit every consumer's arithmetic.
+pub fn duration_to_std(d: QosDuration) -> Duration {
+    Duration::from_secs(d.sec).saturating_add(Duration::from_nanos(d.nsec))
+}
+
+pub fn duration_from_std(d: Duration) -> QosDuration {
+    QosDuration {
+        sec: d.as_secs(),
+        nsec: u64::from(d.subsec_nanos()),
+    }
+}
+
+/// Depth, reliability and durability are adapted; the other fields keep rclcpp's defaults.
+fn base_request() -> Qos {
+    Qos {
+        depth: DEFAULT_SUBSCRIPTION_DEPTH,
+        ..Qos::default()
+    }
+}
+
+/// The profile to subscribe with, and whether the publishers disagreed (worth one warning).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdaptedQos {
+    pub qos: Qos,
+    /// Some but not all publishers offer reliable: requesting best effort.
+    pub mixed_reliability: bool,
+    /// Some but not all publishers offer transient_local: requesting volatile.
+    pub mixed_durability: bool,
+}
+
+/// rosbag2's `adapt_request_to_offers`: reliable only if every publisher offers reliable,
+/// transient_local only if every publisher offers it; otherwise the weaker policy, which is
+/// compatible with every offer. Depth is the deepest keep-last offer (at least 10), so a
+/// transient_local publisher's whole history reaches the recorder. No offers: the default.
+pub fn adapt_to_offers(offers: &[Qos]) -> AdaptedQos {
+    let mut qos = base_request();
+    if offers.is_empty() {
+        return AdaptedQos {
+            qos,
+            mixed_reliability: false,
+            mixed_durability: false,
+        };
+    }
+    let reliable = offers
+        .iter()
+        .filter(|o| o.reliability == Reliability::Reliable)
+        .count();
+    let transient = offers
+        .iter()
+        .filter(|o| o.durability == Durability::TransientLocal)
+        .count();
+    qos.reliability = if reliable == offers.len() {
+        Reliability::Reliable
+    } else {
+        Reliability::BestEffort
+    };
+    qos.durability = if transient == offers.len() {
+        Durability::TransientLocal
+    } else {
+        Durability::Volatile
+    };
+    qos.depth = offers
+        .iter()
+        .filter(|o| o.history == History::KeepLast)
+        .map(|o| o.depth)
+        .fold(DEFAULT_SUBSCRIPTION_DEPTH, u64::max);
+    AdaptedQos {
+        qos,
+        mixed_reliability: reliable != 0 && reliable != offers.len(),
+        mixed_durability: transient != 0 && transient != offers.len(),
+    }
+}
+
+/// A per-topic override from `--qos-profile-overrides-path`; unset fields keep the adapted value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QosOverride {
+    pub history: Option<History>,
+    pub depth: Option<u64>,
+    pub reliability: Option<Reliability>,
+    pub durability: Option<Durability>,
+    pub deadline: Option<QosDuration>,
+    pub lifespan: Option<QosDuration>,
+    pub liveliness: Option<Liveliness>,
+    pub liveliness_lease_duration: Option<QosDuration>,
+    pub avoid_ros_namespace_conventions: Option<bool>,
+}
+
+impl QosOverride {
+    pub fn apply(&self, base: Qos) -> Qos {
+        Qos {
+            history: self.history.unwrap_or(base.history),
+            depth: self.depth.unwrap_or(base.depth),
+            reliability: self.reliability.unwrap_or(base.reliability),
+            durability: self.durability.unwrap_or(base.durability),
+            deadline: self.deadline.unwrap_or(base.deadline),
+            lifespan: self.lifespan.unwrap_or(base.lifespan),
+            liveliness: self.liveliness.unwrap_or(base.liveliness),
+            liveliness_lease_duration: self
+                .liveliness_lease_duration
+                .unwrap_or(base.liveliness_lease_duration),
+            avoid_ros_namespace_conventions: self
+                .avoid_ros_namespace_conventions
+                .unwrap_or(base.avoid_ros_namespace_conventions),
+        }
+    }
+}
+
+/// Topic name (normalized) → override.
+pub type QosOverrides = HashMap<String, QosOverride>;
+
+/// A policy may be written as rmw's integer or as its name (`keep_last`, `best_effort`, ...).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawPolicy {
+    Int(i64),
+    Name(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTime {
+    sec: u64,
+    nsec: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOverride {
+    history: Option<RawPolicy>,
+    depth: Option<u64>,
+    reliability: Option<RawPolicy>,
+    durability: Option<RawPolicy>,
+    deadline: Option<RawTime>,
+    lifespan: Option<RawTime>,
+    liveliness: Option<RawPolicy>,
+    liveliness_lease_duration: Option<RawTime>,
+    avoid_ros_namespace_conventions: Option<bool>,
+}
+
+/// Maps a policy written either way onto its enum (rmw integers and names, as rosbag2 does).
+fn policy<T>(
+    raw: &Option<RawPolicy>,
+    field: &str,
+    from_int: fn(i64) -> Option<T>,
+    from_name: fn(&str) -> Option<T>,
+) -> Result<Option<T>, String> {
+    let Some(raw) = raw else { return Ok(None) };
+    let found = match raw {
+        RawPolicy::Int(i) => from_int(*i),
+        RawPolicy::Name(s) => from_name(&s.trim().to_ascii_lowercase()),
+    };
+    match (found, raw) {
+        (Some(v), _) => Ok(Some(v)),
+        (None, RawPolicy::Int(i)) => Err(format!("{field}: unknown rmw value {i}")),
+        (None, RawPolicy::Name(s)) => Err(format!(
+            "{field}: unknown value {s:?} (e.g. system_default, keep_last, reliable, best_effort, transient_local, volatile, automatic)"
+        )),
+    }
+}
+
+fn time(raw: &Option<RawTime>) -> Option<QosDuration> {
+    raw.as_ref().map(|t| QosDuration {
+        sec: t.sec,
+        nsec: t.nsec,
+    })
+}
+
+/// Parses an overrides file's text (a YAML map of topic name → profile fields).
+pub fn parse_qos_overrides(text: &str, path: &Path) -> Result<QosOverrides, SelectError> {
+    let err = |reason: String| SelectError::OverridesParse {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if text.trim().is_empty() {
+        return Ok(QosOverrides::new());
+    }
+    let raw: HashMap<String, RawOverride> =
+        serde_yaml_ng::from_str(text).map_err(|e| err(e.to_string()))?;
+    let mut out = QosOverrides::with_capacity(raw.len());
+    for (topic, r) in raw {
+        let name = normalize_topic_name(&topic).map_err(|e| err(e.to_string()))?;
+        let ctx = |e: String| err(format!("topic {name}: {e}"));
+        let o = QosOverride {
+            history: policy(&r.history, "history", History::from_int, History::from_name)
+                .map_err(ctx)?,
+            depth: r.depth,
+            reliability: policy(
+                &r.reliability,
+                "reliability",
+                Reliability::from_int,
+                Reliability::from_name,
+            )
+            .map_err(ctx)?,
+            durability: policy(
+                &r.durability,
+                "durability",
+                Durability::from_int,
+                Durability::from_name,
+            )
+            .map_err(ctx)?,
+            deadline: time(&r.deadline),
+            lifespan: time(&r.lifespan),
+            liveliness: policy(
+                &r.liveliness,
+                "liveliness",
+                Liveliness::from_int,
+                Liveliness::from_name,
+            )
+            .map_err(ctx)?,
+            liveliness_lease_duration: time(&r.liveliness_lease_duration),
+            avoid_ros_namespace_conventions: r.avoid_ros_namespace_conventions,
+        };
+        out.insert(name, o);
+    }
+    Ok(out)
+}
+
+/// Reads `--qos-profile-overrides-path`; `None` gives no overrides.
+pub fn load_qos_overrides(path: Option<&Path>) -> Result<QosOverrides, SelectError> {
+    let Some(path) = path else {
+        return Ok(QosOverrides::new());
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| SelectError::OverridesRead {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_qos_overrides(&text, path)
+}
+
+/// The profile to subscribe to `topic` with: adapted to the offers, then overridden.
+pub fn requested_qos(topic: &str, offers: &[Qos], overrides: &QosOverrides) -> AdaptedQos {
+    let mut adapted = adapt_to_offers(offers);
+    if let Some(o) = overrides.get(topic) {
+        adapted.qos = o.apply(adapted.qos);
+    }
+    adapted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> RosSourceOptions {
+        RosSourceOptions::default()
+    }
+
+    fn offer(reliability: Reliability, durability: Durability, depth: u64) -> Qos {
+        Qos {
+            reliability,
+            durability,
+            depth,
+            ..Qos::default()
+        }
+    }
+
+    #[test]
+    fn refuses_a_selection_that_names_nothing() {
+        let err = TopicSelector::new(&opts()).unwrap_err();
+        assert!(matches!(err, SelectError::NothingSelected));
+        assert!(err.to_string().contains("-a/--all"));
+    }
+
+    #[test]
+    fn records_named_topics_only_with_a_leading_slash_added() {
+        let sel = TopicSelector::new(&RosSourceOptions {
+            topics: vec!["imu".into(), "/tf".into()],
+            ..opts()
+        })
+        .unwrap();
+        assert_eq!(sel.named_topics(), ["/imu", "/tf"]);
+        assert_eq!(sel.decide("/imu"), Decision::Record);
+        assert_eq!(sel.decide("/tf"), Decision::Record);
+        assert_eq!(sel.decide("/camera"), Decision::NotSelected);
+        assert_eq!(sel.decide("/imu_raw"), Decision::NotSelected);
+    }
+
+    #[test]
+    fn all_skips_hidden_topics_unless_asked() {
+        let mut o = RosSourceOptions {
+            all: true,
+            ..opts()
+        };
+        let sel = TopicSelector::new(&o).unwrap();
+        assert_eq!(sel.decide("/rosout"), Decision::Record);
+        assert_eq!(sel.decide("/_hidden"), Decision::Hidden);
+        assert_eq!(sel.decide("/fib/_action/feedback"), Decision::Hidden);
+        assert_eq!(sel.decide("/a_b/c_"), Decision::Record);
+        o.include_hidden_topics = true;
+        let sel = TopicSelector::new(&o).unwrap();
+        assert_eq!(sel.decide("/fib/_action/feedback"), Decision::Record);
+    }
+
+    #[test]
+    fn a_hidden_topic_named_explicitly_is_recorded() {
+        let sel = TopicSelector::new(&RosSourceOptions {
+            topics: vec!["/_secret".into()],
+            ..opts()
+        })
+        .unwrap();
+        assert_eq!(sel.decide("/_secret"), Decision::Record);
+    }
+
+    #[test]
+    fn regex_matches_anywhere_in_the_name_and_unions_with_named_topics() {
+        let sel = TopicSelector::new(&RosSourceOptions {
+            topics: vec!["/tf".into()],
+            regex: Some("camera".into()),
+            ..opts()
+        })
+        .unwrap();
+        assert_eq!(sel.decide("/front/camera/image"), Decision::Record);
+        assert_eq!(sel.decide("/tf"), Decision::Record);
+        assert_eq!(sel.decide("/imu"), Decision::NotSelected);
+    }
+
+    #[test]
+    fn exclusions_win_over_every_selection() {
+        let sel = TopicSelector::new(&RosSourceOptions {
+            topics: vec!["/tf".into()],
+            all: true,
+            exclude_regex: Some("^/camera/".into()),
+            exclude_topics: vec!["tf".into(), "/rosout".into()],
+            ..opts()
+        })
+        .unwrap();
+        assert_eq!(sel.decide("/tf"), Decision::Excluded);
+        assert_eq!(sel.decide("/rosout"), Decision::Excluded);
+        assert_eq!(sel.decide("/camera/image"), Decision::Excluded);
+        assert_eq!(sel.decide("/front/camera/image"), Decision::Record);
+    }
+
+    #[test]
+    fn reports_which_flag_has_an_invalid_regex() {
+        let err = TopicSelector::new(&RosSourceOptions {
+            all: true,
+            exclude_regex: Some("(".into()),
+            ..opts()
+        })
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("--exclude-regex"), "{text}");
+        assert!(text.contains("\"(\""), "{text}");
+    }
+
+    #[test]
+    fn rejects_empty_and_private_topic_names() {
+        for bad in ["", "/", "a//b", "a/", "~/private", "{node}/x"] {
+            assert!(
+                normalize_topic_name(bad).is_err(),
+                "{bad:?} should be refused"
+            );
+        }
+        assert!(TopicSelector::new(&RosSourceOptions {
+            topics: vec!["a//b".into()],
+            ..opts()
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn refuses_a_zero_polling_interval_only_when_discovery_is_on() {
+        let mut o = RosSourceOptions {
+            all: true,
+            polling_interval: Duration::ZERO,
+            ..opts()
+        };
+        assert!(matches!(
+            TopicSelector::new(&o),
+            Err(SelectError::ZeroPollingInterval)
+        ));
+        o.no_discovery = true;
+        assert!(TopicSelector::new(&o).is_ok());
+    }
+
+    #[test]
+    fn requests_reliable_and_transient_local_when_every_publisher_offers_them() {
+        let a = adapt_to_offers(&[
+            offer(Reliability::Reliable, Durability::TransientLocal, 1),
+            offer(Reliability::Reliable, Durability::TransientLocal, 50),
+        ]);
+        assert_eq!(a.qos.reliability, Reliability::Reliable);
+        assert_eq!(a.qos.durability, Durability::TransientLocal);
+        assert_eq!(a.qos.depth, 50);
+        assert!(!a.mixed_reliability && !a.mixed_durability);
+    }
+
+    #[test]
+    fn falls_back_to_best_effort_and_volatile_when_publishers_disagree() {
+        let a = adapt_to_offers(&[
+            offer(Reliability::Reliable, Durability::TransientLocal, 5),
+            offer(Reliability::BestEffort, Durability::Volatile, 5),
+        ]);
+        assert_eq!(a.qos.reliability, Reliability::BestEffort);
+        assert_eq!(a.qos.durability, Durability::Volatile);
+        assert_eq!(a.qos.depth, DEFAULT_SUBSCRIPTION_DEPTH);
+        assert!(a.mixed_reliability && a.mixed_durability);
+    }
+
+    #[test]
+    fn best_effort_only_publishers_are_not_reported_as_mixed() {
+        let a = adapt_to_offers(&[offer(Reliability::BestEffort, Durability::Volatile, 5)]);
+        assert_eq!(a.qos.reliability, Reliability::BestEffort);
+        assert!(!a.mixed_reliability);
+    }
+
+    #[test]
+    fn no_offers_gives_the_default_profile() {
+        assert_eq!(adapt_to_offers(&[]).qos, base_request());
+    }
+
+    #[test]
+    fn parses_overrides_written_with_names_or_rmw_integers() {
+        let yaml = "\
+/camera:
+  history: keep_last
+  depth: 3
+  reliability: best_effort
+  durability: volatile
+  deadline: {sec: 1, nsec: 500}
+tf_static:
+  reliability: 1
+  durability: 1
+  liveliness: automatic
+";
+        let o = parse_qos_overrides(yaml, Path::new("o.yaml")).unwrap();
+        let cam = o["/camera"];
+        assert_eq!(cam.history, Some(History::KeepLast));
+        assert_eq!(cam.depth, Some(3));
+        assert_eq!(cam.reliability, Some(Reliability::BestEffort));
+        assert_eq!(cam.deadline, Some(QosDuration { sec: 1, nsec: 500 }));
+        assert_eq!(cam.lifespan, None);
+        let tf = o["/tf_static"];
+        assert_eq!(tf.reliability, Some(Reliability::Reliable));
+        assert_eq!(tf.durability, Some(Durability::TransientLocal));
+        assert_eq!(tf.liveliness, Some(Liveliness::Automatic));
+    }
+
+    #[test]
+    fn an_override_replaces_only_the_fields_it_sets() {
+        let yaml = "/imu: {reliability: reliable}\n";
+        let o = parse_qos_overrides(yaml, Path::new("o.yaml")).unwrap();
+        let offers = [offer(
+            Reliability::BestEffort,
+            Durability::TransientLocal,
+            20,
+        )];
+        let r = requested_qos("/imu", &offers, &o);
+        assert_eq!(r.qos.reliability, Reliability::Reliable);
+        assert_eq!(r.qos.durability, Durability::TransientLocal);
+        assert_eq!(r.qos.depth, 20);
+        let other = requested_qos("/other", &offers, &o);
+        assert_eq!(other.qos.reliability, Reliability::BestEffort);
+    }
+
+    #[test]
+    fn override_errors_name_the_file_topic_and_field() {
+        let err = parse_qos_overrides("/imu: {reliability: sometimes}\n", Path::new("q.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("q.yaml"), "{err}");
+        assert!(err.contains("/imu"), "{err}");
+        assert!(err.contains("reliability"), "{err}");
+        assert!(err.contains("best_effort"), "{err}");
+        let err = parse_qos_overrides("/imu: {relyability: reliable}\n", Path::new("q.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("relyability"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_overrides_file_is_an_error_naming_it() {
+        let err = load_qos_overrides(Some(Path::new("/nonexistent/ringbag-qos.yaml")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/ringbag-qos.yaml"), "{err}");
+        assert!(load_qos_overrides(None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn infinite_rmw_durations_convert_without_overflow() {
+        let inf = QosDuration {
+            sec: i64::MAX as u64,
+            nsec: 999_999_999,
+        };
+        assert!(duration_to_std(inf) >= Duration::from_secs(i64::MAX as u64));
+        let d = Duration::new(3, 25);
+        assert_eq!(duration_to_std(duration_from_std(d)), d);
+    }
+}
