@@ -73,6 +73,37 @@ impl<W: Write> Sink for EchoSink<W> {
     }
 }
 
+/// Publishes on live ROS 2 topics with the QoS the recorded publishers offered.
+#[cfg(feature = "ros")]
+pub struct RosSink {
+    inner: crate::source::ros::RosPublisherSink,
+    declared: std::collections::HashSet<String>,
+}
+
+#[cfg(feature = "ros")]
+impl RosSink {
+    pub fn new(inner: crate::source::ros::RosPublisherSink) -> Self {
+        RosSink {
+            inner,
+            declared: Default::default(),
+        }
+    }
+}
+
+#[cfg(feature = "ros")]
+impl Sink for RosSink {
+    fn publish(&mut self, topic: &TopicInfo, _timestamp: i64, data: &[u8]) -> Result<(), String> {
+        if !self.declared.contains(&topic.name) {
+            self.inner
+                .declare_topic(&topic.name, &topic.offered_qos_profiles);
+            self.declared.insert(topic.name.clone());
+        }
+        self.inner
+            .publish(&topic.name, &topic.type_name, data)
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Counts of a play run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PlayReport {

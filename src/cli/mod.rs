@@ -92,7 +92,9 @@ fn ros_sink() -> Result<Box<dyn crate::play::Sink>, String> {
 
 #[cfg(feature = "ros")]
 fn ros_sink() -> Result<Box<dyn crate::play::Sink>, String> {
-    Err("--sink ros: not wired yet".into())
+    crate::source::ros::RosPublisherSink::new("ringbag_player")
+        .map(|s| Box::new(crate::play::RosSink::new(s)) as Box<dyn crate::play::Sink>)
+        .map_err(|e| e.to_string())
 }
 
 fn fail(code: i32, msg: impl std::fmt::Display) -> i32 {

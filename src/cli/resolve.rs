@@ -150,14 +150,34 @@ fn retention_policy(
     Ok(policy)
 }
 
+/// Topic selection for the ROS source, checked (patterns, override file) before anything starts.
+#[cfg(feature = "ros")]
+fn ros_options(a: &RecordArgs) -> Result<crate::source::select::RosSourceOptions, String> {
+    use crate::source::select::{load_qos_overrides, RosSourceOptions, TopicSelector};
+    let opts = RosSourceOptions {
+        topics: a.topics.clone(),
+        all: a.all,
+        regex: a.regex.clone(),
+        exclude_regex: a.exclude_regex.clone(),
+        exclude_topics: a.exclude_topics.clone(),
+        polling_interval: std::time::Duration::from_millis(a.polling_interval),
+        no_discovery: a.no_discovery,
+        include_hidden_topics: a.include_hidden_topics,
+        qos_profile_overrides_path: a.qos_profile_overrides_path.clone(),
+    };
+    TopicSelector::new(&opts).map_err(|e| e.to_string())?;
+    load_qos_overrides(opts.qos_profile_overrides_path.as_deref()).map_err(|e| e.to_string())?;
+    Ok(opts)
+}
+
 #[cfg(not(feature = "ros"))]
 fn ros_source(_a: &RecordArgs) -> Result<SourceSettings, String> {
     Err("--source ros: this ringbag was built without the `ros` feature (rebuild with --features ros against a sourced ROS 2)".into())
 }
 
 #[cfg(feature = "ros")]
-fn ros_source(_a: &RecordArgs) -> Result<SourceSettings, String> {
-    Err("--source ros: not wired yet".into())
+fn ros_source(a: &RecordArgs) -> Result<SourceSettings, String> {
+    Ok(SourceSettings::Ros(ros_options(a)?))
 }
 
 pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySettings, String> {
