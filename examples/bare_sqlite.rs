@@ -1,7 +1,7 @@
 //! The machine's SQLite ceiling for `scripts/bench.sh`: a bare rusqlite loop inserting the
 //! same rows (size, batch, schema, pragmas) as ringbag, with no queue, threads or clock.
 //!
-//! usage: bare_sqlite OUT.db3 MESSAGE_BYTES COUNT BATCH PRESET [PAGE_SIZE_FOR_SPLIT]
+//! usage: bare_sqlite OUT.db3 MESSAGE_BYTES COUNT BATCH PRESET [PAGE_SIZE]
 //!   PRESET: write-optimized | none (rosbag2's defaults) | resilient
 //! Prints one JSON line: {"messages":..,"bytes":..,"seconds":..,"sync_seconds":..}
 

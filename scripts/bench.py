@@ -53,13 +53,13 @@ def dd(dirpath: Path, mib: int, sync: bool) -> dict:
     return {"name": f"dd {'+fdatasync' if sync else '(page cache)'}", "mb_s": mb / r["wall"], "wall": r["wall"]}
 
 
-def bare(dirpath: Path, size: int, count: int, batch: int, preset: str) -> dict:
+def bare(dirpath: Path, size: int, count: int, batch: int, preset: str, page: int | None = None) -> dict:
     db = dirpath / "bare.db3"
-    r = run_child([str(BARE), str(db), str(size), str(count), str(batch), preset])
+    r = run_child([str(BARE), str(db), str(size), str(count), str(batch), preset] + ([str(page)] if page else []))
     j = json.loads(r["out"])
     db.unlink(missing_ok=True)
     return {
-        "name": f"bare rusqlite {preset}", "size": size, "messages": count,
+        "name": f"bare rusqlite {preset}" + (f" page {page // 1024}K" if page else ""), "size": size, "messages": count,
         "msg_s": count / j["seconds"], "msg_s_sync": count / (j["seconds"] + j["sync_seconds"]),
         "mb_s": j["payload_bytes"] / 1e6 / j["seconds"],
         "mb_s_sync": j["payload_bytes"] / 1e6 / (j["seconds"] + j["sync_seconds"]),
@@ -119,6 +119,10 @@ def main() -> None:
         rows.append(ringbag(work, "robot", 570 * robot_secs, "realtime"))
         rows.append(ringbag(work, "small", 2_000_000 // q, "max", ["-b", "86016", "--max-record-size", "1MiB"]))
         rows[-1]["name"] = "ringbag small, 86 KB splits, 1 MiB budget"
+        # Page-size sweep behind the write-optimized preset's choice.
+        for profile, size, count, batch in (cases[0], cases[2]):
+            for page in (4096, 16384, 65536):
+                rows.append(bare(work, size, count, batch, "write-optimized", page))
         long_run = subprocess.run(
             ["cargo", "test", "--release", "--quiet", "--test", "it", "five_thousand_splits", "--", "--nocapture"],
             cwd=ROOT, capture_output=True, text=True)
