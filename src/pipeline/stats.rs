@@ -41,7 +41,7 @@ pub struct RecordSummary {
     /// (topic, written, dropped)
     pub per_topic: Vec<(String, u64, u64)>,
     pub wall_time: Duration,
-    pub splits_created: u32,
+    pub splits_kept: u32,
     pub splits_deleted: u64,
     pub bag_size_bytes: u64,
 }
@@ -61,8 +61,8 @@ impl std::fmt::Display for RecordSummary {
         )?;
         writeln!(
             f,
-            "splits created {}, deleted by retention {}, bag size now {} bytes",
-            self.splits_created, self.splits_deleted, self.bag_size_bytes
+            "splits kept {}, deleted by retention {}, bag size now {} bytes",
+            self.splits_kept, self.splits_deleted, self.bag_size_bytes
         )?;
         for (name, written, dropped) in &self.per_topic {
             writeln!(

@@ -192,7 +192,7 @@ impl Pipeline {
         }
         if let Ok((bag, _)) = &result {
             summary.bag_size_bytes = bag.size_bytes;
-            summary.splits_created = bag.metadata.files.len() as u32;
+            summary.splits_kept = bag.metadata.files.len() as u32;
         }
         (result, summary)
     }
