@@ -279,7 +279,7 @@ fn picks_up_a_topic_that_appears_mid_recording() {
     let rec = Recording::start(RosSourceOptions {
         all: true,
         // Other tests run concurrently in this process; keep away from their topics.
-        exclude_regex: Some("^/rl_(?:exact|adapt|excl)/".into()),
+        exclude_regex: Some("^/rl_(?:exact|adapt|excl|bag)/".into()),
         polling_interval: Duration::from_millis(50),
         ..RosSourceOptions::default()
     });
@@ -418,4 +418,82 @@ fn an_unselected_or_excluded_topic_is_never_subscribed() {
     );
     assert!(rec.collector.topic("/rl_excl/drop").is_none());
     rec.stop().expect("recorder ends cleanly");
+}
+
+#[test]
+fn records_into_a_real_bag_through_the_pipeline() {
+    require_ros!();
+    use ringbag::bag::reader::{Bag, ReadFilter};
+    use ringbag::bag::writer::{BagWriter, WriterOptions};
+    use ringbag::bag::Flavour;
+    use ringbag::clock::SystemClock;
+    use ringbag::pipeline::{Pipeline, PipelineConfig};
+
+    let (imu_type, imu) = cdr_messages("/imu", 25);
+    let mut node = TestPublisher::new("ringbag_test_pub_bag");
+    let p = node.publisher(
+        "/rl_bag/imu",
+        &imu_type,
+        r2r::QosProfile::default().keep_last(40).reliable(),
+    );
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("bag");
+    let writer = BagWriter::create(&dir, WriterOptions::new(Flavour::Humble)).expect("bag");
+    let pipeline = Pipeline::start(
+        writer,
+        None,
+        Arc::new(SystemClock),
+        PipelineConfig::default(),
+    );
+    let producer = pipeline.producer();
+    let opts = RosSourceOptions {
+        topics: vec!["/rl_bag/imu".into()],
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    };
+    let source = std::thread::spawn(move || ringbag::source::ros::run(&opts, producer));
+    wait_until("the recorder registering /rl_bag/imu", || {
+        pipeline
+            .topic_stats()
+            .iter()
+            .any(|t| t.name == "/rl_bag/imu")
+    });
+    wait_matched(&p, 1, "the recorder's subscription");
+    for m in &imu {
+        p.publish_raw(m).expect("publish");
+    }
+    wait_until("25 accepted messages", || {
+        pipeline
+            .topic_stats()
+            .iter()
+            .any(|t| t.name == "/rl_bag/imu" && t.accepted() == 25)
+    });
+    let (result, summary) = pipeline.finish();
+    result.expect("pipeline finished");
+    source
+        .join()
+        .expect("source thread")
+        .expect("source ended cleanly");
+    assert_eq!(summary.dropped_total, 0);
+
+    let bag = Bag::open(&dir).expect("open bag");
+    let topic = bag
+        .topics
+        .iter()
+        .find(|t| t.name == "/rl_bag/imu")
+        .expect("topic in bag");
+    assert_eq!(topic.type_name, "sensor_msgs/msg/Imu");
+    assert_eq!(topic.offered_qos_profiles.len(), 1);
+    assert_eq!(topic.offered_qos_profiles[0].depth, 40);
+    assert_eq!(
+        topic.offered_qos_profiles[0].reliability,
+        Reliability::Reliable
+    );
+    let stored: Vec<Vec<u8>> = bag
+        .messages(&ReadFilter::default())
+        .expect("messages")
+        .map(|m| m.expect("message").data)
+        .collect();
+    assert_eq!(stored, imu);
 }
