@@ -7,7 +7,9 @@
 pub mod bag;
 pub mod cli;
 pub mod clock;
+pub mod config;
 pub mod pipeline;
+pub mod play;
 pub mod record;
 pub mod retention;
 pub mod signals;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::bag::writer::{BagSummary, BagWriter, WriterOptions};
 use crate::bag::BagError;
-use crate::clock::{SystemClock, TimeSource};
+use crate::clock::TimeSource;
 use crate::pipeline::{Pipeline, PipelineConfig, PipelineError, RecordSummary, StopReason};
 use crate::retention::{Retention, RetentionPolicy};
 use crate::signals;
@@ -28,6 +28,7 @@ pub struct RecordSettings {
     pub pipeline: PipelineConfig,
     pub retention: RetentionPolicy,
     pub source: SourceSettings,
+    pub clock: crate::clock::ClockSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +39,8 @@ pub enum RecordError {
     Pipeline(#[from] PipelineError),
     #[error("source failed: {0}")]
     Source(String),
+    #[error(transparent)]
+    Clock(#[from] crate::clock::ClockError),
     #[error("cannot install signal handlers: {0}")]
     Signals(nix::Error),
 }
@@ -62,7 +65,9 @@ fn failure(error: RecordError, summary: Option<RecordSummary>) -> Box<RecordFail
 
 pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>> {
     signals::install().map_err(|e| failure(RecordError::Signals(e), None))?;
-    let clock: Arc<dyn TimeSource> = Arc::new(SystemClock);
+    // The clock first: `--clock ptp` with an unreadable device must fail before any bag exists.
+    let clock: Arc<dyn TimeSource> =
+        Arc::new(crate::clock::start(&settings.clock).map_err(|e| failure(e.into(), None))?);
     let writer = BagWriter::create(&settings.output, settings.writer.clone())
         .map_err(|e| failure(e.into(), None))?;
     log::info!("recording into {}", settings.output.display());

@@ -54,3 +54,58 @@ pub fn install() -> Result<(), nix::Error> {
 pub fn stop_requested() -> bool {
     SIGNALS.load(SeqCst) > 0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::wait::{waitpid, WaitStatus};
+    use nix::unistd::{fork, ForkResult};
+
+    /// Run `body` in a forked child (signal state is per process) and return its exit code.
+    /// The child only makes async-signal-safe calls, so forking a threaded test is sound.
+    fn in_child(body: fn() -> i32) -> i32 {
+        // SAFETY: the child runs only sigaction/raise/_exit before exiting.
+        match unsafe { fork() }.expect("fork") {
+            ForkResult::Child => {
+                let code = body();
+                unsafe { libc::_exit(code) }
+            }
+            ForkResult::Parent { child } => match waitpid(child, None).expect("waitpid") {
+                WaitStatus::Exited(_, code) => code,
+                other => panic!("child ended with {other:?}"),
+            },
+        }
+    }
+
+    #[test]
+    fn first_sigterm_only_requests_a_clean_stop() {
+        let code = in_child(|| {
+            if install().is_err() || stop_requested() {
+                return 1;
+            }
+            let _ = nix::sys::signal::raise(Signal::SIGTERM);
+            if stop_requested() {
+                0
+            } else {
+                2
+            }
+        });
+        assert_eq!(code, 0);
+    }
+
+    #[test]
+    fn a_second_sigint_within_two_seconds_exits_at_once_with_130() {
+        let code = in_child(|| {
+            if install().is_err() {
+                return 1;
+            }
+            let _ = nix::sys::signal::raise(Signal::SIGINT);
+            if !stop_requested() {
+                return 2;
+            }
+            let _ = nix::sys::signal::raise(Signal::SIGINT);
+            3 // not reached: the handler exits
+        });
+        assert_eq!(code, IMMEDIATE_EXIT);
+    }
+}

@@ -392,10 +392,15 @@ pub fn write_file_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), Bag
         let path = path.clone();
         move |source| BagError::Io { path, source }
     };
-    let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
-    f.write_all(bytes).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
-    drop(f);
+    let written = fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        // Don't leave a half-written temp file behind (a full disk is the usual cause).
+        let _ = fs::remove_file(&tmp);
+        return Err(io(&tmp)(e));
+    }
     fs::rename(&tmp, &target).map_err(io(&target))?;
     sync_dir(dir)
 }

@@ -5,6 +5,7 @@
 pub mod error;
 pub mod info;
 pub mod metadata;
+pub mod pagewalk;
 pub mod qos;
 pub mod reader;
 pub mod schema;

@@ -317,6 +317,7 @@ impl Bag {
         let mut derived_files = Vec::new();
         let mut derived_counts: HashMap<String, u64> = HashMap::new();
         let mut flavour = Flavour::Humble;
+        let mut in_files: Vec<String> = Vec::new();
         for rel in rels {
             let p = dir.join(&rel);
             let conn = open_read_only(&p)?;
@@ -326,6 +327,7 @@ impl Bag {
             }
             let file_topics = read_topics(&conn, &p)?;
             for (_, t) in &file_topics {
+                in_files.push(t.name.clone());
                 if !topics.iter().any(|x| x.name == t.name) {
                     topics.push(t.clone());
                 }
@@ -357,7 +359,7 @@ impl Bag {
         }
         if let Some(metadata) = &metadata {
             for t in &metadata.topics {
-                if t.message_count > 0 && !topics.iter().any(|x| x.name == t.topic.name) {
+                if t.message_count > 0 && !in_files.contains(&t.topic.name) {
                     return Err(BagError::invalid(
                         path.join(METADATA_FILE),
                         format!(

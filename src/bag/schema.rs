@@ -56,16 +56,25 @@ pub enum StoragePreset {
 /// number of overflow pages per large message by 4 and keep small-message rate unchanged,
 /// while a fresh split (6 pages) still fits far below rosbag2's minimum split size.
 pub const WRITE_OPTIMIZED_PAGE_SIZE: u32 = 16 * 1024;
+/// Splits smaller than this use SQLite's default 4 KiB pages (see `create_pragmas`).
+pub const LARGE_PAGE_MIN_SPLIT: u64 = 4 << 20;
 /// Page cache for the writer, KiB. Holds the right-most b-tree paths and a batch of index
 /// pages; more does not help an append-only workload.
 pub const WRITE_OPTIMIZED_CACHE_KIB: u32 = 8 * 1024;
 
 impl StoragePreset {
-    /// Pragmas that must run before the first table is created (page size).
-    pub fn create_pragmas(self) -> String {
+    /// Pragmas that must run before the first table is created (page size). Large pages
+    /// only when splits are large: an empty split is 6 pages, and small splits must still
+    /// hold messages (with 16 KiB pages an empty split would already exceed 86016 bytes).
+    pub fn create_pragmas(self, max_bag_size: u64) -> String {
         match self {
             StoragePreset::WriteOptimized => {
-                format!("PRAGMA page_size={WRITE_OPTIMIZED_PAGE_SIZE};")
+                let page = if max_bag_size == 0 || max_bag_size >= LARGE_PAGE_MIN_SPLIT {
+                    WRITE_OPTIMIZED_PAGE_SIZE
+                } else {
+                    4096
+                };
+                format!("PRAGMA page_size={page};")
             }
             StoragePreset::Resilient | StoragePreset::None => String::new(),
         }

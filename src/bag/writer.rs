@@ -113,6 +113,10 @@ pub struct BagWriter {
     newly_closed: Vec<ClosedSplit>,
     next_index: u32,
     failed: Option<String>,
+    /// `--max-splits`: never open split number `split_limit` (0 = no limit).
+    split_limit: u32,
+    /// Set when a split was due but the limit forbade it; the writer then writes nothing more.
+    split_limit_reached: bool,
 }
 
 impl std::fmt::Debug for BagWriter {
@@ -154,6 +158,8 @@ impl BagWriter {
             newly_closed: Vec::new(),
             next_index: 0,
             failed: None,
+            split_limit: 0,
+            split_limit_reached: false,
         };
         w.open_split()?;
         // A metadata.yaml from the first moment: a crash before the first split closes still
@@ -214,6 +220,11 @@ impl BagWriter {
     {
         self.begin()?;
         for (topic, ts, data) in rows {
+            if self.split_limit_reached {
+                // `--max-splits` is a stop condition: what arrives after the last allowed
+                // split fills up is not recorded.
+                break;
+            }
             if topic >= self.topics.len() {
                 return Err(BagError::invalid(
                     &self.dir,
@@ -221,6 +232,10 @@ impl BagWriter {
                 ));
             }
             if self.must_split_before(ts, data.len() as u64) {
+                if self.split_limit > 0 && self.next_index >= self.split_limit {
+                    self.split_limit_reached = true;
+                    break;
+                }
                 self.commit()?;
                 self.rotate()?;
                 self.begin()?;
@@ -254,14 +269,22 @@ impl BagWriter {
     }
 
     /// Split now if the open file spans `max_bag_duration` at time `now_ns`; lets quiet topics
-    /// rotate on a timer. Returns true if it split.
+    /// rotate on a timer. Returns true if it split, or if the split limit forbade the split
+    /// (then `split_limit_reached()` is true and the caller should stop).
     pub fn split_if_due(&mut self, now_ns: i64) -> Result<bool, BagError> {
         self.check_ok()?;
+        if self.split_limit_reached {
+            return Ok(false);
+        }
         let dur = self.opts.max_bag_duration_ns;
         let due = match &self.split {
             Some(s) if dur > 0 && s.count > 0 => now_ns.saturating_sub(s.start_ns) >= dur,
             _ => false,
         };
+        if due && self.split_limit > 0 && self.next_index >= self.split_limit {
+            self.split_limit_reached = true;
+            return Ok(true);
+        }
         if due {
             let r = self.rotate();
             self.guard(r)?;
@@ -302,6 +325,14 @@ impl BagWriter {
     pub fn splits_created(&self) -> u32 {
         self.next_index
     }
+    /// Never create more than `n` split files (0 = no limit): when split number `n` would be
+    /// opened, the writer stops writing instead and `split_limit_reached()` turns true.
+    pub fn set_split_limit(&mut self, n: u32) {
+        self.split_limit = n;
+    }
+    pub fn split_limit_reached(&self) -> bool {
+        self.split_limit_reached
+    }
 
     /// Delete the oldest closed split (never the open one) and rewrite metadata.yaml so it
     /// lists exactly what remains. Returns what was deleted.
@@ -313,8 +344,10 @@ impl BagWriter {
         for (t, n) in self.topics.iter_mut().zip(&old.per_topic) {
             t.count -= n;
         }
-        let r = remove_split_file(&old.path).and_then(|_| sync_dir(&self.dir));
-        let r = r.and_then(|_| self.write_metadata());
+        // metadata.yaml first: a crash in between leaves an unlisted older file, which the
+        // reader accepts, rather than a listed file that is gone, which it refuses.
+        let r = self.write_metadata();
+        let r = r.and_then(|_| remove_split_file(&old.path).and_then(|_| sync_dir(&self.dir)));
         self.guard(r)?;
         Ok(Some(old))
     }
@@ -435,7 +468,7 @@ impl BagWriter {
         let conn = Connection::open_with_flags(&path, flags).map_err(BagError::sqlite(&path))?;
         let preset = self.opts.preset;
         let setup = || -> rusqlite::Result<()> {
-            conn.execute_batch(&preset.create_pragmas())?;
+            conn.execute_batch(&preset.create_pragmas(self.opts.max_bag_size))?;
             apply_pragmas(&conn, &preset.write_pragmas())?;
             create_tables(&conn, self.opts.flavour)?;
             if self.opts.flavour == Flavour::Jazzy {
@@ -663,7 +696,8 @@ pub fn split_size_on_disk(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn remove_split_file(path: &Path) -> Result<(), BagError> {
+/// Remove a split and any SQLite side files (`-wal`, `-shm`, `-journal`) next to it.
+pub fn remove_split_file(path: &Path) -> Result<(), BagError> {
     fs::remove_file(path).map_err(BagError::io(path))?;
     for suffix in ["-wal", "-shm", "-journal"] {
         let mut side = path.as_os_str().to_owned();

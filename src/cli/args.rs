@@ -28,6 +28,88 @@ pub enum Command {
     Record(Box<RecordArgs>),
     /// Describe a bag (like `ros2 bag info`), plus the size of each split.
     Info(InfoArgs),
+    /// Replay a bag (like `ros2 bag play`) to ROS topics, or print it with `--sink echo`.
+    Play(PlayArgs),
+    /// Show the clock the recorder would stamp with: source, PHC offset, drift, cost per stamp.
+    Clock(ClockCmdArgs),
+}
+
+/// Which clock stamps messages (record, clock, and the service config).
+#[derive(Debug, Args, Clone)]
+pub struct ClockArgs {
+    /// Timestamp source: system, ptp (fail if the PHC cannot be read), auto (ptp if readable,
+    /// else system with one warning).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub clock: crate::clock::ClockKind,
+    /// PTP hardware clock device. `@monotonic-raw` is a stand-in for machines without one.
+    #[arg(long, default_value = crate::clock::DEFAULT_PTP_DEVICE)]
+    pub ptp_device: PathBuf,
+    /// Time scale the PHC keeps: tai (ptp4l's default) or utc.
+    #[arg(long, value_enum, default_value = "tai")]
+    pub ptp_timescale: crate::clock::Timescale,
+    /// TAI − UTC in seconds, subtracted when the PHC keeps TAI (37 since 2017).
+    #[arg(long, default_value_t = crate::clock::DEFAULT_TAI_UTC_OFFSET_S)]
+    pub tai_utc_offset: i64,
+    /// How often the PHC offset is measured, milliseconds (10 to 60000).
+    #[arg(long, default_value_t = 1000)]
+    pub ptp_poll_interval: u64,
+    /// A PHC offset jump larger than this is logged and counted as a step, microseconds.
+    #[arg(long, default_value_t = 100)]
+    pub ptp_step_threshold: u64,
+}
+
+impl ClockArgs {
+    pub fn settings(&self) -> crate::clock::ClockSettings {
+        crate::clock::ClockSettings {
+            kind: self.clock,
+            ptp_device: self.ptp_device.clone(),
+            timescale: self.ptp_timescale,
+            tai_utc_offset_s: self.tai_utc_offset,
+            poll_interval: std::time::Duration::from_millis(self.ptp_poll_interval),
+            step_threshold: std::time::Duration::from_micros(self.ptp_step_threshold),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ClockCmdArgs {
+    #[command(flatten)]
+    pub clock: ClockArgs,
+    /// Offset samples to take (100 ms apart).
+    #[arg(long, default_value_t = 10)]
+    pub samples: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SinkKind {
+    /// Publish on ROS 2 topics (needs a build with `--features ros`).
+    Ros,
+    /// Print each message instead of publishing it.
+    Echo,
+}
+
+#[derive(Debug, Args)]
+pub struct PlayArgs {
+    /// Bag directory, or a single .db3 file.
+    pub bag: PathBuf,
+    /// Play only these topics (default: all).
+    #[arg(long, num_args = 1..)]
+    pub topics: Vec<String>,
+    /// Speed factor (> 0): 2 plays twice as fast, 0.5 at half speed.
+    #[arg(short = 'r', long, default_value_t = 1.0)]
+    pub rate: f64,
+    /// Start this far into the bag. Seconds, or with s/m/h/d.
+    #[arg(long, default_value = "0")]
+    pub start_offset: String,
+    /// Start again from the beginning at the end, until stopped.
+    #[arg(short = 'l', long = "loop")]
+    pub loop_playback: bool,
+    /// Where messages go [default: ros in builds with the `ros` feature, else echo].
+    #[arg(long, value_enum)]
+    pub sink: Option<SinkKind>,
+    /// Line format of the echo sink.
+    #[arg(long, value_enum, default_value = "text")]
+    pub echo_format: crate::play::EchoFormat,
 }
 
 #[derive(Debug, Args)]
@@ -114,6 +196,31 @@ pub struct RecordArgs {
     #[arg(long, default_value_t = 0)]
     pub max_splits: u32,
 
+    /// Circular logging: keep the total size of all split files at most this many bytes (or
+    /// with units), deleting the oldest closed splits first; the bound holds at every batch
+    /// commit. Needs -b, and must be at least 2 x --max-bag-size. [default: off]
+    #[arg(long, value_name = "BYTES")]
+    pub max_record_size: Option<String>,
+    /// Circular logging: keep the span from the start of the oldest kept split to the newest
+    /// message at most this long (seconds, or with s/m/h/d), deleting the oldest closed splits.
+    /// Coverage is at least this minus one split duration, so choose -d well below it. Needs -b
+    /// or -d; at least 2 x --max-bag-duration. [default: off]
+    #[arg(long, value_name = "SECONDS")]
+    pub max_record_duration: Option<String>,
+    /// Circular logging: keep at most this many split files (the open one included), deleting
+    /// the oldest. Needs -b or -d; at least 2. [default: off]
+    #[arg(long, value_name = "N")]
+    pub max_bag_files: Option<u32>,
+    /// Keep at least this many bytes (or with units) free on the bag's partition, deleting the
+    /// oldest closed splits; when none is left and space is still short, recording stops with
+    /// an error (exit 1) instead of filling the disk. [default: off]
+    #[arg(long, value_name = "BYTES")]
+    pub min_free_space: Option<String>,
+    /// Like --min-free-space, as a percentage (0 < P < 100) of the partition's size; with both,
+    /// the larger floor applies. [default: off]
+    #[arg(long, value_name = "P")]
+    pub min_free_space_percent: Option<String>,
+
     /// Where messages come from [default: ros in builds with the `ros` feature, else synthetic].
     #[arg(long, value_enum)]
     pub source: Option<SourceKind>,
@@ -127,4 +234,7 @@ pub struct RecordArgs {
     /// Stop cleanly after this many synthetic messages in total; 0 = until stopped.
     #[arg(long, default_value_t = 0)]
     pub synthetic_count: u64,
+
+    #[command(flatten)]
+    pub clock: ClockArgs,
 }

@@ -32,7 +32,67 @@ pub fn main_entry() -> i32 {
     match cli.command {
         Command::Info(a) => cmd_info(&a),
         Command::Record(a) => cmd_record(&a),
+        Command::Play(a) => cmd_play(&a),
+        Command::Clock(a) => cmd_clock(&a),
     }
+}
+
+fn cmd_clock(a: &args::ClockCmdArgs) -> i32 {
+    let settings = a.clock.settings();
+    if let Err(e) = settings.validate() {
+        return fail(EXIT_BAD_INPUT, e);
+    }
+    match crate::clock::diagnose(&settings, a.samples.max(1)) {
+        Ok(report) => {
+            print!("{report}");
+            EXIT_OK
+        }
+        Err(e) => fail(EXIT_BAD_INPUT, e),
+    }
+}
+
+fn cmd_play(a: &args::PlayArgs) -> i32 {
+    let settings = match resolve::play_settings(a) {
+        Ok(s) => s,
+        Err(e) => return fail(EXIT_BAD_INPUT, e),
+    };
+    if let Err(e) = crate::signals::install() {
+        return fail(EXIT_FAILURE, format!("cannot install signal handlers: {e}"));
+    }
+    let sink_kind = a.sink.unwrap_or(if cfg!(feature = "ros") {
+        args::SinkKind::Ros
+    } else {
+        args::SinkKind::Echo
+    });
+    let mut sink: Box<dyn crate::play::Sink> = match sink_kind {
+        args::SinkKind::Echo => Box::new(crate::play::EchoSink {
+            out: std::io::BufWriter::new(std::io::stdout().lock()),
+            format: a.echo_format,
+        }),
+        args::SinkKind::Ros => match ros_sink() {
+            Ok(s) => s,
+            Err(e) => return fail(EXIT_BAD_INPUT, e),
+        },
+    };
+    match crate::play::play(&settings, sink.as_mut(), &crate::signals::stop_requested) {
+        Ok(r) => {
+            drop(sink);
+            eprintln!("ringbag: played {} messages", r.published);
+            EXIT_OK
+        }
+        Err(crate::play::PlayError::Bag(e)) => fail(EXIT_BAD_INPUT, e),
+        Err(e) => fail(EXIT_FAILURE, e),
+    }
+}
+
+#[cfg(not(feature = "ros"))]
+fn ros_sink() -> Result<Box<dyn crate::play::Sink>, String> {
+    Err("--sink ros: this ringbag was built without the `ros` feature (use --sink echo, or rebuild with --features ros)".into())
+}
+
+#[cfg(feature = "ros")]
+fn ros_sink() -> Result<Box<dyn crate::play::Sink>, String> {
+    Err("--sink ros: not wired yet".into())
 }
 
 fn fail(code: i32, msg: impl std::fmt::Display) -> i32 {
@@ -76,7 +136,8 @@ fn cmd_record(a: &args::RecordArgs) -> i32 {
             }
             let e = f.error;
             let code = match &e {
-                RecordError::Bag(crate::bag::BagError::AlreadyExists { .. }) => EXIT_BAD_INPUT,
+                RecordError::Bag(crate::bag::BagError::AlreadyExists { .. })
+                | RecordError::Clock(_) => EXIT_BAD_INPUT,
                 _ => EXIT_FAILURE,
             };
             fail(code, e)

@@ -70,7 +70,32 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         }),
         SourceKind::Ros => ros_source(a)?,
     };
+    let clock = a.clock.settings();
+    clock.validate().map_err(|e| e.to_string())?;
     let output = a.output.clone().unwrap_or_else(default_output_name);
+    if output.exists() {
+        return Err(crate::bag::BagError::AlreadyExists { path: output }.to_string());
+    }
+    let retention = retention_policy(a, max_bag_size, max_bag_duration_ns)?;
+    let mut pipeline = PipelineConfig {
+        max_cache_size: usize::try_from(max_cache_size).unwrap_or(usize::MAX),
+        ..PipelineConfig::default()
+    };
+    if retention.is_circular()
+        || retention.min_free_space.is_some()
+        || retention.min_free_space_percent.is_some()
+    {
+        // Retention runs between batches, so a batch must be small next to a split and the
+        // budget for the bound to hold within one batch.
+        let mut cap = pipeline.batch_max_bytes as u64;
+        if max_bag_size > 0 {
+            cap = cap.min(max_bag_size / 4);
+        }
+        if let Some(size) = retention.max_record_size {
+            cap = cap.min(size / 8);
+        }
+        pipeline.batch_max_bytes = usize::try_from(cap.max(MIN_BATCH_BYTES)).unwrap_or(usize::MAX);
+    }
     Ok(RecordSettings {
         output,
         writer: WriterOptions {
@@ -80,15 +105,49 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
             max_bag_duration_ns,
             custom_data,
         },
-        pipeline: PipelineConfig {
-            max_cache_size: usize::try_from(max_cache_size).unwrap_or(usize::MAX),
-            ..PipelineConfig::default()
-        },
-        retention: RetentionPolicy {
-            max_splits: a.max_splits,
-        },
+        pipeline,
+        retention,
         source,
+        clock,
     })
+}
+
+/// Smallest batch byte cap under a retention limit (a single larger message still goes).
+const MIN_BATCH_BYTES: u64 = 64 * 1024;
+
+fn retention_policy(
+    a: &RecordArgs,
+    max_bag_size: u64,
+    max_bag_duration_ns: i64,
+) -> Result<RetentionPolicy, String> {
+    let bytes = |name: &str, v: &Option<String>| -> Result<Option<u64>, String> {
+        v.as_deref().map(|s| flag(name, parse_bytes(s))).transpose()
+    };
+    let max_record_duration_ns = a
+        .max_record_duration
+        .as_deref()
+        .map(|s| flag("--max-record-duration", parse_duration_ns(s)))
+        .transpose()?;
+    let min_free_space_percent = a
+        .min_free_space_percent
+        .as_deref()
+        .map(|s| {
+            s.trim()
+                .trim_end_matches('%')
+                .parse::<f64>()
+                .map_err(|_| format!("--min-free-space-percent {s}: not a number"))
+        })
+        .transpose()?;
+    let policy = RetentionPolicy {
+        max_record_size: bytes("--max-record-size", &a.max_record_size)?,
+        max_record_duration_ns,
+        max_bag_files: a.max_bag_files,
+        min_free_space: bytes("--min-free-space", &a.min_free_space)?,
+        min_free_space_percent,
+        max_splits: a.max_splits,
+    };
+    policy.validate(max_bag_size, max_bag_duration_ns)?;
+    Ok(policy)
 }
 
 #[cfg(not(feature = "ros"))]
@@ -99,4 +158,25 @@ fn ros_source(_a: &RecordArgs) -> Result<SourceSettings, String> {
 #[cfg(feature = "ros")]
 fn ros_source(_a: &RecordArgs) -> Result<SourceSettings, String> {
     Err("--source ros: not wired yet".into())
+}
+
+pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySettings, String> {
+    if !(a.rate.is_finite() && a.rate > 0.0) {
+        return Err(format!(
+            "--rate {}: must be a number greater than 0",
+            a.rate
+        ));
+    }
+    let start_offset_ns = flag("--start-offset", parse_duration_ns(&a.start_offset))?;
+    Ok(crate::play::PlaySettings {
+        bag: a.bag.clone(),
+        topics: if a.topics.is_empty() {
+            None
+        } else {
+            Some(a.topics.clone())
+        },
+        rate: a.rate,
+        start_offset_ns,
+        loop_playback: a.loop_playback,
+    })
 }

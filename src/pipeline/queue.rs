@@ -46,6 +46,13 @@ pub(crate) struct Shared {
     pub pool_budget: usize,
 }
 
+impl Shared {
+    /// A snapshot of the registered topics' counters (locks briefly; never on the push path).
+    pub fn topic_stats(&self) -> Vec<Arc<TopicStats>> {
+        self.topics.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+}
+
 /// Cheap to clone; hand one to each callback or generator thread.
 #[derive(Clone)]
 pub struct Producer {
@@ -219,5 +226,91 @@ pub(crate) fn give_back(shared: &Shared, buf: Vec<u8>) {
         shared
             .pool_bytes
             .fetch_sub(e.into_inner().capacity(), Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+
+    /// A producer whose queue nobody drains: the state a stalled writer leaves.
+    fn stalled(budget: usize, slots: usize) -> (Producer, Receiver<Item>) {
+        let (tx, rx) = crossbeam_channel::bounded(slots);
+        let (reg_tx, _reg_rx) = crossbeam_channel::unbounded();
+        let (pool_tx, pool_rx) = crossbeam_channel::bounded(16);
+        let shared = Arc::new(Shared {
+            in_flight: AtomicUsize::new(0),
+            budget,
+            stop: AtomicBool::new(false),
+            writer_gone: AtomicBool::new(false),
+            next_topic: AtomicU32::new(0),
+            topics: Mutex::new(Vec::new()),
+            pool_tx,
+            pool_rx,
+            pool_bytes: AtomicUsize::new(0),
+            pool_budget: 1 << 20,
+        });
+        let p = Producer {
+            shared,
+            tx,
+            reg_tx,
+            clock: Arc::new(SystemClock),
+        };
+        (p, rx)
+    }
+
+    #[test]
+    fn a_full_byte_budget_drops_and_counts_per_topic() {
+        let (p, rx) = stalled(1000, 1024);
+        let a = p.add_topic(TopicInfo::new("/a", "t/msg/T"), None);
+        let b = p.add_topic(TopicInfo::new("/b", "t/msg/T"), None);
+        let msg = [7u8; 300];
+        let results: Vec<bool> = (0..5).map(|_| p.push(&a, &msg)).collect();
+        assert_eq!(
+            results,
+            [true, true, true, false, false],
+            "3 × 300 B fit in 1000 B"
+        );
+        assert!(!p.push(&b, &msg));
+        assert_eq!((a.stats().accepted(), a.stats().dropped()), (3, 2));
+        assert_eq!((b.stats().accepted(), b.stats().dropped()), (0, 1));
+        assert_eq!(p.in_flight_bytes(), 900, "rejected bytes are released");
+        assert_eq!(rx.len(), 3);
+    }
+
+    #[test]
+    fn a_full_slot_queue_drops_even_with_bytes_to_spare() {
+        let (p, rx) = stalled(1 << 30, 4);
+        let t = p.add_topic(TopicInfo::new("/t", "t/msg/T"), None);
+        let ok = (0..10).filter(|_| p.push(&t, b"x")).count();
+        assert_eq!(ok, 4);
+        assert_eq!(t.stats().dropped(), 6);
+        assert_eq!(p.in_flight_bytes(), 4);
+        drop(rx);
+    }
+
+    #[test]
+    fn one_message_larger_than_the_budget_is_still_accepted_into_an_empty_queue() {
+        // Otherwise a 2 MB image could never be recorded with a 1 MB cache.
+        let (p, _rx) = stalled(100, 8);
+        let t = p.add_topic(TopicInfo::new("/img", "t/msg/T"), None);
+        assert!(p.push(&t, &[0u8; 500]));
+        assert!(!p.push(&t, &[0u8; 10]));
+    }
+
+    #[test]
+    fn pooled_buffers_are_reused_not_reallocated() {
+        let (p, rx) = stalled(1 << 20, 8);
+        let t = p.add_topic(TopicInfo::new("/t", "t/msg/T"), None);
+        assert!(p.push(&t, &[1u8; 4096]));
+        let item = rx.try_recv().unwrap();
+        let ptr = item.data.as_ptr();
+        p.shared.in_flight.fetch_sub(item.data.len(), Relaxed);
+        give_back(&p.shared, item.data);
+        assert!(p.push(&t, &[2u8; 1000]));
+        let again = rx.try_recv().unwrap();
+        assert_eq!(again.data.as_ptr(), ptr, "the pooled allocation came back");
+        assert_eq!(again.data, vec![2u8; 1000]);
     }
 }

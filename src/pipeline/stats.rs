@@ -51,7 +51,7 @@ impl std::fmt::Display for RecordSummary {
         let secs = self.wall_time.as_secs_f64();
         writeln!(
             f,
-            "recorded {} messages, {} bytes in {:.2} s ({:.0} msg/s, {:.1} MB/s); dropped {}",
+            "accepted {} messages, {} bytes in {:.2} s ({:.0} msg/s, {:.1} MB/s); dropped {}",
             self.messages_written,
             self.bytes_written,
             secs,

@@ -15,6 +15,9 @@ use crate::bag::BagError;
 use crate::clock::TimeSource;
 use crate::retention::{Retention, RetentionError, Verdict};
 
+/// Free space kept in hand beyond each batch, for metadata.yaml and split headers.
+pub const DISK_RESERVE_BYTES: u64 = 1 << 20;
+
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
     /// Byte budget of queued messages (`--max-cache-size`).
@@ -47,6 +50,12 @@ pub enum PipelineError {
     Bag(#[from] BagError),
     #[error(transparent)]
     Retention(#[from] RetentionError),
+    #[error("{path}: only {available} bytes free, a batch needs {needed}; stopped before the disk filled (free some space, or bound the recording with --max-record-size / --min-free-space)")]
+    DiskFull {
+        path: std::path::PathBuf,
+        available: u64,
+        needed: u64,
+    },
     #[error("writer thread panicked: {0}")]
     Panicked(String),
 }
@@ -327,6 +336,7 @@ impl WriterCtx {
             let n = ret.before_batch(w, incoming, newest)?;
             self.splits_deleted.fetch_add(n, Relaxed);
         }
+        self.check_free_space(incoming)?;
         let map = &self.topic_map;
         let rows = batch.iter().filter_map(|i| {
             let idx = map.get(i.topic as usize).copied().flatten()?;
@@ -340,6 +350,27 @@ impl WriterCtx {
         }
         self.shared.in_flight.fetch_sub(bytes, Relaxed);
         result?;
+        Ok(())
+    }
+
+    /// With journaling off, hitting ENOSPC mid-transaction can leave the open split
+    /// damaged. So never start a batch the filesystem cannot hold: one statvfs per batch.
+    fn check_free_space(&mut self, incoming: u64) -> Result<(), PipelineError> {
+        let dir = self.writer().dir().to_path_buf();
+        let Ok(st) = nix::sys::statvfs::statvfs(&dir) else {
+            return Ok(()); // Unknown: let the write itself report any failure.
+        };
+        #[allow(clippy::unnecessary_cast)] // fsblkcnt_t is 32-bit on some targets
+        let available = st.blocks_available() as u64 * st.fragment_size() as u64;
+        // The batch, its index pages, and metadata.yaml rewrites with room to spare.
+        let needed = incoming + incoming / 8 + DISK_RESERVE_BYTES;
+        if available < needed {
+            return Err(PipelineError::DiskFull {
+                path: dir,
+                available,
+                needed,
+            });
+        }
         Ok(())
     }
 
@@ -359,12 +390,7 @@ impl WriterCtx {
 
     /// Log drops at most once a second; producers only count.
     fn report_drops(&self, already: u64) -> u64 {
-        let topics = self
-            .shared
-            .topics
-            .lock()
-            .map(|t| t.clone())
-            .unwrap_or_default();
+        let topics = self.shared.topic_stats();
         let total: u64 = topics.iter().map(|t| t.dropped()).sum();
         if total > already {
             let detail: Vec<String> = topics
@@ -383,14 +409,13 @@ impl WriterCtx {
 
     /// Drops per topic go into the bag's custom_data so the bag says it is incomplete.
     fn annotate_custom_data(&mut self) {
-        let topics = self
-            .shared
-            .topics
-            .lock()
-            .map(|t| t.clone())
-            .unwrap_or_default();
+        let topics = self.shared.topic_stats();
         let total: u64 = topics.iter().map(|t| t.dropped()).sum();
-        let w = self.writer();
+        let clock_data = self.clock.custom_data();
+        let w = self.writer.as_mut().expect("writer present until finish");
+        for (k, v) in clock_data {
+            w.set_custom_data(k, v);
+        }
         w.set_custom_data("ringbag.dropped_messages", total.to_string());
         for t in topics.iter().filter(|t| t.dropped() > 0) {
             w.set_custom_data(

@@ -1,0 +1,78 @@
+//! The machine's SQLite ceiling for `scripts/bench.sh`: a bare rusqlite loop inserting the
+//! same rows (size, batch, schema, pragmas) as ringbag, with no queue, threads or clock.
+//!
+//! usage: bare_sqlite OUT.db3 MESSAGE_BYTES COUNT BATCH PRESET [PAGE_SIZE_FOR_SPLIT]
+//!   PRESET: write-optimized | none (rosbag2's defaults) | resilient
+//! Prints one JSON line: {"messages":..,"bytes":..,"seconds":..,"sync_seconds":..}
+
+use std::time::Instant;
+
+use rusqlite::{params, Connection};
+
+use ringbag::bag::schema::{create_tables, StoragePreset};
+use ringbag::bag::writer::apply_pragmas;
+use ringbag::bag::Flavour;
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    if a.len() < 6 {
+        eprintln!("usage: bare_sqlite OUT MESSAGE_BYTES COUNT BATCH PRESET");
+        std::process::exit(2);
+    }
+    let (out, size, count, batch) = (
+        &a[1],
+        a[2].parse::<usize>().expect("MESSAGE_BYTES"),
+        a[3].parse::<u64>().expect("COUNT"),
+        a[4].parse::<u64>().expect("BATCH").max(1),
+    );
+    let preset = match a[5].as_str() {
+        "write-optimized" => StoragePreset::WriteOptimized,
+        "resilient" => StoragePreset::Resilient,
+        "none" => StoragePreset::None,
+        other => panic!("unknown preset {other}"),
+    };
+    let _ = std::fs::remove_file(out);
+    let conn = Connection::open(out).expect("open");
+    conn.execute_batch(&preset.create_pragmas(0))
+        .expect("page size");
+    apply_pragmas(&conn, &preset.write_pragmas()).expect("pragmas");
+    create_tables(&conn, Flavour::Jazzy).expect("schema");
+    conn.execute(
+        "INSERT INTO topics (id, name, type, serialization_format, offered_qos_profiles, type_description_hash) VALUES (1, '/bench', 'std_msgs/msg/String', 'cdr', '', '')",
+        [],
+    )
+    .expect("topic");
+    let mut payload = vec![0x5au8; size];
+    let t0 = Instant::now();
+    let mut ts = 1_700_000_000_000_000_000i64;
+    let mut written = 0u64;
+    while written < count {
+        conn.execute_batch("BEGIN").expect("begin");
+        {
+            let mut st = conn
+                .prepare_cached(
+                    "INSERT INTO messages (topic_id, timestamp, data) VALUES (?1, ?2, ?3)",
+                )
+                .expect("prepare");
+            for _ in 0..batch.min(count - written) {
+                payload[size / 2] = written as u8;
+                st.execute(params![1, ts, payload]).expect("insert");
+                ts += 1000;
+                written += 1;
+            }
+        }
+        conn.execute_batch("COMMIT").expect("commit");
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    drop(conn);
+    let t1 = Instant::now();
+    std::fs::File::open(out)
+        .and_then(|f| f.sync_all())
+        .expect("fsync");
+    let sync_seconds = t1.elapsed().as_secs_f64();
+    let bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "{{\"messages\":{written},\"payload_bytes\":{},\"file_bytes\":{bytes},\"seconds\":{seconds},\"sync_seconds\":{sync_seconds}}}",
+        written * size as u64
+    );
+}

@@ -1,0 +1,255 @@
+#!/usr/bin/env bash
+# The one command that runs every test: `scripts/test.sh` (CI runs it through .ci/run).
+#
+# Works on a fresh Debian machine as root (or with sudo) and on a developer machine: it installs
+# only what is missing, then runs every stage, stopping at the first failure.
+#
+#   scripts/test.sh              everything (what CI runs)
+#   scripts/test.sh --quick      skip the aarch64/qemu stage (the slow one) for local iteration
+#   scripts/test.sh --no-install never install anything; fail if a tool is missing
+#
+# Respects CARGO_TARGET_DIR (default: target/). Cargo runs under `nice` because build machines
+# are usually shared; set RINGBAG_NICE=0 to not lower the priority.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+QUICK=0
+INSTALL=1
+for arg in "$@"; do
+    case "$arg" in
+        --quick) QUICK=1 ;;
+        --no-install) INSTALL=0 ;;
+        -h | --help)
+            sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            exit 0
+            ;;
+        *)
+            echo "test.sh: unknown option '$arg' (try --help)" >&2
+            exit 2
+            ;;
+    esac
+done
+
+TARGET_AARCH64=aarch64-unknown-linux-gnu
+APT_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static)
+VENV="$ROOT/.venv"
+REQUIREMENTS="$ROOT/tests/interop/requirements.txt"
+NICE=(nice -n "${RINGBAG_NICE:-10}")
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-auto}"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# ---------------------------------------------------------------- stage bookkeeping
+STAGE_NAMES=()
+STAGE_SECS=()
+CURRENT_STAGE=""
+T0=$SECONDS
+LOGS="$(mktemp -d)"
+# Per-suite test counts, "suite passed failed skipped", for the closing summary.
+COUNTS=()
+
+# Sums cargo's "test result:" lines of a log into "passed failed ignored".
+cargo_counts() {
+    awk '/^test result:/ {
+            for (i = 1; i <= NF; i++) {
+                if ($(i) ~ /^passed;?$/)  p += $(i - 1)
+                if ($(i) ~ /^failed;?$/)  f += $(i - 1)
+                if ($(i) ~ /^ignored;?$/) g += $(i - 1)
+            }
+         }
+         END { printf "%d %d %d\n", p, f, g }' "$1"
+}
+
+# pytest -q's closing line ("3 passed, 1 skipped in 2.1s") as "passed failed skipped".
+pytest_counts() {
+    local line
+    line="$(grep -E '^[=]* ?[0-9]+ (passed|failed|skipped|error)' "$1" | tail -n1 || true)"
+    local n p=0 f=0 s=0
+    for n in passed failed skipped error errors; do
+        local v
+        v="$(grep -oE "[0-9]+ $n\b" <<<"$line" | cut -d' ' -f1 || true)"
+        case "$n" in
+            passed) p=${v:-0} ;;
+            failed | error | errors) f=$((f + ${v:-0})) ;;
+            skipped) s=${v:-0} ;;
+        esac
+    done
+    echo "$p $f $s"
+}
+
+summary() {
+    local rc=$?
+    # Left mid-stage (e.g. killed by a signal): never report success.
+    [[ -n "$CURRENT_STAGE" && $rc -eq 0 ]] && rc=1
+    echo
+    echo "==> summary"
+    local i
+    for i in "${!STAGE_NAMES[@]}"; do
+        printf '    %-22s %5ss\n' "${STAGE_NAMES[$i]}" "${STAGE_SECS[$i]}"
+    done
+    if [[ -n "$CURRENT_STAGE" ]]; then
+        printf '    %-22s FAILED after %ss\n' "$CURRENT_STAGE" "$((SECONDS - STAGE_T0))"
+    fi
+    printf '    %-22s %5ss\n' "total" "$((SECONDS - T0))"
+    local entry suite p f k tp=0 tf=0 tk=0
+    for entry in "${COUNTS[@]}"; do
+        read -r suite p f k <<<"$entry"
+        printf '    %-22s %d passed, %d failed, %d skipped/ignored\n' "$suite tests" "$p" "$f" "$k"
+        tp=$((tp + p)) tf=$((tf + f)) tk=$((tk + k))
+    done
+    rm -rf "$LOGS"
+    if [[ $rc -eq 0 ]]; then
+        echo "==> all stages passed"
+    else
+        echo "==> FAILED (exit $rc)" >&2
+    fi
+    # One plain closing line over every suite that ran.
+    if [[ ${#COUNTS[@]} -gt 0 ]]; then
+        echo "tests: $tp passed, $tf failed, $tk skipped"
+    fi
+    exit "$rc"
+}
+trap summary EXIT
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# stage NAME CMD...: run CMD with a header, record its wall time; set -e stops at a failure.
+stage() {
+    CURRENT_STAGE="$1"
+    shift
+    STAGE_T0=$SECONDS
+    echo
+    echo "==> $CURRENT_STAGE"
+    "$@"
+    local took=$((SECONDS - STAGE_T0))
+    echo "==> $CURRENT_STAGE (${took}s)"
+    STAGE_NAMES+=("$CURRENT_STAGE")
+    STAGE_SECS+=("$took")
+    CURRENT_STAGE=""
+}
+
+as_root() {
+    if [[ $EUID -eq 0 ]]; then
+        "$@"
+    elif command -v sudo >/dev/null; then
+        sudo "$@"
+    else
+        echo "test.sh: need root (or sudo) to run: $*" >&2
+        return 1
+    fi
+}
+
+# ---------------------------------------------------------------- installs (skip what is there)
+install_apt() {
+    local missing=() p
+    for p in "${APT_PACKAGES[@]}"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    # `python3 -m venv` needs ensurepip, which Debian ships separately in python3-venv.
+    if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        missing+=(python3-venv)
+    fi
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        echo "apt: all present (${APT_PACKAGES[*]})"
+        return
+    fi
+    [[ $INSTALL -eq 1 ]] || { echo "missing Debian packages: ${missing[*]}" >&2; return 1; }
+    echo "apt: installing ${missing[*]}"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+install_rust() {
+    if ! command -v rustup >/dev/null; then
+        echo "test.sh: rustup not found; install Rust with rustup (https://rustup.rs)" >&2
+        return 1
+    fi
+    local installed
+    installed="$(rustup target list --installed)"
+    if grep -qx "$TARGET_AARCH64" <<<"$installed"; then
+        echo "rustup: target $TARGET_AARCH64 present"
+    else
+        [[ $INSTALL -eq 1 ]] || { echo "missing rustup target $TARGET_AARCH64" >&2; return 1; }
+        rustup target add "$TARGET_AARCH64"
+    fi
+    installed="$(rustup component list --installed)"
+    local c
+    for c in rustfmt clippy; do
+        if grep -q "^$c" <<<"$installed"; then
+            echo "rustup: component $c present"
+        else
+            [[ $INSTALL -eq 1 ]] || { echo "missing rustup component $c" >&2; return 1; }
+            rustup component add "$c"
+        fi
+    done
+}
+
+install_venv() {
+    # The marker holds the hash of requirements.txt: a changed pin rebuilds the venv.
+    local want have=""
+    want="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)"
+    [[ -f "$VENV/.requirements.sha256" ]] && have="$(cat "$VENV/.requirements.sha256")"
+    if [[ -x "$VENV/bin/python" && "$want" == "$have" ]]; then
+        echo "venv: $VENV up to date ($(grep -v '^#' "$REQUIREMENTS" | xargs))"
+        return
+    fi
+    [[ $INSTALL -eq 1 ]] || { echo "venv $VENV missing or stale" >&2; return 1; }
+    echo "venv: creating $VENV"
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q -r "$REQUIREMENTS"
+    echo "$want" >"$VENV/.requirements.sha256"
+}
+
+install_all() {
+    install_apt
+    install_rust
+    install_venv
+}
+
+# ---------------------------------------------------------------- stages
+cargo_n() { "${NICE[@]}" cargo "$@"; }
+
+# The suites keep a copy of their output to count results, also when they fail.
+run_host_tests() {
+    local rc=0
+    cargo_n test 2>&1 | tee "$LOGS/test.log" || rc=$?
+    COUNTS+=("host $(cargo_counts "$LOGS/test.log")")
+    return "$rc"
+}
+
+run_interop() {
+    cargo_n build --bin ringbag
+    local rc=0
+    # -rs lists skipped tests with their reason (e.g. reference bags absent).
+    RINGBAG_BIN="$TARGET_DIR/debug/ringbag" "$VENV/bin/pytest" tests/interop -q -rs 2>&1 |
+        tee "$LOGS/interop.log" || rc=$?
+    COUNTS+=("interop $(pytest_counts "$LOGS/interop.log")")
+    return "$rc"
+}
+
+run_cross() {
+    local rc=0
+    RINGBAG_NICE="${RINGBAG_NICE:-10}" bash scripts/cross-test.sh 2>&1 | tee "$LOGS/cross.log" || rc=$?
+    COUNTS+=("aarch64 $(cargo_counts "$LOGS/cross.log")")
+    return "$rc"
+}
+
+stage "install" install_all
+stage "fmt" cargo_n fmt --check
+stage "clippy" cargo_n clippy --all-targets -- -D warnings
+stage "test" run_host_tests
+# r2r's doc-only feature uses the bindings shipped in the crate instead of a sourced ROS 2, so
+# the `ros` code type-checks (and is linted) on machines without ROS; it cannot link or run.
+stage "check-ros" cargo_n clippy --all-targets --features ros,r2r/doc-only -- -D warnings
+# Before cross: it is fast and catches format regressions long before the qemu run ends.
+stage "interop" run_interop
+if [[ $QUICK -eq 0 ]]; then
+    stage "cross-aarch64" run_cross
+else
+    echo
+    echo "==> cross-aarch64 skipped (--quick)"
+fi

@@ -1,0 +1,104 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ringbag::bag::writer::{BagWriter, WriterOptions};
+use ringbag::bag::{Flavour, QosProfile, TopicInfo};
+
+/// The `ringbag` binary. Under cross testing the binary is for another architecture, so
+/// `RINGBAG_TEST_RUNNER` (e.g. `qemu-aarch64-static -L /usr/aarch64-linux-gnu`) prefixes it.
+pub fn ringbag() -> Command {
+    let bin = env!("CARGO_BIN_EXE_ringbag");
+    match std::env::var("RINGBAG_TEST_RUNNER")
+        .ok()
+        .filter(|r| !r.trim().is_empty())
+    {
+        Some(runner) => {
+            let mut parts = runner.split_whitespace();
+            let mut c = Command::new(parts.next().expect("runner has a program"));
+            c.args(parts).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    }
+}
+
+pub fn run(args: &[&str]) -> Output {
+    ringbag().args(args).output().expect("ringbag runs")
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `../shared/reference-bags` next to the repository, if this machine has it.
+pub fn reference_bags() -> Option<PathBuf> {
+    // RINGBAG_REFERENCE_BAGS overrides (cross mounts the project only; see Cross.toml).
+    let p = std::env::var_os("RINGBAG_REFERENCE_BAGS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference-bags"));
+    if p.join("humble/humble_ref/metadata.yaml").exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIP: ../shared/reference-bags is absent; reference comparisons not run");
+        None
+    }
+}
+
+pub fn topic(name: &str, ty: &str) -> TopicInfo {
+    let mut t = TopicInfo::new(name, ty);
+    t.offered_qos_profiles = vec![QosProfile::default()];
+    t
+}
+
+/// A CDR std_msgs/String payload.
+pub fn cdr_string(s: &str) -> Vec<u8> {
+    let mut v = vec![0, 1, 0, 0];
+    v.extend_from_slice(&((s.len() + 1) as u32).to_le_bytes());
+    v.extend_from_slice(s.as_bytes());
+    v.push(0);
+    while v.len() % 4 != 0 {
+        v.push(0);
+    }
+    v
+}
+
+/// Write a bag with `per_topic` messages on each of `topics`, timestamps interleaved
+/// 1 ms apart from `t0`, split every `split_every` messages. Returns what was written,
+/// in timestamp order: (topic, timestamp, data).
+pub fn write_bag(
+    dir: &Path,
+    flavour: Flavour,
+    topics: &[(&str, &str)],
+    per_topic: usize,
+    split_every: usize,
+) -> Vec<(String, i64, Vec<u8>)> {
+    let mut w = BagWriter::create(dir, WriterOptions::new(flavour)).expect("create bag");
+    let idx: Vec<usize> = topics
+        .iter()
+        .map(|(n, t)| w.add_topic(topic(n, t), None).expect("add topic"))
+        .collect();
+    let t0 = 1_700_000_000_000_000_000i64;
+    let mut written = Vec::new();
+    let mut n = 0;
+    for i in 0..per_topic {
+        for (k, (name, _)) in topics.iter().enumerate() {
+            let ts = t0 + (n as i64) * 1_000_000;
+            let data = cdr_string(&format!("{name} #{i}"));
+            w.write_batch([(idx[k], ts, data.as_slice())])
+                .expect("write");
+            written.push((name.to_string(), ts, data));
+            n += 1;
+            if split_every > 0 && n % split_every == 0 {
+                w.split().expect("split");
+            }
+        }
+    }
+    w.finish().expect("finish");
+    written
+}

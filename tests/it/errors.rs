@@ -1,0 +1,316 @@
+//! Bad input: one clear line on stderr naming the file or flag, exit code 2, no panic, and
+//! nothing written.
+
+use std::fs;
+use std::path::Path;
+
+use ringbag::bag::Flavour;
+
+use crate::common::{run, stderr, write_bag};
+
+/// Assert exit 2 with exactly one stderr line that contains every `needle`.
+fn assert_bad_input(args: &[&str], needles: &[&str]) {
+    let o = run(args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "args {args:?}: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line for {args:?}, got: {err}"
+    );
+    assert!(err.starts_with("ringbag: error: "), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` missing from: {err}");
+    }
+}
+
+fn good_bag(tmp: &Path) -> std::path::PathBuf {
+    let dir = tmp.join("bag");
+    write_bag(
+        &dir,
+        Flavour::Humble,
+        &[("/a", "std_msgs/msg/String")],
+        20,
+        10,
+    );
+    dir
+}
+
+#[test]
+fn info_on_a_missing_path_names_it() {
+    assert_bad_input(
+        &["info", "/nonexistent/ringbag-bag"],
+        &["/nonexistent/ringbag-bag", "no such file"],
+    );
+}
+
+#[test]
+fn info_on_a_directory_that_is_not_a_bag_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().to_str().unwrap();
+    assert_bad_input(&["info", p], &[p, "not a bag"]);
+}
+
+#[test]
+fn info_rejects_an_unknown_metadata_version() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = good_bag(tmp.path());
+    let meta = dir.join("metadata.yaml");
+    let text = fs::read_to_string(&meta)
+        .unwrap()
+        .replace("version: 5", "version: 10");
+    fs::write(&meta, text).unwrap();
+    assert_bad_input(
+        &["info", dir.to_str().unwrap()],
+        &["metadata.yaml", "unsupported metadata version 10"],
+    );
+}
+
+#[test]
+fn info_rejects_a_truncated_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = good_bag(tmp.path());
+    let db = dir.join("bag_1.db3");
+    let f = fs::OpenOptions::new().write(true).open(&db).unwrap();
+    f.set_len(50).unwrap();
+    assert_bad_input(&["info", dir.to_str().unwrap()], &["bag_1.db3"]);
+}
+
+#[test]
+fn info_rejects_a_file_that_is_not_sqlite() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = good_bag(tmp.path());
+    fs::write(dir.join("bag_0.db3"), vec![b'x'; 8192]).unwrap();
+    assert_bad_input(
+        &["info", dir.to_str().unwrap()],
+        &["bag_0.db3", "not a SQLite database"],
+    );
+    let single = tmp.path().join("lone.db3");
+    fs::write(&single, b"hello").unwrap();
+    assert_bad_input(&["info", single.to_str().unwrap()], &["lone.db3"]);
+}
+
+#[test]
+fn info_rejects_metadata_that_lists_a_missing_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = good_bag(tmp.path());
+    fs::remove_file(dir.join("bag_1.db3")).unwrap();
+    assert_bad_input(
+        &["info", dir.to_str().unwrap()],
+        &["metadata.yaml", "bag_1.db3", "does not exist"],
+    );
+}
+
+#[test]
+fn info_rejects_metadata_with_a_topic_no_file_has() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = good_bag(tmp.path());
+    let meta = dir.join("metadata.yaml");
+    let text = fs::read_to_string(&meta)
+        .unwrap()
+        .replace("name: /a", "name: /ghost");
+    fs::write(&meta, text).unwrap();
+    assert_bad_input(
+        &["info", dir.to_str().unwrap()],
+        &["metadata.yaml", "/ghost"],
+    );
+}
+
+#[test]
+fn info_rejects_metadata_that_is_not_yaml() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = good_bag(tmp.path());
+    fs::write(
+        dir.join("metadata.yaml"),
+        "rosbag2_bagfile_information: [unclosed",
+    )
+    .unwrap();
+    assert_bad_input(
+        &["info", dir.to_str().unwrap()],
+        &["metadata.yaml", "not valid YAML"],
+    );
+}
+
+#[test]
+fn record_rejects_impossible_flags_before_creating_anything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never");
+    let o = out.to_str().unwrap();
+    assert_bad_input(
+        &["record", "-o", o, "-b", "1000"],
+        &["--max-bag-size", "86016"],
+    );
+    assert_bad_input(
+        &["record", "-o", o, "--max-cache-size", "lots"],
+        &["--max-cache-size", "`lots`"],
+    );
+    assert_bad_input(
+        &["record", "-o", o, "-d", "5 fortnights"],
+        &["--max-bag-duration"],
+    );
+    assert_bad_input(
+        &["record", "-o", o, "-s", "mcap"],
+        &["--storage mcap", "sqlite3"],
+    );
+    assert_bad_input(
+        &["record", "-o", o, "--custom-data", "novalue"],
+        &["--custom-data", "KEY=VALUE"],
+    );
+    #[cfg(not(feature = "ros"))]
+    assert_bad_input(
+        &["record", "-o", o, "--source", "ros"],
+        &["--source ros", "`ros` feature"],
+    );
+    assert!(!out.exists(), "nothing may be created on bad input");
+}
+
+#[test]
+fn record_refuses_an_existing_output_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = good_bag(tmp.path());
+    let before = fs::read(dir.join("bag_0.db3")).unwrap();
+    assert_bad_input(
+        &[
+            "record",
+            "-o",
+            dir.to_str().unwrap(),
+            "--synthetic-count",
+            "5",
+        ],
+        &["already exists"],
+    );
+    assert_eq!(
+        fs::read(dir.join("bag_0.db3")).unwrap(),
+        before,
+        "existing data untouched"
+    );
+}
+
+#[test]
+fn unknown_flags_exit_two_through_clap() {
+    let o = run(&["record", "--no-such-flag"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--no-such-flag"));
+}
+
+#[test]
+fn record_with_clock_ptp_on_a_non_phc_fails_before_creating_the_bag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never");
+    let o = out.to_str().unwrap();
+    assert_bad_input(
+        &[
+            "record",
+            "-o",
+            o,
+            "--clock",
+            "ptp",
+            "--ptp-device",
+            "/dev/null",
+            "--synthetic-count",
+            "5",
+        ],
+        &["/dev/null", "not a PTP hardware clock"],
+    );
+    assert_bad_input(
+        &[
+            "record",
+            "-o",
+            o,
+            "--clock",
+            "ptp",
+            "--ptp-device",
+            "/nonexistent/ptp9",
+        ],
+        &["/nonexistent/ptp9"],
+    );
+    assert!(!out.exists());
+    assert_bad_input(
+        &["clock", "--clock", "ptp", "--ptp-device", "/dev/null"],
+        &["/dev/null"],
+    );
+}
+
+#[test]
+fn record_with_clock_auto_falls_back_and_says_so_in_the_bag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("auto");
+    let o = run(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "auto",
+        "--ptp-device",
+        "/nonexistent/ptp9",
+        "--synthetic-count",
+        "20",
+        "--synthetic-rate",
+        "max",
+        "--bag-format",
+        "jazzy",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).matches("/nonexistent/ptp9").count(),
+        1,
+        "one warning: {}",
+        stderr(&o)
+    );
+    let bag = ringbag::bag::reader::Bag::open(&out).unwrap();
+    let cd = &bag.metadata.custom_data;
+    assert_eq!(
+        cd.get("ringbag.clock").map(String::as_str),
+        Some("system"),
+        "{cd:?}"
+    );
+    assert!(
+        cd.get("ringbag.clock.fallback_reason")
+            .is_some_and(|r| r.contains("/nonexistent/ptp9")),
+        "{cd:?}"
+    );
+    assert_eq!(
+        cd.get("ringbag.dropped_messages").map(String::as_str),
+        Some("0")
+    );
+}
+
+#[test]
+fn record_stamps_with_the_tracked_stand_in_clock_and_records_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("ptp");
+    let o = run(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "ptp",
+        "--ptp-device",
+        "@monotonic-raw",
+        "--synthetic-count",
+        "50",
+        "--synthetic-rate",
+        "max",
+        "--bag-format",
+        "jazzy",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bag = ringbag::bag::reader::Bag::open(&out).unwrap();
+    assert_eq!(
+        bag.metadata
+            .custom_data
+            .get("ringbag.clock")
+            .map(String::as_str),
+        Some("ptp")
+    );
+    // The stand-in reads TAI-like time: after the 37 s correction stamps are near UTC.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    assert!(
+        (now - bag.metadata.starting_time_ns).abs() < 30_000_000_000,
+        "stamps are UTC, not TAI"
+    );
+}

@@ -1,0 +1,9 @@
+//! Integration tests: the bag format against rosbag2's reference bags, the CLI's behaviour on
+//! bad input, and recording end to end.
+mod common;
+mod errors;
+mod format;
+mod fuzz;
+mod reader;
+mod record;
+mod retention;

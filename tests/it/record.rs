@@ -1,0 +1,260 @@
+//! Recording end to end through the binary.
+
+use ringbag::bag::reader::{Bag, ReadFilter};
+
+use crate::common::{run, stderr};
+
+#[test]
+fn synthetic_robot_recording_gives_a_complete_bag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("robot");
+    let o = run(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--source",
+        "synthetic",
+        "--synthetic-rate",
+        "max",
+        "--synthetic-count",
+        "500",
+        "--bag-format",
+        "humble",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bag = Bag::open(&out).unwrap();
+    assert_eq!(bag.metadata.message_count, 500);
+    assert_eq!(bag.metadata.version, 5);
+    let names: Vec<&str> = bag.topics.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "/imu",
+            "/tf",
+            "/camera/front/image_raw",
+            "/camera/rear/image_raw",
+            "/points"
+        ]
+    );
+    let n = bag
+        .messages(&ReadFilter::default())
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap()
+        .len();
+    assert_eq!(n, 500);
+    assert_eq!(
+        bag.metadata.custom_data.len(),
+        0,
+        "humble metadata has no custom_data"
+    );
+}
+
+/// Poll `cond` until it holds or `secs` pass; the deadline only bounds a hang.
+fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    false
+}
+
+fn db3_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".db3"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// "accepted N messages" from the summary on stderr.
+fn accepted(stderr: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("accepted "))
+        .expect("summary line");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn sigterm_mid_recording_finishes_a_complete_bag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("term");
+    let child = crate::common::ringbag()
+        .args([
+            "record",
+            "-o",
+            out.to_str().unwrap(),
+            "--source",
+            "synthetic",
+            "--synthetic-rate",
+            "realtime",
+            "-b",
+            "4MiB",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until several splits' worth of data is on disk, then stop it as systemd would.
+    assert!(
+        wait_for(60, || db3_bytes(&out) > 12 << 20),
+        "recording never got going"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let bag = Bag::open(&out).expect("metadata.yaml complete after SIGTERM");
+    assert!(bag.splits.len() >= 3, "{} splits", bag.splits.len());
+    let n = bag
+        .messages(&ReadFilter::default())
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap()
+        .len() as u64;
+    assert_eq!(
+        n, bag.metadata.message_count,
+        "metadata agrees with the rows"
+    );
+    assert_eq!(n, accepted(&err), "every accepted message was written");
+    let per_file: u64 = bag.metadata.files.iter().map(|f| f.message_count).sum();
+    assert_eq!(per_file, n);
+}
+
+#[test]
+fn full_disk_stops_cleanly_with_one_error_and_a_readable_bag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("small-fs");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=48m",
+            "tmpfs",
+            mnt.to_str().unwrap(),
+        ])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !mounted {
+        eprintln!(
+            "SKIP: cannot mount a size-limited tmpfs here (needs root); full-disk test not run"
+        );
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(mnt.clone());
+    let out = mnt.join("bag");
+    let start = std::time::Instant::now();
+    let o = run(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--synthetic-profile",
+        "large",
+        "--synthetic-rate",
+        "max",
+        "--synthetic-count",
+        "200",
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(60),
+        "no retry loop"
+    );
+    let errors: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("ringbag: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(
+        errors[0].contains("stopped before the disk filled") || errors[0].contains("disk is full"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    // What was committed is intact and described.
+    let bag = Bag::open(&out).expect("bag readable after a full disk");
+    assert!(
+        bag.metadata.message_count >= 10,
+        "kept {} messages",
+        bag.metadata.message_count
+    );
+    let n = bag
+        .messages(&ReadFilter::default())
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap()
+        .len() as u64;
+    assert_eq!(n, bag.metadata.message_count);
+    let leftovers: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+fn record_max(out: &std::path::Path, profile: &str, count: &str, max_bag_size: &str) -> Bag {
+    let o = run(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--synthetic-profile",
+        profile,
+        "--synthetic-rate",
+        "max",
+        "--synthetic-count",
+        count,
+        "-b",
+        max_bag_size,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    Bag::open(out).unwrap()
+}
+
+#[test]
+fn splits_stay_within_max_bag_size_and_hold_many_messages() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (profile, count, max) in [("small", "3000", 86016u64), ("medium", "200", 1 << 20)] {
+        let bag = record_max(&tmp.path().join(profile), profile, count, &max.to_string());
+        let n: u64 = count.parse().unwrap();
+        assert_eq!(bag.metadata.message_count, n);
+        for s in &bag.splits {
+            assert!(s.size_bytes <= max, "{} is {} > {max}", s.rel, s.size_bytes);
+        }
+        let per_split = n / bag.splits.len() as u64;
+        assert!(
+            per_split >= 10,
+            "{profile}: only {per_split} messages per split"
+        );
+    }
+}
+
+#[test]
+fn a_message_larger_than_the_split_size_gets_a_split_of_its_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = record_max(&tmp.path().join("large"), "large", "6", "86016");
+    assert_eq!(bag.metadata.message_count, 6, "none lost");
+    let counts: Vec<u64> = bag.metadata.files.iter().map(|f| f.message_count).collect();
+    assert!(counts[..6].iter().all(|&c| c == 1), "{counts:?}");
+}
