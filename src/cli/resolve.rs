@@ -156,8 +156,21 @@ fn ros_source(_a: &RecordArgs) -> Result<SourceSettings, String> {
 }
 
 #[cfg(feature = "ros")]
-fn ros_source(_a: &RecordArgs) -> Result<SourceSettings, String> {
-    Err("--source ros: not wired yet".into())
+fn ros_source(a: &RecordArgs) -> Result<SourceSettings, String> {
+    let opts = crate::source::select::RosSourceOptions {
+        topics: a.topics.clone(),
+        all: a.all,
+        regex: a.regex.clone(),
+        exclude_regex: a.exclude_regex.clone(),
+        exclude_topics: a.exclude_topics.clone(),
+        polling_interval: std::time::Duration::from_millis(a.polling_interval),
+        no_discovery: a.no_discovery,
+        include_hidden_topics: a.include_hidden_topics,
+        qos_profile_overrides_path: a.qos_profile_overrides_path.clone(),
+    };
+    // Refuse a bad selection (nothing named, invalid regex) before a bag directory is created.
+    crate::source::select::TopicSelector::new(&opts).map_err(|e| e.to_string())?;
+    Ok(SourceSettings::Ros(opts))
 }
 
 pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySettings, String> {
