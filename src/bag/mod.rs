@@ -7,6 +7,7 @@ pub mod info;
 pub mod metadata;
 pub mod pagewalk;
 pub mod qos;
+pub mod reindex;
 pub mod reader;
 pub mod schema;
 pub mod writer;
