@@ -78,7 +78,8 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(std::path::Path::new("."));
-        let reports = crate::bag::reindex::recover_root(root).map_err(|e| failure(e.into(), None))?;
+        let reports =
+            crate::bag::reindex::recover_root(root).map_err(|e| failure(e.into(), None))?;
         for r in &reports {
             log::warn!(
                 "recovered {}: {} messages kept, {} lost",

@@ -7,8 +7,8 @@ pub mod info;
 pub mod metadata;
 pub mod pagewalk;
 pub mod qos;
-pub mod reindex;
 pub mod reader;
+pub mod reindex;
 pub mod schema;
 pub mod writer;
 

@@ -412,11 +412,16 @@ fn check_split(path: &Path) -> Result<Checked, String> {
     let per_topic_id: BTreeMap<i64, u64> = conn
         .prepare("SELECT topic_id, count(*) FROM messages GROUP BY topic_id")
         .and_then(|mut s| {
-            s.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64)))?
-                .collect()
+            s.query_map([], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64))
+            })?
+            .collect()
         })
         .map_err(|e| format!("messages unreadable: {e}"))?;
-    if let Some(id) = per_topic_id.keys().find(|id| !topics.iter().any(|t| t.id == **id)) {
+    if let Some(id) = per_topic_id
+        .keys()
+        .find(|id| !topics.iter().any(|t| t.id == **id))
+    {
         return Err(format!("messages name unknown topic id {id}"));
     }
     for t in &topics {
@@ -447,7 +452,11 @@ fn raw_topics(conn: &Connection) -> rusqlite::Result<Vec<RecoveredTopic>> {
     let has_qos = cols.iter().any(|c| c == "offered_qos_profiles");
     let sql = format!(
         "SELECT id, name, type, serialization_format, {}, {} FROM topics ORDER BY id",
-        if has_qos { "offered_qos_profiles" } else { "''" },
+        if has_qos {
+            "offered_qos_profiles"
+        } else {
+            "''"
+        },
         if has_hash {
             "type_description_hash"
         } else {
@@ -655,12 +664,20 @@ fn salvage(src: &Path, dst: &Path, rel: &str, fb: &Fallback) -> Result<Salvaged,
         walked = w.ok();
     }
 
-    let walk_meta_count = walked
-        .as_ref()
-        .and_then(|w| w.metadata.iter().rev().find_map(|m| count_from_metadata_text(&m.metadata)));
+    let walk_meta_count = walked.as_ref().and_then(|w| {
+        w.metadata
+            .iter()
+            .rev()
+            .find_map(|m| count_from_metadata_text(&m.metadata))
+    });
     let topics = sql_topics
         .filter(|t| !t.is_empty())
-        .or_else(|| walked.as_ref().map(|w| w.topics.clone()).filter(|t| !t.is_empty()))
+        .or_else(|| {
+            walked
+                .as_ref()
+                .map(|w| w.topics.clone())
+                .filter(|t| !t.is_empty())
+        })
         .unwrap_or_else(|| fb.topics.to_vec());
     let definitions = sql_defs
         .filter(|d| !d.is_empty())
@@ -690,7 +707,10 @@ fn salvage(src: &Path, dst: &Path, rel: &str, fb: &Fallback) -> Result<Salvaged,
     // The best estimate of what the file held: the largest of the counts we can see.
     let mut expected = (content.count, LossBasis::None);
     let candidates = [
-        (sql_meta_count.or(walk_meta_count), LossBasis::SplitMetadataRow),
+        (
+            sql_meta_count.or(walk_meta_count),
+            LossBasis::SplitMetadataRow,
+        ),
         (fb.yaml_count, LossBasis::MetadataYaml),
         (
             Some(max_rowid.unwrap_or(0).max(walk_max_id).max(0) as u64),
@@ -720,12 +740,7 @@ fn salvage(src: &Path, dst: &Path, rel: &str, fb: &Fallback) -> Result<Salvaged,
 
 /// Copy rows `lo..=hi`; on failure bisect, skipping single rows that fail. Returns true if
 /// anything was skipped.
-fn copy_range(
-    c: &Connection,
-    lo: i64,
-    hi: i64,
-    w: &mut SalvageWriter,
-) -> Result<bool, BagError> {
+fn copy_range(c: &Connection, lo: i64, hi: i64, w: &mut SalvageWriter) -> Result<bool, BagError> {
     let read = || -> rusqlite::Result<Vec<(i64, i64, i64, Vec<u8>)>> {
         let mut st = c.prepare_cached(
             "SELECT id, topic_id, timestamp, data FROM messages WHERE id BETWEEN ?1 AND ?2",
@@ -834,7 +849,9 @@ impl<'c> SalvageWriter<'c> {
             )?;
             let per_topic_id: BTreeMap<i64, u64> = c
                 .prepare("SELECT topic_id, count(*) FROM messages GROUP BY topic_id")?
-                .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64)))?
+                .query_map([], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64))
+                })?
                 .collect::<Result<_, _>>()?;
             let content = SplitContent {
                 rel: rel.to_string(),
