@@ -738,10 +738,13 @@ fn salvage(src: &Path, dst: &Path, rel: &str, fb: &Fallback) -> Result<Salvaged,
     })
 }
 
+/// (id, topic_id, timestamp, data) of a `messages` row.
+type RawRow = (i64, i64, i64, Vec<u8>);
+
 /// Copy rows `lo..=hi`; on failure bisect, skipping single rows that fail. Returns true if
 /// anything was skipped.
 fn copy_range(c: &Connection, lo: i64, hi: i64, w: &mut SalvageWriter) -> Result<bool, BagError> {
-    let read = || -> rusqlite::Result<Vec<(i64, i64, i64, Vec<u8>)>> {
+    let read = || -> rusqlite::Result<Vec<RawRow>> {
         let mut st = c.prepare_cached(
             "SELECT id, topic_id, timestamp, data FROM messages WHERE id BETWEEN ?1 AND ?2",
         )?;

@@ -542,3 +542,101 @@ fn record_recover_reindexes_a_killed_bag_before_recording_a_new_one() {
     assert!(read_all(&first) >= before);
     assert_eq!(read_all(&tmp.path().join("second")), 50);
 }
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum FsCall {
+    SyncFile(PathBuf),
+    SyncDir(PathBuf),
+    Remove(PathBuf),
+}
+
+/// Records every call, then does it for real (the bag must stay usable).
+struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<FsCall>>>);
+
+impl ringbag::bag::writer::StorageOps for Recorder {
+    fn sync_file(&self, path: &Path) -> std::io::Result<()> {
+        self.0
+            .lock()
+            .expect("log")
+            .push(FsCall::SyncFile(path.into()));
+        ringbag::bag::writer::RealStorage.sync_file(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.0
+            .lock()
+            .expect("log")
+            .push(FsCall::SyncDir(dir.into()));
+        ringbag::bag::writer::RealStorage.sync_dir(dir)
+    }
+    fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        self.0
+            .lock()
+            .expect("log")
+            .push(FsCall::Remove(path.into()));
+        ringbag::bag::writer::RealStorage.remove_file(path)
+    }
+}
+
+#[test]
+fn a_split_is_fsynced_then_its_directory_before_it_counts_as_closed_or_an_older_one_is_deleted() {
+    use ringbag::bag::writer::StorageOps as _;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("bag");
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut w = BagWriter::create(&dir, WriterOptions::new(Flavour::Jazzy)).expect("create");
+    w.set_storage_ops(Box::new(Recorder(log.clone())));
+    let a = w
+        .add_topic(topic("/a", "std_msgs/msg/String"), None)
+        .expect("topic");
+    let calls = || log.lock().expect("log").clone();
+    let closed_ok = |calls: &[FsCall], split: &Path| -> bool {
+        calls
+            .windows(2)
+            .any(|p| p[0] == FsCall::SyncFile(split.into()) && p[1] == FsCall::SyncDir(dir.clone()))
+    };
+    let mut ts = 1_700_000_000_000_000_000i64;
+    for round in 0..6 {
+        let d = cdr_string("x");
+        w.write_batch([(a, ts, d.as_slice())]).expect("write");
+        ts += 1_000_000;
+        w.split().expect("split");
+        // Whatever the writer now calls closed has been fsynced, then its directory.
+        let now = calls();
+        for c in w.take_newly_closed() {
+            assert!(
+                closed_ok(&now, &c.path),
+                "round {round}: {} closed without sync",
+                c.path.display()
+            );
+        }
+        if round >= 2 {
+            let victim = w.closed_splits()[0].path.clone();
+            let before = calls().len();
+            w.delete_oldest_closed().expect("delete");
+            let after = calls();
+            // Every split still closed (all newer than the victim) was durable first, and the
+            // deletion itself is made durable by a directory sync.
+            let at = after[before..]
+                .iter()
+                .position(|c| *c == FsCall::Remove(victim.clone()))
+                .map(|i| i + before)
+                .expect("the deletion goes through the storage layer");
+            for c in w.closed_splits() {
+                assert!(
+                    closed_ok(&after[..at], &c.path),
+                    "{} deleted before {} was durable",
+                    victim.display(),
+                    c.path.display()
+                );
+            }
+            assert!(closed_ok(&after[..at], &victim));
+            assert_eq!(after.get(at + 1), Some(&FsCall::SyncDir(dir.clone())));
+        }
+    }
+    let summary = w.finish().expect("finish");
+    let last = dir.join(&summary.metadata.files.last().expect("files").path);
+    assert!(
+        closed_ok(&calls(), &last),
+        "finish() syncs the last split, then the directory"
+    );
+}
