@@ -579,7 +579,6 @@ impl ringbag::bag::writer::StorageOps for Recorder {
 
 #[test]
 fn a_split_is_fsynced_then_its_directory_before_it_counts_as_closed_or_an_older_one_is_deleted() {
-    use ringbag::bag::writer::StorageOps as _;
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("bag");
     let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
