@@ -889,7 +889,12 @@ fn swap_in(original: &Path, tmp: &Path, discard: bool) -> Result<Option<String>,
     } else {
         let damaged = side_path(original, DAMAGED_SUFFIX);
         let _ = fs::remove_file(&damaged);
-        fs::hard_link(original, &damaged).map_err(BagError::io(&damaged))?;
+        if fs::hard_link(original, &damaged).is_err() {
+            // Filesystems without hard links (FAT on removable media): a copy, made durable.
+            fs::copy(original, &damaged)
+                .and_then(|_| fs::File::open(&damaged)?.sync_all())
+                .map_err(BagError::io(&damaged))?;
+        }
         Some(file_name(&damaged))
     };
     fs::rename(tmp, original).map_err(BagError::io(original))?;
