@@ -692,3 +692,86 @@ mod fuzz_reindex {
         }
     }
 }
+
+/// A crash snapshot: the bag's files copied while `live` is mid-transaction or holds WAL
+/// frames, exactly what the disk holds when a process dies at that moment.
+fn snapshot_dir(from: &Path, to: &Path) {
+    copy_dir(from, to);
+}
+
+fn message_rows(split: &Path) -> i64 {
+    let c = rusqlite::Connection::open(split).expect("open");
+    c.query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
+        .expect("count")
+}
+
+#[test]
+fn a_hot_journal_is_rolled_back_and_committed_wal_frames_are_kept() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let base = tmp.path().join("base");
+    crate::common::write_bag(
+        &base,
+        Flavour::Humble,
+        &[("/a", "std_msgs/msg/String")],
+        300,
+        0,
+    );
+    let split = |d: &Path| d.join("base_0.db3");
+
+    // Rollback journal: a big uncommitted DELETE that spilled pages into the file.
+    let live = tmp.path().join("live_journal");
+    copy_dir(&base, &live);
+    let conn = rusqlite::Connection::open(split(&live)).expect("open");
+    conn.execute_batch(
+        "PRAGMA journal_mode=DELETE; PRAGMA cache_size=1; BEGIN; DELETE FROM messages WHERE id > 10;",
+    )
+    .expect("uncommitted delete");
+    let crashed = tmp.path().join("crashed_journal");
+    snapshot_dir(&live, &crashed);
+    drop(conn);
+    assert!(
+        crashed.join("base_0.db3-journal").exists(),
+        "the snapshot has a hot journal"
+    );
+    let report = reindex(&crashed, ReindexOptions::default()).expect("reindex");
+    assert_eq!(
+        report.message_count, 300,
+        "the uncommitted delete was rolled back"
+    );
+    assert!(report.splits[0]
+        .side_files
+        .iter()
+        .any(|s| s.contains("rolled back")));
+    assert!(!crashed.join("base_0.db3-journal").exists());
+    assert_eq!(read_all(&crashed), 300);
+
+    // WAL: 25 rows committed into the WAL, never checkpointed.
+    let live = tmp.path().join("live_wal");
+    copy_dir(&base, &live);
+    let conn = rusqlite::Connection::open(split(&live)).expect("open");
+    conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0;")
+        .expect("wal");
+    for i in 0..25 {
+        conn.execute(
+            "INSERT INTO messages (topic_id, timestamp, data) VALUES (1, ?1, ?2)",
+            rusqlite::params![1_800_000_000_000_000_000i64 + i, cdr_string("late")],
+        )
+        .expect("committed insert");
+    }
+    let crashed = tmp.path().join("crashed_wal");
+    snapshot_dir(&live, &crashed);
+    drop(conn);
+    assert!(
+        crashed.join("base_0.db3-wal").exists(),
+        "the snapshot has WAL frames"
+    );
+    let report = reindex(&crashed, ReindexOptions::default()).expect("reindex");
+    assert_eq!(report.message_count, 325, "committed WAL frames are kept");
+    assert!(report.splits[0]
+        .side_files
+        .iter()
+        .any(|s| s.contains("checkpointed")));
+    assert!(!crashed.join("base_0.db3-wal").exists());
+    assert_eq!(message_rows(&split(&crashed)), 325);
+    assert_eq!(read_all(&crashed), 325);
+}
