@@ -58,6 +58,17 @@ pub enum SplitMethod {
     Pagewalk,
 }
 
+impl SplitMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SplitMethod::Intact => "intact",
+            SplitMethod::Sqlite => "salvaged through SQLite",
+            SplitMethod::SqlitePagewalk => "salvaged through SQLite and the page walk",
+            SplitMethod::Pagewalk => "salvaged by the page walk",
+        }
+    }
+}
+
 /// What a split's loss estimate is based on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -70,6 +81,17 @@ pub enum LossBasis {
     MetadataYaml,
     /// The largest message rowid seen (rows are numbered 1, 2, ... and never deleted).
     MaxRowid,
+}
+
+impl LossBasis {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossBasis::None => "none",
+            LossBasis::SplitMetadataRow => "the split's metadata row",
+            LossBasis::MetadataYaml => "the previous metadata.yaml",
+            LossBasis::MaxRowid => "the largest rowid",
+        }
+    }
 }
 
 /// The outcome for one split.
@@ -122,12 +144,12 @@ impl ReindexReport {
                 continue;
             }
             s.push_str(&format!(
-                "  {}: {:?}, kept {}, lost {} (basis: {:?}); {}{}\n",
+                "  {}: {}, kept {}, lost {} (estimated from {}); {}{}\n",
                 sp.file,
-                sp.method,
+                sp.method.as_str(),
                 sp.messages_kept,
                 sp.messages_lost,
-                sp.loss_basis,
+                sp.loss_basis.as_str(),
                 sp.check,
                 if sp.side_files.is_empty() {
                     String::new()
