@@ -206,6 +206,17 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
     if files.is_empty() {
         return Err(BagError::invalid(bag, "not a bag: no .db3 files"));
     }
+    // Never salvage under a live writer: its open split looks damaged and its -wal is
+    // in use. SQLite's own file locks tell whether another process has a split open.
+    if let Some(busy) = files
+        .iter()
+        .find(|f| locked_by_another_process(&bag.join(f)))
+    {
+        return Err(BagError::invalid(
+            bag.join(busy),
+            "in use by another process (a recording is writing it); not touched",
+        ));
+    }
     let old = BagMetadata::read(bag).ok();
     let scratch = if opts.dry_run {
         Some(Scratch::new(bag)?)
@@ -387,12 +398,52 @@ pub fn recover_root(root: &Path) -> Result<Vec<ReindexReport>, BagError> {
         .collect();
     dirs.sort();
     for dir in dirs {
+        let live = find_split_files(&dir)
+            .unwrap_or_default()
+            .iter()
+            .any(|f| locked_by_another_process(&dir.join(f)));
+        if live {
+            log::info!(
+                "{}: being recorded by another process; left alone",
+                dir.display()
+            );
+            continue;
+        }
         if let Some(reason) = unfinished_reason(&dir) {
             log::warn!("{}: unfinished bag ({reason}); reindexing", dir.display());
             out.push(reindex(&dir, ReindexOptions::default())?);
         }
     }
     Ok(out)
+}
+
+/// True when another process holds an SQLite lock on `split`: on the database file's lock
+/// bytes (rollback journal and exclusive modes) or on the `-shm` dead-man-switch bytes that
+/// every WAL connection holds for its lifetime. Locks of this process are not seen (POSIX
+/// semantics), so call it with no connection of our own open on the file.
+pub fn locked_by_another_process(split: &Path) -> bool {
+    /// SQLite's PENDING_BYTE, followed by RESERVED and the 510-byte SHARED range.
+    const DB_LOCK_START: i64 = 0x4000_0000;
+    const DB_LOCK_LEN: i64 = 512;
+    /// WAL index locks (write, checkpoint, recover, 5 read marks) and the DMS byte.
+    const SHM_LOCK_START: i64 = 120;
+    const SHM_LOCK_LEN: i64 = 9;
+    let probe = |path: &Path, start: i64, len: i64| -> bool {
+        use std::os::fd::AsRawFd;
+        let Ok(f) = fs::File::open(path) else {
+            return false;
+        };
+        // SAFETY: a zeroed flock is a valid value; F_GETLK only reads the fd and fills `fl`.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as _;
+        fl.l_whence = libc::SEEK_SET as _;
+        fl.l_start = start as _;
+        fl.l_len = len as _;
+        let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut fl) };
+        r == 0 && i32::from(fl.l_type) != libc::F_UNLCK
+    };
+    probe(split, DB_LOCK_START, DB_LOCK_LEN)
+        || probe(&side_path(split, "-shm"), SHM_LOCK_START, SHM_LOCK_LEN)
 }
 
 // ---- checks -------------------------------------------------------------------------

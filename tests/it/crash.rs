@@ -775,3 +775,62 @@ fn a_hot_journal_is_rolled_back_and_committed_wal_frames_are_kept() {
     assert_eq!(message_rows(&split(&crashed)), 325);
     assert_eq!(read_all(&crashed), 325);
 }
+
+#[test]
+fn reindex_and_recovery_leave_a_bag_that_is_being_recorded_alone() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    for preset in ["write-optimized", "resilient"] {
+        let bag = tmp.path().join(format!("live_{preset}"));
+        let status = tmp.path().join(format!("{preset}.json"));
+        let mut child = ringbag()
+            .args(["record", "--source", "synthetic", "--log-level", "error"])
+            .args([
+                "--synthetic-profile",
+                "small",
+                "--synthetic-rate",
+                "realtime",
+            ])
+            .args(["--storage-preset-profile", preset, "--clock", "system"])
+            .arg("-o")
+            .arg(&bag)
+            .arg("--status-file")
+            .arg(&status)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while committed(&status) == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(committed(&status) > 0, "{preset}: recording started");
+        let out = ringbag()
+            .arg("reindex")
+            .arg(&bag)
+            .output()
+            .expect("reindex");
+        let recovered = recover_root(tmp.path()).expect("recover_root");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(out.status.code(), Some(2), "{preset}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("in use by another process"),
+            "{}",
+            stderr(&out)
+        );
+        assert!(
+            recovered.iter().all(|r| r.bag != bag),
+            "{preset}: recovery skipped the live bag"
+        );
+        let names: Vec<String> = fs::read_dir(&bag)
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names
+                .iter()
+                .all(|n| !n.contains("damaged") && !n.contains("salvage")),
+            "{names:?}"
+        );
+    }
+}
