@@ -696,11 +696,34 @@ fn salvage(src: &Path, dst: &Path, rel: &str, fb: &Fallback) -> Result<Salvaged,
     let mut skipped = true;
     if let (Some(c), Some(max)) = (&conn, max_rowid) {
         skipped = false;
-        let mut lo = 1;
-        while lo <= max {
-            let hi = (lo + SALVAGE_RANGE - 1).min(max);
-            skipped |= copy_range(c, lo, hi, &mut writer)?;
-            lo = hi + 1;
+        // Damaged files can claim absurd rowids; the work is bounded by the file's size, and
+        // whatever the budget does not reach is left to the page walk.
+        let file_len = fs::metadata(src).map(|m| m.len()).unwrap_or(0);
+        let mut budget = 64 + 4 * (file_len / 512);
+        let mut lo = i64::MIN;
+        loop {
+            // Seek to the next row that exists, through the b-tree, so gaps cost nothing.
+            let next = c.query_row("SELECT min(id) FROM messages WHERE id >= ?1", [lo], |r| {
+                r.get::<_, Option<i64>>(0)
+            });
+            match next {
+                Ok(Some(n)) => lo = n,
+                Ok(None) => break,
+                Err(_) => skipped = true, // cannot seek here: step over the range
+            }
+            if lo > max {
+                break;
+            }
+            let hi = lo.saturating_add(SALVAGE_RANGE - 1).min(max);
+            skipped |= copy_range(c, lo, hi, &mut writer, &mut budget)?;
+            if budget == 0 {
+                skipped = true;
+                break;
+            }
+            match hi.checked_add(1) {
+                Some(n) => lo = n,
+                None => break,
+            }
         }
         sqlite_rows = writer.rows;
     } else if conn.is_some() && max_rowid.is_none() && sql_topics.is_some() {
@@ -814,9 +837,19 @@ fn salvage(src: &Path, dst: &Path, rel: &str, fb: &Fallback) -> Result<Salvaged,
 /// (id, topic_id, timestamp, data) of a `messages` row.
 type RawRow = (i64, i64, i64, Vec<u8>);
 
-/// Copy rows `lo..=hi`; on failure bisect, skipping single rows that fail. Returns true if
-/// anything was skipped.
-fn copy_range(c: &Connection, lo: i64, hi: i64, w: &mut SalvageWriter) -> Result<bool, BagError> {
+/// Copy rows `lo..=hi`; on failure bisect, skipping single rows that fail. Each query costs
+/// one unit of `budget`. Returns true if anything was skipped.
+fn copy_range(
+    c: &Connection,
+    lo: i64,
+    hi: i64,
+    w: &mut SalvageWriter,
+    budget: &mut u64,
+) -> Result<bool, BagError> {
+    if *budget == 0 {
+        return Ok(true);
+    }
+    *budget -= 1;
     let read = || -> rusqlite::Result<Vec<RawRow>> {
         let mut st = c.prepare_cached(
             "SELECT id, topic_id, timestamp, data FROM messages WHERE id BETWEEN ?1 AND ?2",
@@ -836,8 +869,8 @@ fn copy_range(c: &Connection, lo: i64, hi: i64, w: &mut SalvageWriter) -> Result
         Err(_) if lo == hi => Ok(true),
         Err(_) => {
             let mid = lo + (hi - lo) / 2;
-            let a = copy_range(c, lo, mid, w)?;
-            let b = copy_range(c, mid + 1, hi, w)?;
+            let a = copy_range(c, lo, mid, w, budget)?;
+            let b = copy_range(c, mid + 1, hi, w, budget)?;
             Ok(a || b)
         }
     }

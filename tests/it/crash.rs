@@ -546,6 +546,10 @@ fn record_recover_reindexes_a_killed_bag_before_recording_a_new_one() {
     assert!(unfinished_reason(&first).is_none());
     assert!(read_all(&first) >= before);
     assert_eq!(read_all(&tmp.path().join("second")), 50);
+    assert!(
+        unfinished_reason(&tmp.path().join("second")).is_none(),
+        "a cleanly finished bag is not taken for a crashed one"
+    );
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
