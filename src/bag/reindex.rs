@@ -775,6 +775,23 @@ fn salvage(src: &Path, dst: &Path, rel: &str, fb: &Fallback) -> Result<Salvaged,
                 .filter(|t| !t.is_empty())
         })
         .unwrap_or_else(|| fb.topics.to_vec());
+    // A topic row can come back with a torn QoS text; readers refuse those, so take the
+    // profiles another split has for the same topic, or none.
+    let topics: Vec<RecoveredTopic> = topics
+        .into_iter()
+        .map(|mut t| {
+            if parse_profiles_str(&t.offered_qos_profiles).is_err() {
+                t.offered_qos_profiles = fb
+                    .topics
+                    .iter()
+                    .find(|k| k.name == t.name)
+                    .map(|k| k.offered_qos_profiles.clone())
+                    .filter(|q| parse_profiles_str(q).is_ok())
+                    .unwrap_or_default();
+            }
+            t
+        })
+        .collect();
     let definitions = sql_defs
         .filter(|d| !d.is_empty())
         .or_else(|| {
