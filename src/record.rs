@@ -29,6 +29,10 @@ pub struct RecordSettings {
     pub retention: RetentionPolicy,
     pub source: SourceSettings,
     pub clock: crate::clock::ClockSettings,
+    /// Reindex unfinished bags in the output's parent directory before recording.
+    pub recover: bool,
+    /// Where to write `{"committed": N, "splits": K}` every ~100 ms.
+    pub status_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +72,23 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
     // The clock first: `--clock ptp` with an unreadable device must fail before any bag exists.
     let clock: Arc<dyn TimeSource> =
         Arc::new(crate::clock::start(&settings.clock).map_err(|e| failure(e.into(), None))?);
+    if settings.recover {
+        let root = settings
+            .output
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        let reports =
+            crate::bag::reindex::recover_root(root).map_err(|e| failure(e.into(), None))?;
+        for r in &reports {
+            log::warn!(
+                "recovered {}: {} messages kept, {} lost",
+                r.bag.display(),
+                r.message_count,
+                r.messages_lost
+            );
+        }
+    }
     let writer = BagWriter::create(&settings.output, settings.writer.clone())
         .map_err(|e| failure(e.into(), None))?;
     log::info!("recording into {}", settings.output.display());
@@ -107,10 +128,20 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
         }
     };
     // The main thread only watches: signals, the source ending, the writer stopping itself.
+    let progress = pipeline.progress();
+    let mut last_status = std::time::Instant::now() - STATUS_INTERVAL;
     while !source.is_finished() && !pipeline.stopping() {
         if signals::stop_requested() {
             log::info!("stop requested; writing what was accepted");
             break;
+        }
+        if let Some(path) = &settings.status_file {
+            if last_status.elapsed() >= STATUS_INTERVAL {
+                last_status = std::time::Instant::now();
+                if let Err(e) = write_status(path, &progress) {
+                    log::warn!("status file: {e}");
+                }
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -119,9 +150,36 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
         .join()
         .unwrap_or_else(|_| Err("source thread panicked".to_string()));
     let (result, summary) = pipeline.finish();
+    if let Some(path) = &settings.status_file {
+        if let Err(e) = write_status(path, &progress) {
+            log::warn!("status file: {e}");
+        }
+    }
     match (result, source_result) {
         (Err(e), _) => Err(failure(e.into(), Some(summary))),
         (Ok(_), Err(e)) => Err(failure(RecordError::Source(e), Some(summary))),
         (Ok((bag, stop)), Ok(())) => Ok(RecordOutcome { bag, stop, summary }),
     }
+}
+
+const STATUS_INTERVAL: Duration = Duration::from_millis(100);
+
+/// `--status-file`: replaced atomically, so a reader (or a test that kills us) always sees a
+/// complete object whose count is already in the bag.
+fn write_status(path: &std::path::Path, p: &crate::pipeline::Progress) -> Result<(), BagError> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| BagError::invalid(path, "status file needs a file name"))?;
+    let text = format!(
+        "{{\"committed\": {}, \"splits\": {}}}\n",
+        p.committed.load(Relaxed),
+        p.splits.load(Relaxed)
+    );
+    crate::bag::metadata::write_file_atomic(dir, name, text.as_bytes())
 }

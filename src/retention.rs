@@ -742,7 +742,7 @@ impl OldBag {
             // metadata.yaml first (see BagWriter::delete_oldest_closed for why).
             self.write_meta()?;
         }
-        crate::bag::writer::remove_split_file(&path)?;
+        crate::bag::writer::remove_split_file(&crate::bag::writer::RealStorage, &path)?;
         sync_dir(&self.dir)?;
         Ok(false)
     }

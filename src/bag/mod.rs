@@ -8,6 +8,7 @@ pub mod metadata;
 pub mod pagewalk;
 pub mod qos;
 pub mod reader;
+pub mod reindex;
 pub mod schema;
 pub mod writer;
 

@@ -102,7 +102,32 @@ pub struct BagSummary {
     pub size_bytes: u64,
 }
 
+/// The file-system calls that make a split durable or remove it. Injectable so a test can
+/// record their order (`tests/it/crash.rs`); `RealStorage` is the only production impl.
+pub trait StorageOps: Send {
+    fn sync_file(&self, path: &Path) -> std::io::Result<()>;
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()>;
+    fn remove_file(&self, path: &Path) -> std::io::Result<()>;
+}
+
+/// fsync and unlink through the OS.
+#[derive(Debug, Default)]
+pub struct RealStorage;
+
+impl StorageOps for RealStorage {
+    fn sync_file(&self, path: &Path) -> std::io::Result<()> {
+        fs::File::open(path).and_then(|f| f.sync_all())
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        fs::File::open(dir).and_then(|d| d.sync_all())
+    }
+    fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        fs::remove_file(path)
+    }
+}
+
 pub struct BagWriter {
+    ops: Box<dyn StorageOps>,
     dir: PathBuf,
     name: String,
     opts: WriterOptions,
@@ -149,6 +174,7 @@ impl BagWriter {
             sync_dir(parent)?;
         }
         let mut w = BagWriter {
+            ops: Box::new(RealStorage),
             dir: dir.to_path_buf(),
             name,
             opts,
@@ -166,6 +192,11 @@ impl BagWriter {
         // leaves a bag that names its files (reindex refreshes the counts).
         w.write_metadata()?;
         Ok(w)
+    }
+
+    /// Route fsyncs and deletions of splits through `ops` (tests record their order).
+    pub fn set_storage_ops(&mut self, ops: Box<dyn StorageOps>) {
+        self.ops = ops;
     }
 
     pub fn dir(&self) -> &Path {
@@ -361,7 +392,12 @@ impl BagWriter {
         // metadata.yaml first: a crash in between leaves an unlisted older file, which the
         // reader accepts, rather than a listed file that is gone, which it refuses.
         let r = self.write_metadata();
-        let r = r.and_then(|_| remove_split_file(&old.path).and_then(|_| sync_dir(&self.dir)));
+        let r = r.and_then(|_| {
+            remove_split_file(self.ops.as_ref(), &old.path)?;
+            self.ops
+                .sync_dir(&self.dir)
+                .map_err(BagError::io(&self.dir))
+        });
         self.guard(r)?;
         Ok(Some(old))
     }
@@ -632,10 +668,10 @@ impl BagWriter {
             path: path.clone(),
             source: e,
         })?;
-        fs::File::open(&path)
-            .and_then(|f| f.sync_all())
-            .map_err(BagError::io(&path))?;
-        sync_dir(&self.dir)?;
+        self.ops.sync_file(&path).map_err(BagError::io(&path))?;
+        self.ops
+            .sync_dir(&self.dir)
+            .map_err(BagError::io(&self.dir))?;
         let closed = ClosedSplit {
             index,
             size_bytes: split_size_on_disk(&path),
@@ -723,8 +759,8 @@ pub fn split_size_on_disk(path: &Path) -> u64 {
 }
 
 /// Remove a split and any SQLite side files (`-wal`, `-shm`, `-journal`) next to it.
-pub fn remove_split_file(path: &Path) -> Result<(), BagError> {
-    fs::remove_file(path).map_err(BagError::io(path))?;
+pub fn remove_split_file(ops: &dyn StorageOps, path: &Path) -> Result<(), BagError> {
+    ops.remove_file(path).map_err(BagError::io(path))?;
     for suffix in ["-wal", "-shm", "-journal"] {
         let mut side = path.as_os_str().to_owned();
         side.push(suffix);

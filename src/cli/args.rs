@@ -32,6 +32,23 @@ pub enum Command {
     Play(PlayArgs),
     /// Show the clock the recorder would stamp with: source, PHC offset, drift, cost per stamp.
     Clock(ClockCmdArgs),
+    /// Rebuild metadata.yaml from the .db3 files, salvaging damaged splits (after a crash).
+    Reindex(ReindexArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReindexArgs {
+    /// Bag directory.
+    pub bag: PathBuf,
+    /// Report what would be done; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Delete a damaged split after salvage instead of keeping it as `<name>.db3.damaged`.
+    #[arg(long)]
+    pub discard_damaged: bool,
 }
 
 /// Which clock stamps messages (record, clock, and the service config).
@@ -234,6 +251,16 @@ pub struct RecordArgs {
     /// Stop cleanly after this many synthetic messages in total; 0 = until stopped.
     #[arg(long, default_value_t = 0)]
     pub synthetic_count: u64,
+
+    /// Before recording, reindex unfinished bags (crashed recordings) in the output's parent
+    /// directory: no metadata.yaml, one older than the newest split, or one listing fewer
+    /// files than exist.
+    #[arg(long)]
+    pub recover: bool,
+    /// Write `{"committed": N, "splits": K}` to this file (atomically, every ~100 ms): N
+    /// messages are committed to the bag and survive a kill of the process.
+    #[arg(long, value_name = "PATH")]
+    pub status_file: Option<PathBuf>,
 
     #[command(flatten)]
     pub clock: ClockArgs,

@@ -34,6 +34,31 @@ pub fn main_entry() -> i32 {
         Command::Record(a) => cmd_record(&a),
         Command::Play(a) => cmd_play(&a),
         Command::Clock(a) => cmd_clock(&a),
+        Command::Reindex(a) => cmd_reindex(&a),
+    }
+}
+
+fn cmd_reindex(a: &args::ReindexArgs) -> i32 {
+    let opts = crate::bag::reindex::ReindexOptions {
+        dry_run: a.dry_run,
+        discard_damaged: a.discard_damaged,
+    };
+    match crate::bag::reindex::reindex(&a.bag, opts) {
+        Ok(report) => {
+            if a.json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => return fail(EXIT_FAILURE, e),
+                }
+            } else {
+                print!("{}", report.summary());
+            }
+            EXIT_OK
+        }
+        Err(e @ (crate::bag::BagError::NotFound { .. } | crate::bag::BagError::Invalid { .. })) => {
+            fail(EXIT_BAD_INPUT, e)
+        }
+        Err(e) => fail(EXIT_FAILURE, e),
     }
 }
 

@@ -109,6 +109,8 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         retention,
         source,
         clock,
+        recover: a.recover,
+        status_file: a.status_file.clone(),
     })
 }
 

@@ -12,4 +12,4 @@ mod writer_thread;
 
 pub use queue::{Producer, TopicHandle};
 pub use stats::{RecordSummary, TopicStats};
-pub use writer_thread::{Pipeline, PipelineConfig, PipelineError, StopReason};
+pub use writer_thread::{Pipeline, PipelineConfig, PipelineError, Progress, StopReason};

@@ -68,7 +68,18 @@ pub enum StopReason {
     MaxSplits(u32),
 }
 
+/// What the writer has made durable against a process crash, for status reporting: counted
+/// after each successful commit, so a reader never sees more than is in the file.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Messages committed (lower bound: a batch is counted when all of it is committed).
+    pub committed: std::sync::atomic::AtomicU64,
+    /// Split files created so far, the open one included.
+    pub splits: std::sync::atomic::AtomicU64,
+}
+
 pub struct Pipeline {
+    progress: Arc<Progress>,
     shared: Arc<Shared>,
     producer: Producer,
     handle: Option<JoinHandle<Result<(BagSummary, StopReason), PipelineError>>>,
@@ -102,7 +113,9 @@ impl Pipeline {
             pool_budget,
         });
         let splits_deleted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let progress = Arc::new(Progress::default());
         let ctx = WriterCtx {
+            progress: progress.clone(),
             shared: shared.clone(),
             rx,
             reg_rx,
@@ -124,6 +137,7 @@ impl Pipeline {
             clock,
         };
         let p = Pipeline {
+            progress,
             shared,
             producer,
             handle,
@@ -135,6 +149,11 @@ impl Pipeline {
             p.shared.stop.store(true, Relaxed);
         }
         p
+    }
+
+    /// Committed-message and split counters, updated by the writer thread.
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
     }
 
     pub fn producer(&self) -> Producer {
@@ -199,6 +218,7 @@ impl Pipeline {
 }
 
 struct WriterCtx {
+    progress: Arc<Progress>,
     shared: Arc<Shared>,
     rx: Receiver<Item>,
     reg_rx: Receiver<Register>,
@@ -342,8 +362,17 @@ impl WriterCtx {
             let idx = map.get(i.topic as usize).copied().flatten()?;
             Some((idx, i.ts, i.data.as_slice()))
         });
+        let mut n_rows = 0u64;
+        let rows = rows.inspect(|_| n_rows += 1);
         let w = self.writer.as_mut().expect("writer present");
         let result = w.write_batch(rows);
+        if result.is_ok() {
+            // Only after COMMIT returned: these rows are in the file.
+            self.progress.committed.fetch_add(n_rows, Relaxed);
+            self.progress
+                .splits
+                .store(u64::from(w.splits_created()), Relaxed);
+        }
         let bytes: usize = batch.iter().map(|i| i.data.len()).sum();
         for item in batch.drain(..) {
             give_back(&self.shared, item.data);

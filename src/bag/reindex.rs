@@ -1,0 +1,1186 @@
+//! `ringbag reindex`: rebuild metadata.yaml from a bag's `.db3` files, salvaging damaged
+//! splits, and `recover_root`, which finds and reindexes unfinished bags after a crash.
+//!
+//! Per split:
+//! 1. Side files. A `-wal` holds committed transactions (resilient preset): the split is
+//!    opened read-write so SQLite replays it, then checkpointed into the file and removed. A
+//!    hot `-journal` (presets `none`, or a foreign writer) is rolled back by SQLite on that same
+//!    read-write open. Write-optimized splits run with journaling off and never have one. A
+//!    `-shm` without a `-wal` is only an index and is removed.
+//! 2. `PRAGMA quick_check`, then the tables are read. Any failure marks the split damaged.
+//! 3. A damaged split is salvaged into `<name>.db3.salvage.tmp`: rows are read through SQLite in
+//!    rowid ranges, a failing range is bisected down to single rows and those are skipped.
+//!    When rows were skipped or SQLite cannot read the tables at all, the page walker
+//!    (`pagewalk`) adds every row it finds whose id SQLite did not return.
+//! 4. The fresh file is fsynced, the damaged one is kept as `<name>.db3.damaged` (a hard
+//!    link, so `<name>.db3` exists at every instant) unless `--discard-damaged`, the fresh
+//!    one is renamed into place and the directory fsynced.
+//!
+//! `--dry-run` does all of this on scratch copies in a temporary directory, so the bag's
+//! files are not touched, and reports what would happen.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use serde::Serialize;
+
+use super::metadata::{sync_dir, BagMetadata, FileInfo, TopicWithCount, METADATA_FILE, NO_START};
+use super::pagewalk::{self, RecoveredDefinition, RecoveredTopic};
+use super::qos::parse_profiles_str;
+use super::reader::find_split_files;
+use super::schema::create_tables;
+use super::{BagError, Flavour, TopicInfo};
+
+/// How `reindex` treats the bag.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReindexOptions {
+    /// Report only; change nothing in the bag directory.
+    pub dry_run: bool,
+    /// Delete a damaged split after salvage instead of keeping it as `<name>.db3.damaged`.
+    pub discard_damaged: bool,
+}
+
+/// How a split's messages were obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SplitMethod {
+    /// quick_check passed; the file is used as it is.
+    Intact,
+    /// Damaged; every row came back through SQLite's rowid ranges.
+    Sqlite,
+    /// Damaged; SQLite ranges plus rows found by walking the pages.
+    SqlitePagewalk,
+    /// Damaged so badly that SQLite read nothing; all rows from the page walk.
+    Pagewalk,
+}
+
+impl SplitMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SplitMethod::Intact => "intact",
+            SplitMethod::Sqlite => "salvaged through SQLite",
+            SplitMethod::SqlitePagewalk => "salvaged through SQLite and the page walk",
+            SplitMethod::Pagewalk => "salvaged by the page walk",
+        }
+    }
+}
+
+/// What a split's loss estimate is based on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LossBasis {
+    /// Nothing was lost (intact split).
+    None,
+    /// The count in the split's own `metadata` row (Jazzy writes it when the split closes).
+    SplitMetadataRow,
+    /// The split's entry in the previous metadata.yaml.
+    MetadataYaml,
+    /// The largest message rowid seen (rows are numbered 1, 2, ... and never deleted).
+    MaxRowid,
+}
+
+impl LossBasis {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossBasis::None => "none",
+            LossBasis::SplitMetadataRow => "the split's metadata row",
+            LossBasis::MetadataYaml => "the previous metadata.yaml",
+            LossBasis::MaxRowid => "the largest rowid",
+        }
+    }
+}
+
+/// The outcome for one split.
+#[derive(Debug, Clone, Serialize)]
+pub struct SplitReport {
+    pub file: String,
+    /// `ok`, or the first problem quick_check or reading reported.
+    pub check: String,
+    pub method: SplitMethod,
+    pub messages_kept: u64,
+    /// Best estimate of messages that were in the file but could not be salvaged.
+    pub messages_lost: u64,
+    pub loss_basis: LossBasis,
+    /// What was done about `-wal`, `-journal`, `-shm` files next to the split.
+    pub side_files: Vec<String>,
+    /// Where the damaged original was kept (`None`: intact, discarded, or dry run).
+    pub damaged_kept_as: Option<String>,
+    pub start_ns: i64,
+    pub duration_ns: i64,
+}
+
+/// The outcome for a bag.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReindexReport {
+    pub bag: PathBuf,
+    pub dry_run: bool,
+    pub flavour: Flavour,
+    pub splits: Vec<SplitReport>,
+    pub topics: usize,
+    pub message_count: u64,
+    pub messages_lost: u64,
+    /// True when metadata.yaml was (or, in a dry run, would be) rewritten.
+    pub metadata_written: bool,
+}
+
+impl ReindexReport {
+    /// A few lines for people.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{}{}: {} splits, {} topics, {} messages ({} flavour)\n",
+            if self.dry_run { "[dry run] " } else { "" },
+            self.bag.display(),
+            self.splits.len(),
+            self.topics,
+            self.message_count,
+            self.flavour.distro(),
+        );
+        for sp in &self.splits {
+            if sp.method == SplitMethod::Intact && sp.side_files.is_empty() {
+                continue;
+            }
+            s.push_str(&format!(
+                "  {}: {}, kept {}, lost {} (estimated from {}); {}{}\n",
+                sp.file,
+                sp.method.as_str(),
+                sp.messages_kept,
+                sp.messages_lost,
+                sp.loss_basis.as_str(),
+                sp.check,
+                if sp.side_files.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", sp.side_files.join("; "))
+                }
+            ));
+        }
+        s.push_str(&format!(
+            "{} metadata.yaml; {} messages lost in total\n",
+            if self.dry_run {
+                "would rewrite"
+            } else {
+                "rewrote"
+            },
+            self.messages_lost
+        ));
+        s
+    }
+}
+
+/// Suffix of the fresh file a salvage writes before swapping it in.
+pub const SALVAGE_TMP_SUFFIX: &str = ".salvage.tmp";
+/// Suffix of a damaged split kept after salvage.
+pub const DAMAGED_SUFFIX: &str = ".damaged";
+/// Rows per SQLite salvage range; a failing range is bisected.
+const SALVAGE_RANGE: i64 = 256;
+
+/// What one split contributes to metadata.yaml.
+struct SplitContent {
+    rel: String,
+    topics: Vec<RecoveredTopic>,
+    schema_version: Option<i64>,
+    count: u64,
+    start_ns: i64,
+    end_ns: i64,
+    per_topic_id: BTreeMap<i64, u64>,
+}
+
+/// Rebuild `bag`'s metadata.yaml from its splits, salvaging damaged ones.
+pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagError> {
+    if !bag.exists() {
+        return Err(BagError::NotFound {
+            path: bag.to_path_buf(),
+        });
+    }
+    if !bag.is_dir() {
+        return Err(BagError::invalid(
+            bag,
+            "not a bag directory (reindex works on the directory holding the .db3 files)",
+        ));
+    }
+    let files = find_split_files(bag)?;
+    if files.is_empty() {
+        return Err(BagError::invalid(bag, "not a bag: no .db3 files"));
+    }
+    // Never salvage under a live writer: its open split looks damaged and its -wal is
+    // in use. SQLite's own file locks tell whether another process has a split open.
+    if let Some(busy) = files
+        .iter()
+        .find(|f| locked_by_another_process(&bag.join(f)))
+    {
+        return Err(BagError::invalid(
+            bag.join(busy),
+            "in use by another process (a recording is writing it); not touched",
+        ));
+    }
+    let old = BagMetadata::read(bag).ok();
+    let scratch = if opts.dry_run {
+        Some(Scratch::new(bag)?)
+    } else {
+        None
+    };
+
+    // Pass 1: side files and checks. Topics and flavour of the readable splits are the
+    // fallback for a damaged split that lost its own.
+    let mut checked = Vec::new();
+    for rel in &files {
+        let original = bag.join(rel);
+        let work = match &scratch {
+            Some(s) => s.copy_split(&original)?,
+            None => original.clone(),
+        };
+        let side_files = settle_side_files(&work)?;
+        let check = check_split(&work);
+        checked.push((rel.clone(), original, work, side_files, check));
+    }
+    let mut known_topics: Vec<RecoveredTopic> = Vec::new();
+    let mut known_defs: Vec<RecoveredDefinition> = Vec::new();
+    let mut flavour: Option<Flavour> = None;
+    for (_, _, _, _, c) in &checked {
+        if let Ok(c) = c {
+            merge_topics(&mut known_topics, &c.topics);
+            for d in &c.definitions {
+                if !known_defs.iter().any(|k| k.topic_type == d.topic_type) {
+                    known_defs.push(d.clone());
+                }
+            }
+            if let Some(v) = c.content.schema_version {
+                flavour = Some(flavour_of_schema(v).max_with(flavour));
+            }
+        }
+    }
+    if known_topics.is_empty() {
+        if let Some(m) = &old {
+            known_topics = m
+                .topics
+                .iter()
+                .enumerate()
+                .map(|(i, t)| topic_from_info(i as i64 + 1, &t.topic))
+                .collect();
+        }
+    }
+    let fallback_flavour = flavour
+        .or(old.as_ref().map(|m| m.flavour()))
+        .unwrap_or(Flavour::Jazzy);
+
+    // Pass 2: salvage what is damaged.
+    let mut reports = Vec::new();
+    let mut contents = Vec::new();
+    for (rel, original, work, side_files, check) in checked {
+        match check {
+            Ok(c) => {
+                reports.push(SplitReport {
+                    file: rel.clone(),
+                    check: "ok".into(),
+                    method: SplitMethod::Intact,
+                    messages_kept: c.content.count,
+                    messages_lost: 0,
+                    loss_basis: LossBasis::None,
+                    side_files,
+                    damaged_kept_as: None,
+                    start_ns: c.content.start_ns,
+                    duration_ns: duration(&c.content),
+                });
+                contents.push(c.content);
+            }
+            Err(problem) => {
+                let fallback = Fallback {
+                    topics: &known_topics,
+                    definitions: &known_defs,
+                    flavour: fallback_flavour,
+                    yaml_count: old
+                        .as_ref()
+                        .and_then(|m| m.files.iter().find(|f| f.path == rel))
+                        .map(|f| f.message_count),
+                };
+                let tmp = tmp_path(&work);
+                let salvaged = salvage(&work, &tmp, &rel, &fallback)?;
+                if salvaged.content.schema_version.is_some() && flavour.is_none() {
+                    flavour = salvaged.content.schema_version.map(flavour_of_schema);
+                }
+                let damaged_kept_as = if opts.dry_run {
+                    let _ = fs::remove_file(&tmp);
+                    None
+                } else {
+                    swap_in(&original, &tmp, opts.discard_damaged)?
+                };
+                let lost = salvaged.expected.saturating_sub(salvaged.content.count);
+                reports.push(SplitReport {
+                    file: rel.clone(),
+                    check: problem,
+                    method: salvaged.method,
+                    messages_kept: salvaged.content.count,
+                    messages_lost: lost,
+                    loss_basis: salvaged.basis,
+                    side_files,
+                    damaged_kept_as,
+                    start_ns: salvaged.content.start_ns,
+                    duration_ns: duration(&salvaged.content),
+                });
+                contents.push(salvaged.content);
+            }
+        }
+    }
+    let flavour = flavour.unwrap_or(fallback_flavour);
+    let metadata = build_metadata(flavour, &contents, old.as_ref());
+    if !opts.dry_run {
+        metadata.write_atomic(bag, flavour)?;
+    }
+    drop(scratch);
+    Ok(ReindexReport {
+        bag: bag.to_path_buf(),
+        dry_run: opts.dry_run,
+        flavour,
+        topics: metadata.topics.len(),
+        message_count: metadata.message_count,
+        messages_lost: reports.iter().map(|r| r.messages_lost).sum(),
+        splits: reports,
+        metadata_written: true,
+    })
+}
+
+/// Why a bag under a recording root counts as unfinished (see [`unfinished_reason`]).
+pub fn unfinished_reason(dir: &Path) -> Option<String> {
+    let files = find_split_files(dir).ok()?;
+    if files.is_empty() {
+        return None;
+    }
+    let meta = dir.join(METADATA_FILE);
+    let Ok(meta_m) = fs::metadata(&meta) else {
+        return Some("no metadata.yaml".into());
+    };
+    let newest_split = files
+        .iter()
+        .filter_map(|f| fs::metadata(dir.join(f)).and_then(|m| m.modified()).ok())
+        .max()
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    if meta_m.modified().is_ok_and(|t| t < newest_split) {
+        return Some("metadata.yaml is older than the newest split".into());
+    }
+    let Ok(m) = BagMetadata::read(dir) else {
+        return Some("metadata.yaml is unreadable".into());
+    };
+    let listed: Vec<&str> = if m.relative_file_paths.is_empty() {
+        m.files.iter().map(|f| f.path.as_str()).collect()
+    } else {
+        m.relative_file_paths.iter().map(String::as_str).collect()
+    };
+    if listed.len() < files.len() {
+        return Some(format!(
+            "metadata.yaml lists {} of {} splits",
+            listed.len(),
+            files.len()
+        ));
+    }
+    if let Some(missing) = listed.iter().find(|l| !dir.join(l).exists()) {
+        return Some(format!("metadata.yaml lists {missing}, which is gone"));
+    }
+    None
+}
+
+/// Reindex every unfinished bag directly under `root` (the parent of recordings): the
+/// recorder and the service call this at start, before they open a new bag.
+pub fn recover_root(root: &Path) -> Result<Vec<ReindexReport>, BagError> {
+    let mut out = Vec::new();
+    let entries = match fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(BagError::io(root)(e)),
+    };
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    for dir in dirs {
+        let live = find_split_files(&dir)
+            .unwrap_or_default()
+            .iter()
+            .any(|f| locked_by_another_process(&dir.join(f)));
+        if live {
+            log::info!(
+                "{}: being recorded by another process; left alone",
+                dir.display()
+            );
+            continue;
+        }
+        if let Some(reason) = unfinished_reason(&dir) {
+            log::warn!("{}: unfinished bag ({reason}); reindexing", dir.display());
+            out.push(reindex(&dir, ReindexOptions::default())?);
+        }
+    }
+    Ok(out)
+}
+
+/// True when another process holds an SQLite lock on `split`: on the database file's lock
+/// bytes (rollback journal and exclusive modes) or on the `-shm` dead-man-switch bytes that
+/// every WAL connection holds for its lifetime. Locks of this process are not seen (POSIX
+/// semantics), so call it with no connection of our own open on the file.
+pub fn locked_by_another_process(split: &Path) -> bool {
+    /// SQLite's PENDING_BYTE, followed by RESERVED and the 510-byte SHARED range.
+    const DB_LOCK_START: i64 = 0x4000_0000;
+    const DB_LOCK_LEN: i64 = 512;
+    /// WAL index locks (write, checkpoint, recover, 5 read marks) and the DMS byte.
+    const SHM_LOCK_START: i64 = 120;
+    const SHM_LOCK_LEN: i64 = 9;
+    let probe = |path: &Path, start: i64, len: i64| -> bool {
+        use std::os::fd::AsRawFd;
+        let Ok(f) = fs::File::open(path) else {
+            return false;
+        };
+        // SAFETY: a zeroed flock is a valid value; F_GETLK only reads the fd and fills `fl`.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as _;
+        fl.l_whence = libc::SEEK_SET as _;
+        fl.l_start = start as _;
+        fl.l_len = len as _;
+        let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut fl) };
+        r == 0 && i32::from(fl.l_type) != libc::F_UNLCK
+    };
+    probe(split, DB_LOCK_START, DB_LOCK_LEN)
+        || probe(&side_path(split, "-shm"), SHM_LOCK_START, SHM_LOCK_LEN)
+}
+
+// ---- checks -------------------------------------------------------------------------
+
+struct Checked {
+    content: SplitContent,
+    topics: Vec<RecoveredTopic>,
+    definitions: Vec<RecoveredDefinition>,
+}
+
+/// Run quick_check and read everything metadata.yaml needs. `Err` carries the problem.
+fn check_split(path: &Path) -> Result<Checked, String> {
+    let rel = file_name(path);
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| format!("cannot open: {e}"))?;
+    let problems: Vec<String> = conn
+        .prepare("PRAGMA quick_check")
+        .and_then(|mut s| s.query_map([], |r| r.get::<_, String>(0))?.collect())
+        .map_err(|e| format!("quick_check failed: {e}"))?;
+    if problems.first().map(String::as_str) != Some("ok") {
+        return Err(format!(
+            "quick_check: {}",
+            problems.first().cloned().unwrap_or_default()
+        ));
+    }
+    let topics = raw_topics(&conn).map_err(|e| format!("topics unreadable: {e}"))?;
+    let definitions = raw_definitions(&conn).unwrap_or_default();
+    let schema_version = schema_version(&conn);
+    let (count, start, end): (i64, Option<i64>, Option<i64>) = conn
+        .query_row(
+            "SELECT count(*), min(timestamp), max(timestamp) FROM messages",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .map_err(|e| format!("messages unreadable: {e}"))?;
+    let per_topic_id: BTreeMap<i64, u64> = conn
+        .prepare("SELECT topic_id, count(*) FROM messages GROUP BY topic_id")
+        .and_then(|mut s| {
+            s.query_map([], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64))
+            })?
+            .collect()
+        })
+        .map_err(|e| format!("messages unreadable: {e}"))?;
+    if let Some(id) = per_topic_id
+        .keys()
+        .find(|id| !topics.iter().any(|t| t.id == **id))
+    {
+        return Err(format!("messages name unknown topic id {id}"));
+    }
+    for t in &topics {
+        parse_profiles_str(&t.offered_qos_profiles)
+            .map_err(|e| format!("topic {}: {e}", t.name))?;
+    }
+    Ok(Checked {
+        content: SplitContent {
+            rel,
+            topics: topics.clone(),
+            schema_version,
+            count: count as u64,
+            start_ns: start.unwrap_or(NO_START),
+            end_ns: end.unwrap_or(NO_START),
+            per_topic_id,
+        },
+        topics,
+        definitions,
+    })
+}
+
+fn raw_topics(conn: &Connection) -> rusqlite::Result<Vec<RecoveredTopic>> {
+    let cols: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('topics')")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let has_hash = cols.iter().any(|c| c == "type_description_hash");
+    let has_qos = cols.iter().any(|c| c == "offered_qos_profiles");
+    let sql = format!(
+        "SELECT id, name, type, serialization_format, {}, {} FROM topics ORDER BY id",
+        if has_qos {
+            "offered_qos_profiles"
+        } else {
+            "''"
+        },
+        if has_hash {
+            "type_description_hash"
+        } else {
+            "NULL"
+        }
+    );
+    let mut st = conn.prepare(&sql)?;
+    let rows = st.query_map([], |r| {
+        Ok(RecoveredTopic {
+            id: r.get(0)?,
+            name: r.get(1)?,
+            type_name: r.get(2)?,
+            serialization_format: r.get(3)?,
+            offered_qos_profiles: r.get(4)?,
+            type_description_hash: r.get(5)?,
+        })
+    })?;
+    rows.collect()
+}
+
+fn raw_definitions(conn: &Connection) -> rusqlite::Result<Vec<RecoveredDefinition>> {
+    let mut st = conn.prepare(
+        "SELECT id, topic_type, encoding, encoded_message_definition, type_description_hash \
+         FROM message_definitions ORDER BY id",
+    )?;
+    let rows = st.query_map([], |r| {
+        Ok(RecoveredDefinition {
+            id: r.get(0)?,
+            topic_type: r.get(1)?,
+            encoding: r.get(2)?,
+            encoded_message_definition: r.get(3)?,
+            type_description_hash: r.get(4)?,
+        })
+    })?;
+    rows.collect()
+}
+
+fn schema_version(conn: &Connection) -> Option<i64> {
+    conn.query_row("SELECT schema_version FROM schema", [], |r| r.get(0))
+        .optional()
+        .ok()
+        .flatten()
+}
+
+/// The message count the split's own `metadata` table recorded at close (Jazzy), if any.
+fn split_metadata_count(conn: &Connection) -> Option<u64> {
+    let text: String = conn
+        .query_row(
+            "SELECT metadata FROM metadata ORDER BY id DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .ok()?;
+    count_from_metadata_text(&text)
+}
+
+fn count_from_metadata_text(text: &str) -> Option<u64> {
+    let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).ok()?;
+    v.get("message_count")?.as_u64().filter(|n| *n > 0)
+}
+
+// ---- side files ---------------------------------------------------------------------
+
+fn side_path(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Bring `-wal` / `-journal` into the split the way SQLite itself would, and say what was
+/// done. Failure to do so is not fatal: the split then goes through the normal check.
+fn settle_side_files(path: &Path) -> Result<Vec<String>, BagError> {
+    let wal = side_path(path, "-wal");
+    let journal = side_path(path, "-journal");
+    let shm = side_path(path, "-shm");
+    let mut done = Vec::new();
+    let had_wal = wal.exists();
+    let had_journal = journal.exists();
+    if had_wal || had_journal {
+        let r = (|| -> rusqlite::Result<()> {
+            let conn = Connection::open_with_flags(
+                path,
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )?;
+            // The first read replays a WAL's committed frames or rolls back a hot journal.
+            conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+                r.get::<_, i64>(0)
+            })?;
+            if had_wal {
+                conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+                conn.query_row("PRAGMA journal_mode=DELETE", [], |_| Ok(()))?;
+            }
+            conn.close().map_err(|(_, e)| e)
+        })();
+        match r {
+            Ok(()) => {
+                if had_wal {
+                    done.push("-wal checkpointed into the split".to_string());
+                }
+                if had_journal {
+                    done.push("hot -journal rolled back by SQLite".to_string());
+                }
+            }
+            Err(e) => done.push(format!("side files could not be applied ({e})")),
+        }
+    }
+    // Whatever SQLite left behind belongs to a finished connection: a WAL it could not
+    // apply is unusable without its file, and a journal it did not treat as hot is stale.
+    for (p, what) in [(&wal, "-wal"), (&journal, "-journal"), (&shm, "-shm")] {
+        if p.exists() {
+            fs::remove_file(p).map_err(BagError::io(p))?;
+            done.push(format!("stale {what} removed"));
+        }
+    }
+    Ok(done)
+}
+
+// ---- salvage ------------------------------------------------------------------------
+
+struct Fallback<'a> {
+    topics: &'a [RecoveredTopic],
+    definitions: &'a [RecoveredDefinition],
+    flavour: Flavour,
+    yaml_count: Option<u64>,
+}
+
+struct Salvaged {
+    content: SplitContent,
+    method: SplitMethod,
+    expected: u64,
+    basis: LossBasis,
+}
+
+fn tmp_path(work: &Path) -> PathBuf {
+    side_path(work, SALVAGE_TMP_SUFFIX)
+}
+
+/// Copy every readable row of `src` into a fresh split at `dst`.
+fn salvage(src: &Path, dst: &Path, rel: &str, fb: &Fallback) -> Result<Salvaged, BagError> {
+    // What SQLite can still read.
+    let conn = Connection::open_with_flags(
+        src,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .ok();
+    let sql_topics = conn.as_ref().and_then(|c| raw_topics(c).ok());
+    let sql_defs = conn.as_ref().and_then(|c| raw_definitions(c).ok());
+    let sql_schema = conn.as_ref().and_then(schema_version);
+    let sql_meta_count = conn.as_ref().and_then(split_metadata_count);
+    let max_rowid: Option<i64> = conn.as_ref().and_then(|c| {
+        c.query_row("SELECT max(id) FROM messages", [], |r| r.get(0))
+            .ok()
+            .flatten()
+    });
+
+    let _ = fs::remove_file(dst);
+    let out = Connection::open(dst).map_err(BagError::sqlite(dst))?;
+    out.execute_batch("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;")
+        .map_err(BagError::sqlite(dst))?;
+    let mut writer = SalvageWriter::new(&out, dst)?;
+
+    // SQLite ranges.
+    let mut sqlite_rows = 0u64;
+    let mut skipped = true;
+    if let (Some(c), Some(max)) = (&conn, max_rowid) {
+        skipped = false;
+        // Damaged files can claim absurd rowids; the work is bounded by the file's size, and
+        // whatever the budget does not reach is left to the page walk.
+        let file_len = fs::metadata(src).map(|m| m.len()).unwrap_or(0);
+        let mut budget = 64 + 4 * (file_len / 512);
+        let mut lo = i64::MIN;
+        loop {
+            // Seek to the next row that exists, through the b-tree, so gaps cost nothing.
+            let next = c.query_row("SELECT min(id) FROM messages WHERE id >= ?1", [lo], |r| {
+                r.get::<_, Option<i64>>(0)
+            });
+            match next {
+                Ok(Some(n)) => lo = n,
+                Ok(None) => break,
+                Err(_) => skipped = true, // cannot seek here: step over the range
+            }
+            if lo > max {
+                break;
+            }
+            let hi = lo.saturating_add(SALVAGE_RANGE - 1).min(max);
+            skipped |= copy_range(c, lo, hi, &mut writer, &mut budget)?;
+            if budget == 0 {
+                skipped = true;
+                break;
+            }
+            match hi.checked_add(1) {
+                Some(n) => lo = n,
+                None => break,
+            }
+        }
+        sqlite_rows = writer.rows;
+    } else if conn.is_some() && max_rowid.is_none() && sql_topics.is_some() {
+        // `max(id)` answered NULL: an empty, readable messages table.
+        let empty = conn
+            .as_ref()
+            .and_then(|c| {
+                c.query_row("SELECT count(*) FROM messages", [], |r| r.get::<_, i64>(0))
+                    .ok()
+            })
+            .is_some_and(|n| n == 0);
+        skipped = !empty;
+    }
+
+    // The page walk, for what SQLite could not read.
+    let mut walk_max_id = 0i64;
+    let mut walked = None;
+    if skipped || sql_topics.is_none() {
+        let seen = writer.ids.clone();
+        let mut err = None;
+        let w = pagewalk::walk(src, |m| {
+            walk_max_id = walk_max_id.max(m.id);
+            if !seen.contains(&m.id) {
+                if let Err(e) = writer.insert(m.id, m.topic_id, m.timestamp, &m.data) {
+                    err = Some(e);
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        walked = w.ok();
+    }
+
+    let walk_meta_count = walked.as_ref().and_then(|w| {
+        w.metadata
+            .iter()
+            .rev()
+            .find_map(|m| count_from_metadata_text(&m.metadata))
+    });
+    let topics = sql_topics
+        .filter(|t| !t.is_empty())
+        .or_else(|| {
+            walked
+                .as_ref()
+                .map(|w| w.topics.clone())
+                .filter(|t| !t.is_empty())
+        })
+        .unwrap_or_else(|| fb.topics.to_vec());
+    // A topic row can come back with a torn QoS text; readers refuse those, so take the
+    // profiles another split has for the same topic, or none.
+    let topics: Vec<RecoveredTopic> = topics
+        .into_iter()
+        .map(|mut t| {
+            if parse_profiles_str(&t.offered_qos_profiles).is_err() {
+                t.offered_qos_profiles = fb
+                    .topics
+                    .iter()
+                    .find(|k| k.name == t.name)
+                    .map(|k| k.offered_qos_profiles.clone())
+                    .filter(|q| parse_profiles_str(q).is_ok())
+                    .unwrap_or_default();
+            }
+            t
+        })
+        .collect();
+    let definitions = sql_defs
+        .filter(|d| !d.is_empty())
+        .or_else(|| {
+            walked
+                .as_ref()
+                .map(|w| w.definitions.clone())
+                .filter(|d| !d.is_empty())
+        })
+        .unwrap_or_else(|| fb.definitions.to_vec());
+    let schema = sql_schema
+        .or_else(|| walked.as_ref().and_then(|w| w.report.schema_version))
+        .filter(|v| (3..=4).contains(v));
+    let flavour = schema.map(flavour_of_schema).unwrap_or(fb.flavour);
+
+    let content = writer.finish(rel, flavour, &topics, &definitions)?;
+    drop(out);
+    fs::File::open(dst)
+        .and_then(|f| f.sync_all())
+        .map_err(BagError::io(dst))?;
+
+    let method = match (sqlite_rows > 0 || !skipped, walked.is_some()) {
+        (_, false) => SplitMethod::Sqlite,
+        (true, true) => SplitMethod::SqlitePagewalk,
+        (false, true) => SplitMethod::Pagewalk,
+    };
+    // The best estimate of what the file held: the largest of the counts we can see.
+    let mut expected = (content.count, LossBasis::None);
+    let candidates = [
+        (
+            sql_meta_count.or(walk_meta_count),
+            LossBasis::SplitMetadataRow,
+        ),
+        (fb.yaml_count, LossBasis::MetadataYaml),
+        (
+            Some(max_rowid.unwrap_or(0).max(walk_max_id).max(0) as u64),
+            LossBasis::MaxRowid,
+        ),
+    ];
+    for (n, basis) in candidates {
+        if let Some(n) = n {
+            if n > expected.0 {
+                expected = (n, basis);
+            }
+        }
+    }
+    if expected.1 == LossBasis::None {
+        expected.1 = LossBasis::MaxRowid;
+    }
+    Ok(Salvaged {
+        content: SplitContent {
+            schema_version: Some(flavour.schema_version()),
+            ..content
+        },
+        method,
+        expected: expected.0,
+        basis: expected.1,
+    })
+}
+
+/// (id, topic_id, timestamp, data) of a `messages` row.
+type RawRow = (i64, i64, i64, Vec<u8>);
+
+/// Copy rows `lo..=hi`; on failure bisect, skipping single rows that fail. Each query costs
+/// one unit of `budget`. Returns true if anything was skipped.
+fn copy_range(
+    c: &Connection,
+    lo: i64,
+    hi: i64,
+    w: &mut SalvageWriter,
+    budget: &mut u64,
+) -> Result<bool, BagError> {
+    if *budget == 0 {
+        return Ok(true);
+    }
+    *budget -= 1;
+    let read = || -> rusqlite::Result<Vec<RawRow>> {
+        let mut st = c.prepare_cached(
+            "SELECT id, topic_id, timestamp, data FROM messages WHERE id BETWEEN ?1 AND ?2",
+        )?;
+        let rows = st.query_map(params![lo, hi], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })?;
+        rows.collect()
+    };
+    match read() {
+        Ok(rows) => {
+            for (id, topic, ts, data) in rows {
+                w.insert(id, topic, ts, &data)?;
+            }
+            Ok(false)
+        }
+        Err(_) if lo == hi => Ok(true),
+        Err(_) => {
+            let mid = lo + (hi - lo) / 2;
+            let a = copy_range(c, lo, mid, w, budget)?;
+            let b = copy_range(c, mid + 1, hi, w, budget)?;
+            Ok(a || b)
+        }
+    }
+}
+
+/// Collects salvaged rows into the fresh file: messages go in as they come (one
+/// transaction), tables and indexes are completed by `finish`.
+struct SalvageWriter<'c> {
+    conn: &'c Connection,
+    path: PathBuf,
+    ids: HashSet<i64>,
+    rows: u64,
+}
+
+impl<'c> SalvageWriter<'c> {
+    fn new(conn: &'c Connection, path: &Path) -> Result<Self, BagError> {
+        // Messages first into a plain table; the real tables need the flavour, known later.
+        conn.execute_batch(
+            "CREATE TEMP TABLE salvaged(id INTEGER PRIMARY KEY, topic_id INTEGER NOT NULL, \
+             timestamp INTEGER NOT NULL, data BLOB NOT NULL); BEGIN;",
+        )
+        .map_err(BagError::sqlite(path))?;
+        Ok(SalvageWriter {
+            conn,
+            path: path.to_path_buf(),
+            ids: HashSet::new(),
+            rows: 0,
+        })
+    }
+
+    fn insert(&mut self, id: i64, topic: i64, ts: i64, data: &[u8]) -> Result<(), BagError> {
+        if !self.ids.insert(id) {
+            return Ok(());
+        }
+        self.conn
+            .prepare_cached("INSERT INTO temp.salvaged VALUES (?1, ?2, ?3, ?4)")
+            .and_then(|mut s| s.execute(params![id, topic, ts, data]))
+            .map_err(BagError::sqlite(&self.path))?;
+        self.rows += 1;
+        Ok(())
+    }
+
+    fn finish(
+        self,
+        rel: &str,
+        flavour: Flavour,
+        topics: &[RecoveredTopic],
+        definitions: &[RecoveredDefinition],
+    ) -> Result<SplitContent, BagError> {
+        let c = self.conn;
+        let err = BagError::sqlite(&self.path);
+        let r = (|| -> rusqlite::Result<SplitContent> {
+            create_tables(c, flavour)?;
+            for t in topics {
+                match flavour {
+                    Flavour::Humble => c.execute(
+                        "INSERT INTO topics (id, name, type, serialization_format, offered_qos_profiles) VALUES (?1, ?2, ?3, ?4, ?5)",
+                        params![t.id, t.name, t.type_name, t.serialization_format, t.offered_qos_profiles],
+                    )?,
+                    Flavour::Jazzy => c.execute(
+                        "INSERT INTO topics (id, name, type, serialization_format, offered_qos_profiles, type_description_hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        params![t.id, t.name, t.type_name, t.serialization_format, t.offered_qos_profiles, t.type_description_hash.clone().unwrap_or_default()],
+                    )?,
+                };
+            }
+            if flavour == Flavour::Jazzy {
+                for d in definitions {
+                    c.execute(
+                        "INSERT INTO message_definitions (topic_type, encoding, encoded_message_definition, type_description_hash) VALUES (?1, ?2, ?3, ?4)",
+                        params![d.topic_type, d.encoding, d.encoded_message_definition, d.type_description_hash],
+                    )?;
+                }
+            }
+            // Rows naming a topic nobody knows cannot be read back; they count as lost.
+            c.execute(
+                "INSERT INTO messages (id, topic_id, timestamp, data) \
+                 SELECT id, topic_id, timestamp, data FROM temp.salvaged \
+                 WHERE topic_id IN (SELECT id FROM topics) ORDER BY id",
+                [],
+            )?;
+            let (count, start, end): (i64, Option<i64>, Option<i64>) = c.query_row(
+                "SELECT count(*), min(timestamp), max(timestamp) FROM messages",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?;
+            let per_topic_id: BTreeMap<i64, u64> = c
+                .prepare("SELECT topic_id, count(*) FROM messages GROUP BY topic_id")?
+                .query_map([], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64))
+                })?
+                .collect::<Result<_, _>>()?;
+            let content = SplitContent {
+                rel: rel.to_string(),
+                topics: topics.to_vec(),
+                schema_version: Some(flavour.schema_version()),
+                count: count as u64,
+                start_ns: start.unwrap_or(NO_START),
+                end_ns: end.unwrap_or(NO_START),
+                per_topic_id,
+            };
+            if flavour == Flavour::Jazzy {
+                let text = build_metadata(flavour, std::slice::from_ref(&content), None)
+                    .to_table_yaml(flavour);
+                c.execute(
+                    "INSERT INTO metadata (metadata_version, metadata) VALUES (?1, ?2)",
+                    params![flavour.metadata_version(), text],
+                )?;
+            }
+            c.execute_batch("DROP TABLE temp.salvaged; COMMIT;")?;
+            Ok(content)
+        })();
+        r.map_err(err)
+    }
+}
+
+/// Put the salvaged file in place of the damaged one. `<name>.db3` names a complete file at
+/// every instant: the damaged one is hard-linked aside first, then replaced by rename.
+fn swap_in(original: &Path, tmp: &Path, discard: bool) -> Result<Option<String>, BagError> {
+    let dir = original.parent().unwrap_or(Path::new("."));
+    let kept = if discard {
+        None
+    } else {
+        let damaged = side_path(original, DAMAGED_SUFFIX);
+        let _ = fs::remove_file(&damaged);
+        if fs::hard_link(original, &damaged).is_err() {
+            // Filesystems without hard links (FAT on removable media): a copy, made durable.
+            fs::copy(original, &damaged)
+                .and_then(|_| fs::File::open(&damaged)?.sync_all())
+                .map_err(BagError::io(&damaged))?;
+        }
+        Some(file_name(&damaged))
+    };
+    fs::rename(tmp, original).map_err(BagError::io(original))?;
+    sync_dir(dir)?;
+    Ok(kept)
+}
+
+// ---- metadata -----------------------------------------------------------------------
+
+fn build_metadata(
+    flavour: Flavour,
+    contents: &[SplitContent],
+    old: Option<&BagMetadata>,
+) -> BagMetadata {
+    let mut m = BagMetadata::empty(flavour);
+    let mut topics: Vec<RecoveredTopic> = Vec::new();
+    for c in contents {
+        merge_topics(&mut topics, &c.topics);
+    }
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    for c in contents {
+        for (id, n) in &c.per_topic_id {
+            if let Some(t) = c.topics.iter().find(|t| t.id == *id) {
+                *counts.entry(t.name.clone()).or_default() += n;
+            }
+        }
+    }
+    m.topics = topics
+        .iter()
+        .map(|t| TopicWithCount {
+            topic: TopicInfo {
+                name: t.name.clone(),
+                type_name: t.type_name.clone(),
+                serialization_format: t.serialization_format.clone(),
+                offered_qos_profiles: parse_profiles_str(&t.offered_qos_profiles)
+                    .unwrap_or_default(),
+                type_description_hash: t.type_description_hash.clone().unwrap_or_default(),
+            },
+            message_count: counts.get(&t.name).copied().unwrap_or(0),
+        })
+        .collect();
+    m.files = contents
+        .iter()
+        .map(|c| FileInfo {
+            path: c.rel.clone(),
+            starting_time_ns: c.start_ns,
+            duration_ns: duration(c),
+            message_count: c.count,
+        })
+        .collect();
+    let with = m.files.iter().filter(|f| f.message_count > 0);
+    if let (Some(s), Some(e)) = (
+        with.clone().map(|f| f.starting_time_ns).min(),
+        with.map(|f| f.starting_time_ns + f.duration_ns).max(),
+    ) {
+        m.starting_time_ns = s;
+        m.duration_ns = e - s;
+    }
+    m.message_count = m.files.iter().map(|f| f.message_count).sum();
+    m.relative_file_paths = m.files.iter().map(|f| f.path.clone()).collect();
+    if let Some(old) = old {
+        m.custom_data = old.custom_data.clone();
+    }
+    m
+}
+
+fn merge_topics(into: &mut Vec<RecoveredTopic>, from: &[RecoveredTopic]) {
+    for t in from {
+        if !into.iter().any(|k| k.name == t.name) {
+            into.push(t.clone());
+        }
+    }
+}
+
+fn topic_from_info(id: i64, t: &TopicInfo) -> RecoveredTopic {
+    RecoveredTopic {
+        id,
+        name: t.name.clone(),
+        type_name: t.type_name.clone(),
+        serialization_format: t.serialization_format.clone(),
+        offered_qos_profiles: super::qos::profiles_to_yaml_string(
+            &t.offered_qos_profiles,
+            super::qos::PolicyStyle::Integer,
+        ),
+        type_description_hash: Some(t.type_description_hash.clone()),
+    }
+}
+
+fn duration(c: &SplitContent) -> i64 {
+    if c.count > 0 {
+        c.end_ns - c.start_ns
+    } else {
+        0
+    }
+}
+
+fn flavour_of_schema(v: i64) -> Flavour {
+    if v >= 4 {
+        Flavour::Jazzy
+    } else {
+        Flavour::Humble
+    }
+}
+
+trait MaxWith {
+    fn max_with(self, other: Option<Flavour>) -> Flavour;
+}
+impl MaxWith for Flavour {
+    /// Any Jazzy split makes the bag Jazzy (the writer uses one flavour per bag).
+    fn max_with(self, other: Option<Flavour>) -> Flavour {
+        if self == Flavour::Jazzy || other == Some(Flavour::Jazzy) {
+            Flavour::Jazzy
+        } else {
+            Flavour::Humble
+        }
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A temporary directory for dry runs, removed on drop.
+struct Scratch {
+    dir: PathBuf,
+}
+
+impl Scratch {
+    fn new(bag: &Path) -> Result<Self, BagError> {
+        let dir = std::env::temp_dir().join(format!(
+            "ringbag-reindex-{}-{}",
+            std::process::id(),
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        fs::create_dir_all(&dir).map_err(BagError::io(&dir))?;
+        let _ = bag;
+        Ok(Scratch { dir })
+    }
+
+    /// Copy a split and its side files into the scratch directory.
+    fn copy_split(&self, original: &Path) -> Result<PathBuf, BagError> {
+        let name = file_name(original);
+        let dst = self.dir.join(&name);
+        fs::copy(original, &dst).map_err(BagError::io(original))?;
+        for suffix in ["-wal", "-journal", "-shm"] {
+            let side = side_path(original, suffix);
+            if side.exists() {
+                let to = side_path(&dst, suffix);
+                fs::copy(&side, &to).map_err(BagError::io(&side))?;
+            }
+        }
+        Ok(dst)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
