@@ -32,6 +32,10 @@ fi
 # Cross.toml). QEMU_LD_PREFIX lets a binfmt-launched qemu find the aarch64 loader as well.
 export RINGBAG_TEST_RUNNER="$QEMU -L $SYSROOT"
 export QEMU_LD_PREFIX="$SYSROOT"
+# Emulation is ~10x slower: the randomized crash tests run fewer trials here (the host stage
+# runs the full 30 kill -9 and 40 torn-write trials). Override to run more.
+export RINGBAG_CRASH_TRIALS="${RINGBAG_CRASH_TRIALS:-10}"
+export RINGBAG_TORN_TRIALS="${RINGBAG_TORN_TRIALS:-15}"
 
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
