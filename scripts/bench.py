@@ -115,6 +115,11 @@ def main() -> None:
                 "ringbag/bare(rosbag2 pragmas)+fsync": r["msg_s"] / bd["msg_s_sync"],
                 "ringbag/dd+fdatasync": r["mb_s_sync"] / dd_sync["mb_s"],
             })
+        # Durability costs: the same 64 KiB run under each storage preset.
+        for preset in ("resilient", "none"):
+            r = ringbag(work, "medium", 16_000 // q, "max", ["--storage-preset-profile", preset])
+            r["name"] = f"ringbag medium max, preset {preset}"
+            rows.append(r)
         robot_secs = 10 if not a.quick else 4
         rows.append(ringbag(work, "robot", 570 * robot_secs, "realtime"))
         rows.append(ringbag(work, "small", 2_000_000 // q, "max", ["-b", "86016", "--max-record-size", "1MiB"]))
