@@ -72,12 +72,14 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
     // The clock first: `--clock ptp` with an unreadable device must fail before any bag exists.
     let clock: Arc<dyn TimeSource> =
         Arc::new(crate::clock::start(&settings.clock).map_err(|e| failure(e.into(), None))?);
+    let root = settings
+        .output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."))
+        .to_path_buf();
     if settings.recover {
-        let root = settings
-            .output
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(std::path::Path::new("."));
+        let root = root.as_path();
         let reports =
             crate::bag::reindex::recover_root(root).map_err(|e| failure(e.into(), None))?;
         for r in &reports {
@@ -89,15 +91,18 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
             );
         }
     }
+    // With --recover the parent directory is a recording root (as the service uses it): the
+    // budget then spans the recovered bags too, oldest first. Otherwise only this bag counts.
+    let retention = if settings.recover {
+        Retention::open_root(&root, &settings.output, settings.retention.clone())
+            .map_err(|e| failure(RecordError::Pipeline(e.into()), None))?
+    } else {
+        Retention::new(settings.retention.clone())
+    };
     let writer = BagWriter::create(&settings.output, settings.writer.clone())
         .map_err(|e| failure(e.into(), None))?;
     log::info!("recording into {}", settings.output.display());
-    let pipeline = Pipeline::start(
-        writer,
-        Some(Retention::new(settings.retention.clone())),
-        clock,
-        settings.pipeline.clone(),
-    );
+    let pipeline = Pipeline::start(writer, Some(retention), clock, settings.pipeline.clone());
     let producer = pipeline.producer();
     let source = {
         let producer = producer.clone();

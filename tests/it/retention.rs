@@ -610,3 +610,52 @@ fn a_crash_between_the_metadata_rewrite_and_the_file_removal_leaves_a_readable_b
     let n = bag.messages(&ReadFilter::default()).unwrap().count() as u64;
     assert_eq!(n, meta.message_count);
 }
+
+#[test]
+fn a_recovered_bag_stays_inside_the_budget_of_the_next_recording() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    // A crashed recording: 6 splits of ~80 KB and no metadata.yaml.
+    let crashed = root.join("boot_1");
+    crate::common::write_bag(
+        &crashed,
+        Flavour::Jazzy,
+        &[("/a", "std_msgs/msg/String")],
+        600,
+        100,
+    );
+    fs::remove_file(crashed.join("metadata.yaml")).unwrap();
+    let crashed_before = dir_bytes(&crashed);
+    let limit = 600 * 1024u64;
+    let out = root.join("boot_2");
+    let o = run(&[
+        "record",
+        "--recover",
+        "-o",
+        out.to_str().unwrap(),
+        "--synthetic-profile",
+        "small",
+        "--synthetic-rate",
+        "max",
+        "--synthetic-count",
+        "20000",
+        "-b",
+        "86016",
+        "--max-record-size",
+        &limit.to_string(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The crashed bag was reindexed, then paid for the new recording, oldest splits first.
+    let total = dir_bytes(&out) + dir_bytes(&crashed);
+    assert!(total <= limit, "{total} > {limit}");
+    assert!(
+        dir_bytes(&crashed) < crashed_before,
+        "the recovered bag's old splits went first"
+    );
+    if crashed.exists() {
+        let bag = Bag::open(&crashed).expect("what remains of the recovered bag is true");
+        let n = bag.messages(&ReadFilter::default()).unwrap().count() as u64;
+        assert_eq!(n, bag.metadata.message_count);
+    }
+    Bag::open(&out).unwrap();
+}
