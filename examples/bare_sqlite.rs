@@ -33,7 +33,7 @@ fn main() {
     };
     let _ = std::fs::remove_file(out);
     let conn = Connection::open(out).expect("open");
-    conn.execute_batch(&preset.create_pragmas(0))
+    conn.execute_batch(&preset.create_pragmas())
         .expect("page size");
     apply_pragmas(&conn, &preset.write_pragmas()).expect("pragmas");
     create_tables(&conn, Flavour::Jazzy).expect("schema");

@@ -18,7 +18,7 @@ use super::{BagError, Flavour, MessageDefinition, TopicInfo};
 
 /// Per-row bytes SQLite adds beyond the payload (cell header, index entry, page slack),
 /// used to project a split's size before a commit. Measured: 100 B messages grow the file by
-/// ~150 B each with 16 KiB pages; 64 is a floor, and the real size is re-read after commit.
+/// ~140 B each with 4 KiB pages; 64 is a floor, and the real size is re-read after commit.
 pub const ROW_OVERHEAD_BYTES: u64 = 64;
 
 #[derive(Debug, Clone)]
@@ -518,7 +518,7 @@ impl BagWriter {
         let conn = Connection::open_with_flags(&path, flags).map_err(BagError::sqlite(&path))?;
         let preset = self.opts.preset;
         let setup = || -> rusqlite::Result<()> {
-            conn.execute_batch(&preset.create_pragmas(self.opts.max_bag_size))?;
+            conn.execute_batch(&preset.create_pragmas())?;
             apply_pragmas(&conn, &preset.write_pragmas())?;
             create_tables(&conn, self.opts.flavour)?;
             if self.opts.flavour == Flavour::Jazzy {
