@@ -53,8 +53,8 @@ pub enum StoragePreset {
 }
 
 /// Page size chosen by measurement (`scripts/bench.sh` sweeps 4, 16 and 64 KiB with the bare
-/// loop): 4 KiB wrote 1 MiB messages fastest in every run (959 vs 841 vs 856 MB/s on the
-/// quiet run) and 100 B messages within noise of the others; it also keeps an empty split at
+/// loop): 4 KiB wrote 1 MiB messages fastest in each of three runs (e.g. 959 vs 841 vs
+/// 856 MB/s) and 100 B messages within noise of the others; it also keeps an empty split at
 /// 24 KiB, far below rosbag2's 86016-byte minimum split size. It is SQLite's default, set
 /// explicitly so a build with another default cannot change the files.
 pub const WRITE_OPTIMIZED_PAGE_SIZE: u32 = 4096;
