@@ -10,6 +10,6 @@ mod queue;
 mod stats;
 mod writer_thread;
 
-pub use queue::{Producer, TopicHandle};
+pub use queue::{Pending, Producer, TopicHandle};
 pub use stats::{RecordSummary, TopicStats};
 pub use writer_thread::{Pipeline, PipelineConfig, PipelineError, Progress, StopReason};

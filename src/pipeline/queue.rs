@@ -62,6 +62,20 @@ pub struct Producer {
     pub(crate) clock: Arc<dyn TimeSource>,
 }
 
+/// A message the queue had no room for, handed back with its stamp.
+#[derive(Debug)]
+pub struct Pending {
+    ts: i64,
+    buf: Vec<u8>,
+}
+
+impl Pending {
+    /// The buffer, for reuse.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buf
+    }
+}
+
 /// A registered topic: its id and its counters.
 #[derive(Clone, Debug)]
 pub struct TopicHandle {
@@ -117,25 +131,28 @@ impl Producer {
         self.enqueue(topic, ts, buf, true).is_ok()
     }
 
-    /// Like `push_with`, but when the queue is full it hands the buffer back instead of
+    /// Like `push_with`, but when the queue is full it hands the message back instead of
     /// counting a drop: for sources that may wait (the synthetic generator in `max` mode).
     pub fn try_push_with(
         &self,
         topic: &TopicHandle,
         buf: Option<Vec<u8>>,
         fill: impl FnOnce(i64, &mut Vec<u8>),
-    ) -> Result<(), Vec<u8>> {
+    ) -> Result<(), Pending> {
         let ts = self.clock.now_ns();
         let mut buf = buf.unwrap_or_else(|| self.take_buffer());
         buf.clear();
         fill(ts, &mut buf);
         self.enqueue(topic, ts, buf, false)
+            .map_err(|buf| Pending { ts, buf })
     }
 
-    /// Re-offer a buffer that `try_push_with` handed back, keeping its timestamp fresh.
-    pub fn retry(&self, topic: &TopicHandle, buf: Vec<u8>) -> Result<(), Vec<u8>> {
-        let ts = self.clock.now_ns();
+    /// Re-offer a message that `try_push_with` handed back. It keeps its original stamp: the
+    /// message was "received" when it was made, and its header says so.
+    pub fn retry(&self, topic: &TopicHandle, pending: Pending) -> Result<(), Pending> {
+        let Pending { ts, buf } = pending;
         self.enqueue(topic, ts, buf, false)
+            .map_err(|buf| Pending { ts, buf })
     }
 
     pub fn stop_requested(&self) -> bool {
@@ -297,6 +314,30 @@ mod tests {
         let t = p.add_topic(TopicInfo::new("/img", "t/msg/T"), None);
         assert!(p.push(&t, &[0u8; 500]));
         assert!(!p.push(&t, &[0u8; 10]));
+    }
+
+    #[test]
+    fn a_retried_message_keeps_the_stamp_it_was_made_with() {
+        let (p, rx) = stalled(1 << 20, 1);
+        let t = p.add_topic(TopicInfo::new("/t", "t/msg/T"), None);
+        assert!(p.push(&t, b"first"));
+        let mut made_at = 0;
+        let pending = p
+            .try_push_with(&t, None, |ts, buf| {
+                made_at = ts;
+                buf.extend_from_slice(&ts.to_le_bytes());
+            })
+            .expect_err("queue is full");
+        assert_eq!(t.stats().dropped(), 0, "handed back, not dropped");
+        let first = rx.try_recv().unwrap();
+        p.shared.in_flight.fetch_sub(first.data.len(), Relaxed);
+        p.retry(&t, pending).expect("room now");
+        let item = rx.try_recv().unwrap();
+        assert_eq!(
+            item.ts, made_at,
+            "stored stamp equals the stamp inside the message"
+        );
+        assert_eq!(item.data, made_at.to_le_bytes());
     }
 
     #[test]

@@ -90,14 +90,14 @@ pub fn run(cfg: GeneratorConfig, producer: &Producer) -> GeneratorReport {
                 loop {
                     match r {
                         Ok(()) => break true,
-                        Err(buf) if producer.stop_requested() => {
-                            spare = Some(buf);
+                        Err(pending) if producer.stop_requested() => {
+                            spare = Some(pending.into_buffer());
                             break false;
                         }
-                        Err(buf) => {
+                        Err(pending) => {
                             // Queue full: give the writer the CPU rather than drop.
                             std::thread::sleep(Duration::from_micros(50));
-                            r = producer.retry(&lane.handle, buf);
+                            r = producer.retry(&lane.handle, pending);
                         }
                     }
                 }
