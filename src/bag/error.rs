@@ -26,6 +26,8 @@ pub enum BagError {
         "{path}: storage `{storage}` is not supported (ringbag reads and writes sqlite3 only)"
     )]
     UnsupportedStorage { path: PathBuf, storage: String },
+    #[error("{path}: another ringbag process is writing this bag (its lock is held); left alone")]
+    Busy { path: PathBuf },
     #[error("{path}: writer stopped after an earlier error: {reason}")]
     Failed { path: PathBuf, reason: String },
 }

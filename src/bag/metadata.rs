@@ -387,7 +387,11 @@ fn ns_map(key: &str, v: i64) -> Value {
 /// new content.
 pub fn write_file_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), BagError> {
     let target = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
+    // A unique temp name: two processes rewriting the same bag (a recorder and a reindex
+    // refused a moment later, or two reindexes) must never share one temp file.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{seq}.tmp", std::process::id()));
     let io = |path: &PathBuf| {
         let path = path.clone();
         move |source| BagError::Io { path, source }

@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod info;
+pub mod lock;
 pub mod metadata;
 pub mod pagewalk;
 pub mod qos;

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OpenFlags};
 
+use super::lock::BagLock;
 use super::metadata::{sync_dir, BagMetadata, FileInfo, TopicWithCount, NO_START};
 use super::qos::{profiles_to_yaml_string, PolicyStyle};
 use super::schema::{create_tables, StoragePreset};
@@ -128,6 +129,8 @@ impl StorageOps for RealStorage {
 
 pub struct BagWriter {
     ops: Box<dyn StorageOps>,
+    /// Held for the writer's whole life; removed only by a clean `finish()`.
+    lock: Option<BagLock>,
     dir: PathBuf,
     name: String,
     opts: WriterOptions,
@@ -173,8 +176,11 @@ impl BagWriter {
         if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
             sync_dir(parent)?;
         }
+        // The lock (and unclean-finish marker) exists before any split does.
+        let lock = BagLock::acquire(dir)?;
         let mut w = BagWriter {
             ops: Box::new(RealStorage),
+            lock: Some(lock),
             dir: dir.to_path_buf(),
             name,
             opts,
@@ -445,6 +451,10 @@ impl BagWriter {
         }
         close?;
         meta?;
+        // Everything is durable: only now does the bag count as cleanly finished.
+        if let Some(lock) = self.lock.take() {
+            lock.release_clean()?;
+        }
         let metadata = self.metadata();
         let size_bytes = self.closed.iter().map(|c| c.size_bytes).sum();
         Ok(BagSummary {

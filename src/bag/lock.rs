@@ -1,0 +1,183 @@
+//! The bag lock: `<bag>/.ringbag.lock`, held with `flock(LOCK_EX)` by the process that writes
+//! the bag (a recorder, or `reindex` while it repairs the bag) for its whole life.
+//!
+//! Two facts come from it, both without trusting timestamps or listings:
+//! * **live**: the lock is held. The kernel releases it when the holder dies (kill -9
+//!   included), so a held lock always means a running writer. `reindex`, `--recover` and
+//!   retention over a recording root leave such a bag alone.
+//! * **finished cleanly**: the file is absent. Only a clean `finish()` removes it, after
+//!   metadata.yaml and every split are fsynced. A file that is present but unlocked is the
+//!   mark of a run that died (crash, kill -9, power cut): the bag must be reindexed.
+//!
+//! The lock file is created (and the directory fsynced) before the first split, so after a
+//! power cut a bag with split files always still has its marker.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+
+use super::metadata::sync_dir;
+use super::BagError;
+
+/// Name of the lock and unclean-finish marker inside a bag directory.
+pub const LOCK_FILE: &str = ".ringbag.lock";
+
+/// What the lock file says about a bag directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockState {
+    /// No lock file: the last writer finished cleanly (or the bag was not written by ringbag).
+    Clean,
+    /// The lock file exists and nobody holds it: the last writer died before finishing.
+    Unclean,
+    /// Another process holds the lock: the bag is being written right now.
+    Held,
+}
+
+/// An exclusive hold on a bag directory. Dropping it releases the lock but leaves the file,
+/// i.e. marks the bag as not finished cleanly; [`BagLock::release_clean`] removes it.
+#[derive(Debug)]
+pub struct BagLock {
+    /// Kept only for the lock it carries: dropping the `Flock` unlocks.
+    _lock: Flock<fs::File>,
+    dir: PathBuf,
+}
+
+impl BagLock {
+    /// Take the lock of `dir`, creating the lock file if needed; fails with
+    /// [`BagError::Busy`] when another process holds it. The file and the directory entry
+    /// are fsynced before this returns, so the unclean-finish marker survives a power cut.
+    pub fn acquire(dir: &Path) -> Result<BagLock, BagError> {
+        let path = dir.join(LOCK_FILE);
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            // Never follow a symlink or block on a FIFO planted under the lock's name.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .mode(0o644)
+            .open(&path)
+            .map_err(BagError::io(&path))?;
+        if !file.metadata().map_err(BagError::io(&path))?.is_file() {
+            return Err(BagError::invalid(&path, "lock file is not a regular file"));
+        }
+        // A prober ([`state`]) holds a shared lock for a few microseconds; retry briefly so
+        // that a probe racing a new recording never makes it fail.
+        let mut file = file;
+        let mut tries = 0;
+        let mut lock = loop {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(l) => break l,
+                Err((f, nix::errno::Errno::EWOULDBLOCK)) if tries < 50 => {
+                    file = f;
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                    return Err(BagError::Busy {
+                        path: dir.to_path_buf(),
+                    })
+                }
+                Err((_, e)) => return Err(BagError::io(&path)(std::io::Error::from(e))),
+            }
+        };
+        // Who holds it, for a person looking at a stuck bag; not used by the logic.
+        let note = format!("pid {}\n", std::process::id());
+        let written = lock
+            .set_len(0)
+            .and_then(|_| lock.write_all(note.as_bytes()))
+            .and_then(|_| lock.sync_all());
+        written.map_err(BagError::io(&path))?;
+        sync_dir(dir)?;
+        Ok(BagLock {
+            _lock: lock,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Mark the bag as finished cleanly: remove the lock file and fsync the directory. Call
+    /// only after metadata.yaml and every split are durable.
+    pub fn release_clean(self) -> Result<(), BagError> {
+        let path = self.dir.join(LOCK_FILE);
+        // Unlink while still holding the lock: nobody can take it in between and then see
+        // the file vanish under them.
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(BagError::io(&path)(e)),
+        }
+        sync_dir(&self.dir)
+    }
+}
+
+/// Probe a bag directory's lock without waiting. Never blocks and never creates anything.
+pub fn state(dir: &Path) -> LockState {
+    let path = dir.join(LOCK_FILE);
+    let file = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return LockState::Clean,
+        // Present but unopenable (permissions, a symlink): we cannot prove it dead, and a
+        // live bag must never be touched; treat it as held.
+        Err(_) => return LockState::Held,
+    };
+    match Flock::lock(file, FlockArg::LockSharedNonblock) {
+        // Dropping the shared lock at once releases it.
+        Ok(_) => LockState::Unclean,
+        Err(_) => LockState::Held,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_lock_is_seen_as_held_and_a_second_writer_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(state(d.path()), LockState::Clean);
+        let l = BagLock::acquire(d.path()).unwrap();
+        // flock locks belong to the open file description, so a second open in this
+        // process conflicts just as another process would.
+        assert_eq!(state(d.path()), LockState::Held);
+        let e = BagLock::acquire(d.path()).unwrap_err();
+        assert!(matches!(e, BagError::Busy { .. }), "{e}");
+        drop(l);
+        assert_eq!(state(d.path()), LockState::Unclean);
+    }
+
+    #[test]
+    fn only_a_clean_release_removes_the_marker() {
+        let d = tempfile::tempdir().unwrap();
+        BagLock::acquire(d.path()).unwrap().release_clean().unwrap();
+        assert_eq!(state(d.path()), LockState::Clean);
+        assert!(!d.path().join(LOCK_FILE).exists());
+        // A stale marker can be taken over (reindex does this) and then cleared.
+        drop(BagLock::acquire(d.path()).unwrap());
+        assert_eq!(state(d.path()), LockState::Unclean);
+        BagLock::acquire(d.path()).unwrap().release_clean().unwrap();
+        assert_eq!(state(d.path()), LockState::Clean);
+    }
+
+    #[test]
+    fn a_fifo_under_the_lock_name_neither_hangs_nor_counts_as_a_lock() {
+        let d = tempfile::tempdir().unwrap();
+        nix::unistd::mkfifo(
+            &d.path().join(LOCK_FILE),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        let e = BagLock::acquire(d.path()).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+    }
+}
