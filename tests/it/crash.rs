@@ -83,7 +83,7 @@ fn read_all(bag: &Path) -> u64 {
 
 /// `ringbag reindex --json`, killed and failed if it takes longer than 30 s.
 fn reindex_cli(bag: &Path, extra: &[&str]) -> serde_json::Value {
-    let mut child = ringbag()
+    let child = ringbag()
         .arg("reindex")
         .arg(bag)
         .arg("--json")
