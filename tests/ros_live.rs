@@ -475,7 +475,7 @@ fn records_into_a_real_bag_through_the_pipeline() {
         .join()
         .expect("source thread")
         .expect("source ended cleanly");
-    assert_eq!(summary.dropped_total, 0);
+    assert_eq!(summary.dropped_total(), 0);
 
     let bag = Bag::open(&dir).expect("open bag");
     let topic = bag

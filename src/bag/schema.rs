@@ -89,6 +89,11 @@ impl StoragePreset {
         }
     }
 
+    /// Whether the preset writes through a WAL (`-wal` and `-shm` files beside the split).
+    pub fn uses_wal(self) -> bool {
+        matches!(self, StoragePreset::Resilient)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             StoragePreset::WriteOptimized => "write-optimized",

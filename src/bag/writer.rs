@@ -241,106 +241,177 @@ impl BagWriter {
         self.opts.custom_data.insert(key.into(), value.into());
     }
 
-    /// Write rows as one transaction (several if a split boundary falls inside the batch).
+    /// Write rows as one transaction (several if a split boundary falls inside the batch),
+    /// rotating splits as needed with no budget to consult. The recorder's pipeline uses the
+    /// finer steps below instead, so retention can act between closing and opening a split.
     pub fn write_batch<'a, I>(&mut self, rows: I) -> Result<(), BagError>
     where
         I: IntoIterator<Item = Row<'a>>,
     {
+        let rows: Vec<Row<'a>> = rows.into_iter().collect();
+        let mut rest = rows.as_slice();
+        while !rest.is_empty() && !self.split_limit_reached {
+            let n = self.rows_fitting(rest);
+            if n == 0 {
+                if !self.may_open_another_split() {
+                    // `--max-splits` is a stop condition: what arrives after the last allowed
+                    // split fills up is not recorded.
+                    self.split_limit_reached = true;
+                    return Ok(());
+                }
+                self.split()?;
+                continue;
+            }
+            self.write_rows(&rest[..n])?;
+            rest = &rest[n..];
+        }
+        Ok(())
+    }
+
+    /// How many leading `rows` go into the open split before a split is due (by size or
+    /// duration). An empty split takes at least one row, however large.
+    pub fn rows_fitting(&self, rows: &[Row]) -> usize {
+        let Some(s) = self.split.as_ref() else {
+            return 0;
+        };
+        let (size, dur) = (self.opts.max_bag_size, self.opts.max_bag_duration_ns);
+        let mut start = s.start_ns;
+        let mut bytes = s.size_committed + s.pending_bytes;
+        for (i, &(_, ts, data)) in rows.iter().enumerate() {
+            let empty = s.count == 0 && i == 0;
+            let len = data.len() as u64 + ROW_OVERHEAD_BYTES;
+            if !empty
+                && ((size > 0 && bytes + len > size)
+                    || (dur > 0 && ts.saturating_sub(start) >= dur))
+            {
+                return i;
+            }
+            start = if empty { ts } else { start.min(ts) };
+            bytes += len;
+        }
+        rows.len()
+    }
+
+    /// Write `rows` into the open split as one transaction, without any split check (the
+    /// caller sized them with [`rows_fitting`](Self::rows_fitting)).
+    pub fn write_rows(&mut self, rows: &[Row]) -> Result<(), BagError> {
         self.check_ok()?;
-        let r = self.write_batch_inner(rows);
+        let r = self.write_rows_inner(rows);
         self.guard(r)
     }
 
-    fn write_batch_inner<'a, I>(&mut self, rows: I) -> Result<(), BagError>
-    where
-        I: IntoIterator<Item = Row<'a>>,
-    {
-        if self.split_limit_reached {
-            // `--max-splits` reached: nothing more is recorded.
-            return Ok(());
+    fn write_rows_inner(&mut self, rows: &[Row]) -> Result<(), BagError> {
+        if self.split.is_none() {
+            return Err(BagError::invalid(&self.dir, "no open split to write into"));
         }
-        let mut rows = rows.into_iter().peekable();
         self.begin()?;
-        loop {
-            // Insert until the batch ends or a split is due; the statement is looked up once
-            // per run of rows, not per row (the cache lookup showed in profiles).
-            let split_due = {
-                let Self {
-                    split,
-                    topics,
-                    opts,
-                    dir,
-                    ..
-                } = self;
-                let s = split.as_mut().expect("a split is open while writing");
-                let mut st = s
-                    .conn
-                    .prepare_cached(
-                        "INSERT INTO messages (topic_id, timestamp, data) VALUES (?1, ?2, ?3)",
-                    )
-                    .map_err(BagError::sqlite(&s.path))?;
-                let mut due = false;
-                while let Some(&(topic, ts, data)) = rows.peek() {
-                    if topic >= topics.len() {
-                        return Err(BagError::invalid(
-                            &*dir,
-                            format!("row names unknown topic index {topic}"),
-                        ));
-                    }
-                    if split_needed(s, opts, ts, data.len() as u64) {
-                        due = true;
-                        break;
-                    }
-                    st.execute(params![topic as i64 + 1, ts, data])
-                        .map_err(BagError::sqlite(&s.path))?;
-                    s.count += 1;
-                    s.per_topic[topic] += 1;
-                    s.start_ns = s.start_ns.min(ts);
-                    s.end_ns = if s.count == 1 { ts } else { s.end_ns.max(ts) };
-                    s.pending_bytes += data.len() as u64 + ROW_OVERHEAD_BYTES;
-                    topics[topic].count += 1;
-                    rows.next();
+        {
+            let Self {
+                split, topics, dir, ..
+            } = self;
+            let s = split.as_mut().expect("checked above");
+            // One statement lookup per transaction, not per row (it showed in profiles).
+            let mut st = s
+                .conn
+                .prepare_cached(
+                    "INSERT INTO messages (topic_id, timestamp, data) VALUES (?1, ?2, ?3)",
+                )
+                .map_err(BagError::sqlite(&s.path))?;
+            for &(topic, ts, data) in rows {
+                if topic >= topics.len() {
+                    return Err(BagError::invalid(
+                        &*dir,
+                        format!("row names unknown topic index {topic}"),
+                    ));
                 }
-                due
-            };
-            if !split_due {
-                break;
+                st.execute(params![topic as i64 + 1, ts, data])
+                    .map_err(BagError::sqlite(&s.path))?;
+                s.count += 1;
+                s.per_topic[topic] += 1;
+                s.start_ns = s.start_ns.min(ts);
+                s.end_ns = if s.count == 1 { ts } else { s.end_ns.max(ts) };
+                s.pending_bytes += data.len() as u64 + ROW_OVERHEAD_BYTES;
+                topics[topic].count += 1;
             }
-            if self.split_limit > 0 && self.next_index >= self.split_limit {
-                // `--max-splits` is a stop condition: what arrives after the last allowed
-                // split fills up is not recorded.
-                self.split_limit_reached = true;
-                break;
-            }
-            self.commit()?;
-            self.rotate()?;
-            self.begin()?;
         }
         self.commit()
     }
 
-    /// Split now if the open file spans `max_bag_duration` at time `now_ns`; lets quiet topics
-    /// rotate on a timer. Returns true if it split, or if the split limit forbade the split
-    /// (then `split_limit_reached()` is true and the caller should stop).
-    pub fn split_if_due(&mut self, now_ns: i64) -> Result<bool, BagError> {
-        self.check_ok()?;
-        if self.split_limit_reached {
-            return Ok(false);
-        }
+    /// Whether a split is due by time at `now_ns` (lets quiet topics rotate on a timer).
+    pub fn split_due_by_time(&self, now_ns: i64) -> bool {
         let dur = self.opts.max_bag_duration_ns;
-        let due = match &self.split {
+        match &self.split {
             Some(s) if dur > 0 && s.count > 0 => now_ns.saturating_sub(s.start_ns) >= dur,
             _ => false,
-        };
-        if due && self.split_limit > 0 && self.next_index >= self.split_limit {
+        }
+    }
+
+    /// False once `--max-splits` files exist: the open split is then the last one.
+    pub fn may_open_another_split(&self) -> bool {
+        self.split_limit == 0 || self.next_index < self.split_limit
+    }
+
+    /// Record that a split was due but the limit forbade it: the writer writes nothing more.
+    pub fn mark_split_limit_reached(&mut self) {
+        self.split_limit_reached = true;
+    }
+
+    /// Split now if the open file spans `max_bag_duration` at time `now_ns`, with no budget
+    /// to consult. Returns true if it split, or if the split limit forbade the split (then
+    /// `split_limit_reached()` is true and the caller should stop).
+    pub fn split_if_due(&mut self, now_ns: i64) -> Result<bool, BagError> {
+        self.check_ok()?;
+        if self.split_limit_reached || !self.split_due_by_time(now_ns) {
+            return Ok(false);
+        }
+        if !self.may_open_another_split() {
             self.split_limit_reached = true;
             return Ok(true);
         }
-        if due {
-            let r = self.rotate();
-            self.guard(r)?;
+        self.split()?;
+        Ok(true)
+    }
+
+    /// Close the open split (commit, final metadata row, fsync file and directory); no split
+    /// is open afterwards until [`open_next_split`](Self::open_next_split).
+    pub fn close_split(&mut self) -> Result<(), BagError> {
+        self.check_ok()?;
+        let r = self.close_open_split();
+        self.guard(r)
+    }
+
+    /// Open the next split after [`close_split`](Self::close_split).
+    pub fn open_next_split(&mut self) -> Result<(), BagError> {
+        self.check_ok()?;
+        if self.split.is_some() {
+            return Ok(());
         }
-        Ok(due)
+        let r = self.open_split();
+        self.guard(r)
+    }
+
+    /// Bytes closing the open split may add before it is final: the Jazzy split-metadata
+    /// row, and (WAL presets) the checkpoint that copies the `-wal` into the file while the
+    /// `-wal` still exists.
+    pub fn close_reserve(&self) -> u64 {
+        let Some(s) = &self.split else {
+            return 0;
+        };
+        let mut reserve = 0;
+        if self.opts.flavour == Flavour::Jazzy {
+            let text = self.split_metadata(&s.rel, s.start_ns, s.end_ns, s.count, &s.per_topic);
+            // The row's own pages plus the b-tree pages its insert may touch or split.
+            reserve += 2 * text.len() as u64 + 4 * PAGE_BYTES;
+        }
+        let (wal, _) = sidecar_sizes(&s.path);
+        reserve + wal
+    }
+
+    /// Bytes on disk of the open split including its `-wal` and `-shm`, as of its last commit.
+    pub fn open_split_footprint(&self) -> u64 {
+        self.split
+            .as_ref()
+            .map_or(0, |s| split_size_on_disk(&s.path))
     }
 
     /// Close the open split and open the next one.
@@ -360,6 +431,9 @@ impl BagWriter {
             .as_ref()
             .filter(|s| s.count > 0)
             .map(|s| (s.start_ns, s.end_ns))
+    }
+    pub fn open_split_path(&self) -> Option<&Path> {
+        self.split.as_ref().map(|s| s.path.as_path())
     }
     pub fn open_split_index(&self) -> Option<u32> {
         self.split.as_ref().map(|s| s.index)
@@ -722,18 +796,6 @@ impl Drop for BagWriter {
     }
 }
 
-/// Whether a message of `len` bytes at `ts` must go into a new split. An empty split takes
-/// any message, so one larger than the split size gets a split of its own.
-fn split_needed(s: &OpenSplit, opts: &WriterOptions, ts: i64, len: u64) -> bool {
-    if s.count == 0 {
-        return false;
-    }
-    let size = opts.max_bag_size;
-    let dur = opts.max_bag_duration_ns;
-    (size > 0 && s.size_committed + s.pending_bytes + len + ROW_OVERHEAD_BYTES > size)
-        || (dur > 0 && ts.saturating_sub(s.start_ns) >= dur)
-}
-
 fn open_file_info(s: &OpenSplit) -> FileInfo {
     FileInfo {
         path: s.rel.clone(),
@@ -758,14 +820,68 @@ pub fn apply_pragmas(conn: &Connection, pragmas: &str) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// A split's footprint: the .db3 plus its WAL, if any (the disk budget is what counts).
+/// SQLite page size of every split ringbag writes (all presets).
+pub const PAGE_BYTES: u64 = 4096;
+
+/// The most one message row of `len` payload bytes can add to a split file: an upper bound
+/// that the size budget relies on, derived from SQLite's b-tree layout (4 KiB pages, no
+/// reserved bytes) rather than measured, so it holds for every size:
+/// * a cell of up to `MAX_LOCAL` bytes lives in a table leaf. Rows are appended in rowid
+///   order and SQLite starts a new rightmost leaf only when the next cell does not fit, so a
+///   leaf wastes less than one cell: each cell costs at most twice its size, or a whole page
+///   when two cannot share one;
+/// * a larger payload keeps a local part in the leaf (as above) and spills the rest into
+///   overflow pages of `PAGE - 4` bytes each;
+/// * the `timestamp_idx` entry (timestamp, rowid) costs at most twice its size likewise.
+///
+/// Interior pages of both b-trees are covered per commit (the retention's commit reserve).
+pub fn row_growth_bytes(len: u64) -> u64 {
+    const USABLE: u64 = PAGE_BYTES;
+    const MAX_LOCAL: u64 = USABLE - 35;
+    const MIN_LOCAL: u64 = (USABLE - 12) * 32 / 255 - 23;
+    const OVERFLOW_DATA: u64 = USABLE - 4;
+    // Record: header (4 serial types) + topic_id (up to 8) + timestamp (8) + blob.
+    const RECORD_OVERHEAD: u64 = 4 + 9 + 8 + 8;
+    // Cell: payload-size and rowid varints (up to 9 each), a 4-byte overflow pointer, and
+    // the 2-byte cell pointer in the page header.
+    const CELL_OVERHEAD: u64 = 9 + 9 + 4 + 2;
+    const INDEX_ENTRY: u64 = 2 * (9 + 9 + 8 + 8 + 2);
+    let payload = len + RECORD_OVERHEAD;
+    let (local, overflow_pages) = if payload <= MAX_LOCAL {
+        (payload, 0)
+    } else {
+        let mut local = MIN_LOCAL + (payload - MIN_LOCAL) % OVERFLOW_DATA;
+        if local > MAX_LOCAL {
+            local = MIN_LOCAL;
+        }
+        (local, (payload - local).div_ceil(OVERFLOW_DATA))
+    };
+    let cell = local + CELL_OVERHEAD;
+    // Page header (8 bytes for a leaf) leaves 4088 for cells.
+    let leaf = if 2 * cell > USABLE - 8 {
+        PAGE_BYTES
+    } else {
+        2 * cell + 8
+    };
+    leaf + overflow_pages * PAGE_BYTES + INDEX_ENTRY
+}
+
+/// A split's footprint: the .db3 plus its `-wal` and `-shm`, if any (the disk budget is what
+/// counts).
 pub fn split_size_on_disk(path: &Path) -> u64 {
     let main = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    main + fs::metadata(PathBuf::from(wal))
-        .map(|m| m.len())
-        .unwrap_or(0)
+    let (wal, shm) = sidecar_sizes(path);
+    main + wal + shm
+}
+
+/// Sizes of a split's `-wal` and `-shm` files (0 when absent).
+pub fn sidecar_sizes(path: &Path) -> (u64, u64) {
+    let len = |suffix: &str| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        fs::metadata(PathBuf::from(p)).map_or(0, |m| m.len())
+    };
+    (len("-wal"), len("-shm"))
 }
 
 /// Remove a split and any SQLite side files (`-wal`, `-shm`, `-journal`) next to it.

@@ -24,6 +24,8 @@ pub(crate) struct Register {
     pub id: u32,
     pub info: TopicInfo,
     pub definition: Option<MessageDefinition>,
+    /// The topic's counters; the writer adds what it wrote and dropped as oversize.
+    pub stats: Arc<TopicStats>,
 }
 
 /// State shared by producers and the writer thread.
@@ -102,6 +104,7 @@ impl Producer {
             id,
             info,
             definition,
+            stats: stats.clone(),
         });
         TopicHandle { id, stats }
     }
@@ -203,7 +206,14 @@ impl Producer {
             }
         };
         if shared.writer_gone.load(Relaxed) {
-            return rejected(data);
+            // Not a full queue: the recording is over (max-splits, a failure). Counted
+            // apart so the summary says why.
+            if !count_drop {
+                return Err(data);
+            }
+            topic.stats.dropped_after_stop.fetch_add(1, Relaxed);
+            give_back(shared, data);
+            return Err(Vec::new());
         }
         // Reserve bytes first so the budget holds even with many producers racing.
         let before = shared.in_flight.fetch_add(len, Relaxed);

@@ -1,5 +1,9 @@
 //! Per-topic counters shared between producers (writers of the atomics) and the writer
 //! thread (reader). Relaxed ordering: they are statistics, not synchronisation.
+//!
+//! Every message offered to the recorder ends in exactly one place, so the counts add up:
+//! `offered = written + dropped_queue_full + dropped_after_stop + oversize + unwritten`, where
+//! `accepted = written + oversize + unwritten` (accepted means it entered the queue).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -8,8 +12,17 @@ use std::time::Duration;
 pub struct TopicStats {
     pub name: String,
     pub type_name: String,
+    /// Entered the queue.
     pub accepted: AtomicU64,
+    /// Refused at the queue: byte budget or slots full (`--max-cache-size`).
     pub dropped: AtomicU64,
+    /// Refused at the queue because the writer had already stopped.
+    pub dropped_after_stop: AtomicU64,
+    /// Accepted, then dropped by the writer: it could never fit under `--max-record-size`.
+    pub oversize: AtomicU64,
+    /// Committed to the bag (counted after the commit returned).
+    pub written: AtomicU64,
+    /// Payload bytes accepted.
     pub bytes: AtomicU64,
 }
 
@@ -24,26 +37,98 @@ impl TopicStats {
     pub fn accepted(&self) -> u64 {
         self.accepted.load(Relaxed)
     }
+    /// Dropped at the queue because it was full (the rosbag2 sense of "dropped").
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Relaxed)
+    }
+    pub fn dropped_after_stop(&self) -> u64 {
+        self.dropped_after_stop.load(Relaxed)
+    }
+    pub fn oversize(&self) -> u64 {
+        self.oversize.load(Relaxed)
+    }
+    pub fn written(&self) -> u64 {
+        self.written.load(Relaxed)
     }
     pub fn bytes(&self) -> u64 {
         self.bytes.load(Relaxed)
     }
+    /// Accepted but neither written nor dropped as oversize: still queued, or discarded when
+    /// the writer stopped (`--max-splits`, a full disk, an I/O error). Final once producers
+    /// and the writer have stopped.
+    pub fn unwritten(&self) -> u64 {
+        // Read `written`/`oversize` before `accepted`: both only grow after `accepted` did,
+        // so the difference never goes negative between the loads.
+        let done = self.written() + self.oversize();
+        self.accepted().saturating_sub(done)
+    }
+    /// Everything offered and not recorded, whatever the cause.
+    pub fn not_recorded(&self) -> u64 {
+        self.dropped() + self.dropped_after_stop() + self.oversize() + self.unwritten()
+    }
 }
 
-/// What a recording did, printed at exit and kept in the bag's custom_data.
+/// One topic's line of the exit summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicSummary {
+    pub name: String,
+    pub accepted: u64,
+    pub written: u64,
+    pub dropped_queue_full: u64,
+    pub dropped_after_stop: u64,
+    pub oversize: u64,
+    pub unwritten: u64,
+}
+
+impl TopicSummary {
+    pub fn of(t: &TopicStats) -> Self {
+        TopicSummary {
+            name: t.name.clone(),
+            accepted: t.accepted(),
+            written: t.written(),
+            dropped_queue_full: t.dropped(),
+            dropped_after_stop: t.dropped_after_stop(),
+            oversize: t.oversize(),
+            unwritten: t.unwritten(),
+        }
+    }
+    pub fn dropped(&self) -> u64 {
+        self.dropped_queue_full + self.dropped_after_stop + self.oversize
+    }
+}
+
+/// What a recording did, printed at exit. Totals are sums of `per_topic`.
 #[derive(Debug, Clone, Default)]
 pub struct RecordSummary {
-    pub messages_written: u64,
-    pub bytes_written: u64,
-    pub dropped_total: u64,
-    /// (topic, written, dropped)
-    pub per_topic: Vec<(String, u64, u64)>,
+    pub accepted: u64,
+    pub written: u64,
+    pub dropped_queue_full: u64,
+    pub dropped_after_stop: u64,
+    pub oversize: u64,
+    pub unwritten: u64,
+    pub bytes_accepted: u64,
+    pub per_topic: Vec<TopicSummary>,
     pub wall_time: Duration,
+    /// Split files of this bag on disk at exit.
     pub splits_kept: u32,
     pub splits_deleted: u64,
+    /// Bytes of this bag's split files on disk at exit.
     pub bag_size_bytes: u64,
+}
+
+impl RecordSummary {
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped_queue_full + self.dropped_after_stop + self.oversize
+    }
+    pub fn add_topic(&mut self, t: TopicSummary) {
+        self.accepted += t.accepted;
+        self.written += t.written;
+        self.dropped_queue_full += t.dropped_queue_full;
+        self.dropped_after_stop += t.dropped_after_stop;
+        self.oversize += t.oversize;
+        self.unwritten += t.unwritten;
+        self.per_topic.push(t);
+    }
 }
 
 impl std::fmt::Display for RecordSummary {
@@ -51,23 +136,38 @@ impl std::fmt::Display for RecordSummary {
         let secs = self.wall_time.as_secs_f64();
         writeln!(
             f,
-            "accepted {} messages, {} bytes in {:.2} s ({:.0} msg/s, {:.1} MB/s); dropped {}",
-            self.messages_written,
-            self.bytes_written,
+            "accepted {} messages, {} bytes in {:.2} s ({:.0} msg/s, {:.1} MB/s); written {}, \
+             unwritten {}",
+            self.accepted,
+            self.bytes_accepted,
             secs,
-            self.messages_written as f64 / secs.max(1e-9),
-            self.bytes_written as f64 / 1e6 / secs.max(1e-9),
-            self.dropped_total
+            self.accepted as f64 / secs.max(1e-9),
+            self.bytes_accepted as f64 / 1e6 / secs.max(1e-9),
+            self.written,
+            self.unwritten,
+        )?;
+        writeln!(
+            f,
+            "dropped {} (queue full {}, oversize {}, after the writer stopped {})",
+            self.dropped_total(),
+            self.dropped_queue_full,
+            self.oversize,
+            self.dropped_after_stop
         )?;
         writeln!(
             f,
             "splits kept {}, deleted by retention {}, bag size now {} bytes",
             self.splits_kept, self.splits_deleted, self.bag_size_bytes
         )?;
-        for (name, written, dropped) in &self.per_topic {
+        for t in &self.per_topic {
             writeln!(
                 f,
-                "  {name:<40} written {written:>10}  dropped {dropped:>8}"
+                "  {:<40} accepted {:>10}  written {:>10}  dropped {:>8}  unwritten {:>8}",
+                t.name,
+                t.accepted,
+                t.written,
+                t.dropped(),
+                t.unwritten
             )?;
         }
         Ok(())

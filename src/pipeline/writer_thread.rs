@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, TryRecvError};
 
 use super::queue::{give_back, Item, Producer, Register, Shared};
-use super::stats::{RecordSummary, TopicStats};
-use crate::bag::writer::{BagSummary, BagWriter, ROW_OVERHEAD_BYTES};
+use super::stats::{RecordSummary, TopicStats, TopicSummary};
+use crate::bag::writer::{row_growth_bytes, BagSummary, BagWriter, Row};
 use crate::bag::BagError;
 use crate::clock::TimeSource;
 use crate::retention::{Retention, RetentionError, Verdict};
@@ -85,6 +85,7 @@ pub struct Pipeline {
     handle: Option<JoinHandle<Result<(BagSummary, StopReason), PipelineError>>>,
     started: Instant,
     splits_deleted: Arc<std::sync::atomic::AtomicU64>,
+    bag_dir: std::path::PathBuf,
 }
 
 impl Pipeline {
@@ -114,6 +115,10 @@ impl Pipeline {
         });
         let splits_deleted = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let progress = Arc::new(Progress::default());
+        let bag_dir = writer.dir().to_path_buf();
+        progress
+            .splits
+            .store(u64::from(writer.splits_created()), Relaxed);
         let ctx = WriterCtx {
             progress: progress.clone(),
             shared: shared.clone(),
@@ -123,6 +128,8 @@ impl Pipeline {
             retention,
             cfg,
             topic_map: Vec::new(),
+            topic_stats: Vec::new(),
+            written_scratch: Vec::new(),
             clock: clock.clone(),
             splits_deleted: splits_deleted.clone(),
         };
@@ -143,6 +150,7 @@ impl Pipeline {
             handle,
             started: Instant::now(),
             splits_deleted,
+            bag_dir,
         };
         if p.handle.is_none() {
             p.shared.writer_gone.store(true, Relaxed);
@@ -195,24 +203,20 @@ impl Pipeline {
                 "writer thread could not be spawned".into(),
             )),
         };
-        let stats = self.topic_stats();
         let mut summary = RecordSummary {
             wall_time: self.started.elapsed(),
             splits_deleted: self.splits_deleted.load(Relaxed),
             ..Default::default()
         };
-        for t in &stats {
-            summary.messages_written += t.accepted();
-            summary.bytes_written += t.bytes();
-            summary.dropped_total += t.dropped();
-            summary
-                .per_topic
-                .push((t.name.clone(), t.accepted(), t.dropped()));
+        // Producers and the writer have stopped: these counts are final and add up.
+        for t in &self.topic_stats() {
+            summary.bytes_accepted += t.bytes();
+            summary.add_topic(TopicSummary::of(t));
         }
-        if let Ok((bag, _)) = &result {
-            summary.bag_size_bytes = bag.size_bytes;
-            summary.splits_kept = bag.metadata.files.len() as u32;
-        }
+        // What is on disk, whether or not the bag finished cleanly.
+        let (splits, bytes) = splits_on_disk(&self.bag_dir);
+        summary.splits_kept = splits;
+        summary.bag_size_bytes = bytes;
         (result, summary)
     }
 }
@@ -227,6 +231,11 @@ struct WriterCtx {
     cfg: PipelineConfig,
     /// Producer topic id → bag topic index.
     topic_map: Vec<Option<usize>>,
+    /// Producer topic id → its counters (written, oversize).
+    topic_stats: Vec<Option<Arc<TopicStats>>>,
+    /// Rows written per producer topic id in the current batch, published once per batch
+    /// (an atomic per row would share cache lines with the producers' counters).
+    written_scratch: Vec<u64>,
     clock: Arc<dyn TimeSource>,
     splits_deleted: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -235,18 +244,17 @@ impl WriterCtx {
     fn run(mut self) -> Result<(BagSummary, StopReason), PipelineError> {
         let r = self.run_loop();
         // Whatever happened, stop producers and finish the bag with what was committed.
+        // Nothing is written after this point, so producers stop queueing (and count why).
         self.shared.stop.store(true, Relaxed);
-        if r.is_err() {
-            self.shared.writer_gone.store(true, Relaxed);
-        }
+        self.shared.writer_gone.store(true, Relaxed);
         self.annotate_custom_data();
         let writer = self.writer.take().expect("writer present until finish");
         let finished = writer.finish();
+        // Whatever is still queued will never be written (it counts as unwritten); release
+        // its bytes so the budget accounting stays right while producers shut down.
+        self.drain_and_discard();
         match (r, finished) {
-            (Err(e), _) => {
-                self.drain_and_discard();
-                Err(e)
-            }
+            (Err(e), _) => Err(e),
             (Ok(_), Err(e)) => Err(e.into()),
             (Ok(reason), Ok(summary)) => Ok((summary, reason)),
         }
@@ -257,6 +265,10 @@ impl WriterCtx {
     }
 
     fn run_loop(&mut self) -> Result<StopReason, PipelineError> {
+        if let (Some(ret), Some(w)) = (self.retention.as_mut(), self.writer.as_mut()) {
+            // Learn the empty split's real size before any message is judged against it.
+            ret.sync(w);
+        }
         let mut batch: Vec<Item> = Vec::with_capacity(self.cfg.batch_max_messages);
         let mut batch_bytes = 0usize;
         let mut batch_started = Instant::now();
@@ -288,8 +300,11 @@ impl WriterCtx {
                 || batch_bytes >= self.cfg.batch_max_bytes;
             let due = !batch.is_empty() && batch_started.elapsed() >= self.cfg.batch_max_delay;
             if full || due || ((stopping || disconnected) && !batch.is_empty()) {
-                self.write(&mut batch)?;
+                let stop = self.write(&mut batch)?;
                 batch_bytes = 0;
+                if let Some(reason) = stop {
+                    return Ok(reason);
+                }
                 if let Some(reason) = self.after_batch()? {
                     return Ok(reason);
                 }
@@ -300,7 +315,10 @@ impl WriterCtx {
             }
             // Quiet topics still rotate on time.
             let now = self.clock.now_ns();
-            if self.writer().split_if_due(now)? {
+            if self.writer().split_due_by_time(now) {
+                if let Some(reason) = self.rotate()? {
+                    return Ok(reason);
+                }
                 if let Some(reason) = self.after_batch()? {
                     return Ok(reason);
                 }
@@ -329,13 +347,19 @@ impl WriterCtx {
             let id = reg.id as usize;
             if self.topic_map.len() <= id {
                 self.topic_map.resize(id + 1, None);
+                self.topic_stats.resize(id + 1, None);
+                self.written_scratch.resize(id + 1, 0);
             }
             self.topic_map[id] = Some(idx);
+            self.topic_stats[id] = Some(reg.stats);
         }
         Ok(())
     }
 
-    fn write(&mut self, batch: &mut Vec<Item>) -> Result<(), PipelineError> {
+    /// Write one batch: split it at split boundaries, let retention make room before each
+    /// run of rows and around each rotation, commit each run. Returns a stop reason when
+    /// `--max-splits` ends the recording inside the batch.
+    fn write(&mut self, batch: &mut Vec<Item>) -> Result<Option<StopReason>, PipelineError> {
         // A registration sent before its first message may still be in flight.
         if batch.iter().any(|i| {
             self.topic_map
@@ -346,40 +370,132 @@ impl WriterCtx {
         }) {
             self.drain_registrations()?;
         }
-        let incoming: u64 = batch
-            .iter()
-            .map(|i| i.data.len() as u64 + ROW_OVERHEAD_BYTES)
-            .sum();
-        let newest = batch.iter().map(|i| i.ts).max().unwrap_or(0);
-        if let Some(ret) = self.retention.as_mut() {
-            let w = self.writer.as_mut().expect("writer present");
-            let n = ret.before_batch(w, incoming, newest)?;
-            self.splits_deleted.fetch_add(n, Relaxed);
-        }
-        self.check_free_space(incoming)?;
-        let map = &self.topic_map;
-        let rows = batch.iter().filter_map(|i| {
-            let idx = map.get(i.topic as usize).copied().flatten()?;
-            Some((idx, i.ts, i.data.as_slice()))
-        });
-        let mut n_rows = 0u64;
-        let rows = rows.inspect(|_| n_rows += 1);
-        let w = self.writer.as_mut().expect("writer present");
-        let result = w.write_batch(rows);
-        if result.is_ok() {
-            // Only after COMMIT returned: these rows are in the file.
-            self.progress.committed.fetch_add(n_rows, Relaxed);
-            self.progress
-                .splits
-                .store(u64::from(w.splits_created()), Relaxed);
-        }
+        let result = self.write_rows_of(batch);
         let bytes: usize = batch.iter().map(|i| i.data.len()).sum();
         for item in batch.drain(..) {
             give_back(&self.shared, item.data);
         }
         self.shared.in_flight.fetch_sub(bytes, Relaxed);
-        result?;
-        Ok(())
+        result
+    }
+
+    fn write_rows_of(&mut self, batch: &[Item]) -> Result<Option<StopReason>, PipelineError> {
+        // Rows in batch order with their producer ids; oversize messages are left out here.
+        let mut rows: Vec<Row> = Vec::with_capacity(batch.len());
+        let mut ids: Vec<u32> = Vec::with_capacity(batch.len());
+        for item in batch {
+            let Some(idx) = self.topic_map.get(item.topic as usize).copied().flatten() else {
+                continue; // Unknown topic: stays "unwritten" in the counts.
+            };
+            if !self.fits_budget(item) {
+                continue;
+            }
+            rows.push((idx, item.ts, item.data.as_slice()));
+            ids.push(item.topic);
+        }
+        let mut done = 0;
+        let mut stop = None;
+        while done < rows.len() {
+            let rest = &rows[done..];
+            let n = self.writer().rows_fitting(rest);
+            if n == 0 {
+                // The open split is full: rotate, with retention between close and open.
+                if let Some(reason) = self.rotate()? {
+                    stop = Some(reason);
+                    break;
+                }
+                continue;
+            }
+            let chunk = &rest[..n];
+            let growth: u64 = chunk
+                .iter()
+                .map(|r| row_growth_bytes(r.2.len() as u64))
+                .sum();
+            let newest = chunk.iter().map(|r| r.1).max().unwrap_or(0);
+            if let Some(ret) = self.retention.as_mut() {
+                let w = self.writer.as_mut().expect("writer present");
+                let d = ret.before_batch(w, growth, newest)?;
+                self.splits_deleted.fetch_add(d, Relaxed);
+            }
+            self.check_free_space(growth)?;
+            self.writer
+                .as_mut()
+                .expect("writer present")
+                .write_rows(chunk)?;
+            // Only after COMMIT returned: these rows are in the file.
+            for &id in &ids[done..done + n] {
+                self.written_scratch[id as usize] += 1;
+            }
+            self.progress.committed.fetch_add(n as u64, Relaxed);
+            done += n;
+        }
+        self.publish_written();
+        Ok(stop)
+    }
+
+    /// Whether `item` can ever fit under `--max-record-size`; if not, count it as oversize
+    /// (warning once per topic) so the bound holds and the loss is visible.
+    fn fits_budget(&mut self, item: &Item) -> bool {
+        let (Some(ret), Some(w)) = (self.retention.as_ref(), self.writer.as_ref()) else {
+            return true;
+        };
+        if ret.fits_alone(w, item.data.len() as u64) {
+            return true;
+        }
+        if let Some(Some(stats)) = self.topic_stats.get(item.topic as usize) {
+            if stats.oversize.fetch_add(1, Relaxed) == 0 {
+                log::warn!(
+                    "{}: a {} byte message cannot fit under --max-record-size {} even with every \
+                     older split deleted; dropping such messages (counted as oversize)",
+                    stats.name,
+                    item.data.len(),
+                    ret.policy().max_record_size.unwrap_or(0)
+                );
+            }
+        }
+        false
+    }
+
+    /// Add the batch's written rows to the topics' counters.
+    fn publish_written(&mut self) {
+        for (id, n) in self.written_scratch.iter_mut().enumerate() {
+            if *n > 0 {
+                if let Some(Some(stats)) = self.topic_stats.get(id) {
+                    stats.written.fetch_add(*n, Relaxed);
+                }
+                *n = 0;
+            }
+        }
+    }
+
+    /// Close the open split and open the next, letting retention delete old splits in
+    /// between so that no bound is exceeded while the new file appears. Returns
+    /// `MaxSplits` instead when `--max-splits` files already exist.
+    fn rotate(&mut self) -> Result<Option<StopReason>, PipelineError> {
+        let w = self.writer.as_mut().expect("writer present");
+        if !w.may_open_another_split() {
+            // `--max-splits` is a stop condition: the open split is the last one.
+            w.mark_split_limit_reached();
+            return Ok(Some(StopReason::MaxSplits(self.retention_max_splits())));
+        }
+        match self.retention.as_mut() {
+            Some(ret) => {
+                let d = ret.rotate(w)?;
+                self.splits_deleted.fetch_add(d, Relaxed);
+            }
+            None => {
+                w.split()?;
+                w.take_newly_closed();
+            }
+        }
+        self.progress
+            .splits
+            .store(u64::from(w.splits_created()), Relaxed);
+        Ok(None)
+    }
+
+    fn retention_max_splits(&self) -> u32 {
+        self.retention.as_ref().map_or(0, |r| r.policy().max_splits)
     }
 
     /// With journaling off, hitting ENOSPC mid-transaction can leave the open split
@@ -436,20 +552,36 @@ impl WriterCtx {
         total
     }
 
-    /// Drops per topic go into the bag's custom_data so the bag says it is incomplete.
+    /// What was not recorded goes into the bag's custom_data so the bag says it is
+    /// incomplete: the total and per topic over every cause, and the total of each cause.
+    /// Runs after producers were told the writer is gone, so the counts are final but for a
+    /// producer that raced that flag.
     fn annotate_custom_data(&mut self) {
         let topics = self.shared.topic_stats();
-        let total: u64 = topics.iter().map(|t| t.dropped()).sum();
+        let sum = |f: fn(&TopicStats) -> u64| topics.iter().map(|t| f(t)).sum::<u64>();
+        let total = sum(TopicStats::not_recorded);
+        let causes = [
+            ("ringbag.dropped_queue_full", sum(TopicStats::dropped)),
+            ("ringbag.dropped_oversize", sum(TopicStats::oversize)),
+            ("ringbag.unwritten_at_stop", sum(TopicStats::unwritten)),
+            (
+                "ringbag.dropped_after_stop",
+                sum(TopicStats::dropped_after_stop),
+            ),
+        ];
         let clock_data = self.clock.custom_data();
         let w = self.writer.as_mut().expect("writer present until finish");
         for (k, v) in clock_data {
             w.set_custom_data(k, v);
         }
         w.set_custom_data("ringbag.dropped_messages", total.to_string());
-        for t in topics.iter().filter(|t| t.dropped() > 0) {
+        for (k, v) in causes.into_iter().filter(|(_, v)| *v > 0) {
+            w.set_custom_data(k, v.to_string());
+        }
+        for t in topics.iter().filter(|t| t.not_recorded() > 0) {
             w.set_custom_data(
                 format!("ringbag.dropped_messages.{}", t.name),
-                t.dropped().to_string(),
+                t.not_recorded().to_string(),
             );
         }
     }
@@ -461,4 +593,14 @@ impl WriterCtx {
             self.shared.in_flight.fetch_sub(item.data.len(), Relaxed);
         }
     }
+}
+
+/// Split files of a bag directory and their bytes (with `-wal`/`-shm`), as found on disk.
+fn splits_on_disk(dir: &std::path::Path) -> (u32, u64) {
+    let files = crate::bag::reader::find_split_files(dir).unwrap_or_default();
+    let bytes = files
+        .iter()
+        .map(|f| crate::bag::writer::split_size_on_disk(&dir.join(f)))
+        .sum();
+    (files.len() as u32, bytes)
 }

@@ -1,0 +1,337 @@
+//! The circular budget under stress: the directory is sampled as fast as the test can list it
+//! while recordings run at full rate across split sizes, message sizes (100 B to 2.7 MB),
+//! limits and storage presets. Every sample must hold the bound: total bytes of every file in
+//! the bag directory ≤ `--max-record-size`, split files ≤ `--max-bag-files`. Afterwards the
+//! bag reads, and the exit summary's counts add up to what is in the bag.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Child, Stdio};
+
+use ringbag::bag::reader::{Bag, ReadFilter};
+
+use crate::common::ringbag;
+
+/// One sample of a bag directory: (bytes of every file, split files), or `None` when the
+/// sample is torn. Files are listed and stat'ed one by one, so a sample taken across a
+/// deletion could add a file that is already gone to one that grew since, and show a peak
+/// that never existed: every counted file is stat'ed again at the end, and the sample only
+/// counts if each one is still there as the same inode. Files only grow between deletions,
+/// so a sample that passes is a lower bound of what was on disk at its end.
+fn sample(dir: &Path, listing: &mut Vec<(String, u64)>) -> Option<(u64, usize)> {
+    use std::os::unix::fs::MetadataExt;
+    listing.clear();
+    let Ok(rd) = fs::read_dir(dir) else {
+        return Some((0, 0));
+    };
+    let (mut bytes, mut splits) = (0, 0);
+    let mut seen = Vec::new();
+    for e in rd.flatten() {
+        let Ok(m) = e.metadata() else { continue };
+        if m.is_file() {
+            bytes += m.len();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".db3") {
+                splits += 1;
+            }
+            seen.push((e.path(), m.ino()));
+            listing.push((name, m.len()));
+        }
+    }
+    let intact = seen
+        .iter()
+        .all(|(p, ino)| fs::symlink_metadata(p).is_ok_and(|m| m.ino() == *ino));
+    intact.then_some((bytes, splits))
+}
+
+struct Peak {
+    bytes: u64,
+    /// The files at the byte peak, to explain a failure.
+    at_peak: Vec<(String, u64)>,
+    splits: usize,
+    samples: u64,
+    /// Samples discarded because a counted file was deleted while sampling.
+    torn: u64,
+}
+
+/// Sample `dir` until the child exits; stderr is read on a thread so it can never block it.
+fn record_sampling(args: &[String], dir: &Path) -> (std::process::ExitStatus, String, Peak) {
+    let mut child: Child = ringbag()
+        .arg("record")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ringbag starts");
+    let mut err = child.stderr.take().expect("stderr piped");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut err, &mut s).ok();
+        s
+    });
+    let mut listing = Vec::new();
+    let mut peak = Peak {
+        at_peak: Vec::new(),
+        bytes: 0,
+        splits: 0,
+        samples: 0,
+        torn: 0,
+    };
+    loop {
+        let done = child.try_wait().expect("wait works").is_some();
+        let Some((b, n)) = sample(dir, &mut listing) else {
+            peak.torn += 1;
+            if done {
+                break;
+            }
+            continue;
+        };
+        if b > peak.bytes {
+            peak.bytes = b;
+            peak.at_peak.clone_from(&listing);
+        }
+        peak.splits = peak.splits.max(n);
+        peak.samples += 1;
+        if done {
+            break;
+        }
+    }
+    let status = child.wait().expect("wait");
+    (status, reader.join().expect("stderr reader"), peak)
+}
+
+/// A number from the exit summary: the word after `key` in the first line containing it.
+fn summary_number(err: &str, key: &str) -> u64 {
+    let line = err
+        .lines()
+        .find(|l| l.contains(key))
+        .unwrap_or_else(|| panic!("no `{key}` in summary:\n{err}"));
+    let rest = &line[line.find(key).unwrap() + key.len()..];
+    rest.split(|c: char| !c.is_ascii_digit())
+        .find(|s| !s.is_empty())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no number after `{key}` in: {line}"))
+}
+
+struct Case {
+    profile: &'static str,
+    count: u64,
+    split: &'static str,
+    limit: &'static str,
+    extra: &'static [&'static str],
+}
+
+fn bytes_of(s: &str) -> u64 {
+    ringbag::cli::units::parse_bytes(s).expect("test sizes parse")
+}
+
+/// Record `case` and check the size bound at every sample; returns (summary, peak).
+fn run_case(case: &Case, preset: &str) -> (String, Peak) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("b");
+    let mut args: Vec<String> = [
+        "-o",
+        out.to_str().unwrap(),
+        "--source",
+        "synthetic",
+        "--synthetic-profile",
+        case.profile,
+        "--synthetic-rate",
+        "max",
+        "--synthetic-count",
+        &case.count.to_string(),
+        "-b",
+        case.split,
+        "--max-record-size",
+        case.limit,
+        "--storage-preset-profile",
+        preset,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(case.extra.iter().map(|s| s.to_string()));
+    let (status, err, peak) = record_sampling(&args, &out);
+    let what = format!(
+        "{} messages, -b {}, --max-record-size {}, {preset} {:?}",
+        case.profile, case.split, case.limit, case.extra
+    );
+    assert!(status.success(), "{what}: {err}");
+    let limit = bytes_of(case.limit);
+    eprintln!(
+        "{what}: peak {} of {limit} bytes ({:.3}), {} samples ({} torn, discarded)",
+        peak.bytes,
+        peak.bytes as f64 / limit as f64,
+        peak.samples,
+        peak.torn
+    );
+    assert!(
+        peak.bytes <= limit,
+        "{what}: the directory held {} bytes, over the {limit} byte bound: {:?}",
+        peak.bytes,
+        peak.at_peak
+    );
+    assert_adds_up(&out, &err, &what);
+    (err, peak)
+}
+
+/// The bag reads, and the summary's counts are the bag's: written = kept + deleted by
+/// retention is not knowable from the bag alone, so check what is: accepted = written +
+/// oversize + unwritten, and a bag that lost nothing to retention holds exactly `written`.
+fn assert_adds_up(dir: &Path, err: &str, what: &str) {
+    let bag = Bag::open(dir).unwrap_or_else(|e| panic!("{what}: bag opens: {e}"));
+    let read = bag
+        .messages(&ReadFilter::default())
+        .unwrap()
+        .inspect(|m| assert!(m.is_ok(), "{what}: message reads: {m:?}"))
+        .count() as u64;
+    assert_eq!(read, bag.metadata.message_count, "{what}: metadata count");
+    let accepted = summary_number(err, "accepted ");
+    let written = summary_number(err, "written ");
+    let unwritten = summary_number(err, "unwritten ");
+    let oversize = summary_number(err, "oversize ");
+    assert_eq!(
+        accepted,
+        written + oversize + unwritten,
+        "{what}: accepted = written + oversize + unwritten:\n{err}"
+    );
+    if summary_number(err, "deleted by retention ") == 0 {
+        assert_eq!(
+            read, written,
+            "{what}: nothing deleted, so the bag holds all written"
+        );
+    } else {
+        assert!(read <= written, "{what}: {read} read, {written} written");
+    }
+}
+
+const PRESETS: [&str; 3] = ["write-optimized", "resilient", "none"];
+
+#[test]
+fn the_size_bound_holds_at_every_sample_across_split_and_message_sizes_and_presets() {
+    let cases = [
+        // The smallest split with the tightest budget: rotations dominate.
+        Case {
+            profile: "small",
+            count: 30_000,
+            split: "86016",
+            limit: "172032",
+            extra: &[],
+        },
+        // Messages a large fraction of the split.
+        Case {
+            profile: "medium",
+            count: 120,
+            split: "86016",
+            limit: "172032",
+            extra: &["--bag-format", "humble"],
+        },
+        Case {
+            profile: "medium",
+            count: 200,
+            split: "1MiB",
+            limit: "3MiB",
+            extra: &[],
+        },
+        // Messages larger than a split: each gets a split of its own.
+        Case {
+            profile: "large",
+            count: 30,
+            split: "200KiB",
+            limit: "4MiB",
+            extra: &[],
+        },
+    ];
+    for case in &cases {
+        for preset in PRESETS {
+            let (err, _) = run_case(case, preset);
+            if preset != "resilient" {
+                // These budgets hold every message (the WAL preset needs more room: each
+                // page is written twice, so some of its cases drop oversize messages).
+                assert_eq!(summary_number(&err, "oversize "), 0, "{err}");
+            }
+        }
+    }
+}
+
+#[test]
+fn camera_images_larger_than_a_split_stay_under_the_bound() {
+    // The robot mix: 2.7 MB images, 1 MiB point clouds, small IMU and TF messages.
+    let case = Case {
+        profile: "robot",
+        count: 300,
+        split: "1MiB",
+        limit: "8MiB",
+        extra: &[],
+    };
+    for preset in PRESETS {
+        run_case(&case, preset);
+    }
+}
+
+#[test]
+fn messages_that_can_never_fit_are_dropped_as_oversize_and_the_bound_holds() {
+    // 1 MiB messages under a 1 MiB budget: none can fit, even alone in a fresh split.
+    let case = Case {
+        profile: "large",
+        count: 12,
+        split: "200KiB",
+        limit: "1MiB",
+        extra: &[],
+    };
+    for preset in PRESETS {
+        let (err, _) = run_case(&case, preset);
+        assert_eq!(summary_number(&err, "oversize "), 12, "{err}");
+        assert_eq!(summary_number(&err, "written "), 0, "{err}");
+        let warnings = err
+            .lines()
+            .filter(|l| l.contains("cannot fit under --max-record-size"))
+            .count();
+        assert_eq!(warnings, 1, "one warning per topic:\n{err}");
+    }
+}
+
+fn files_bound_holds(split_args: &[&str], count: u64) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("f");
+    let mut args: Vec<String> = [
+        "-o",
+        out.to_str().unwrap(),
+        "--source",
+        "synthetic",
+        "--synthetic-profile",
+        "small",
+        "--synthetic-count",
+        &count.to_string(),
+        "--max-bag-files",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(split_args.iter().map(|s| s.to_string()));
+    let (status, err, peak) = record_sampling(&args, &out);
+    assert!(status.success(), "{err}");
+    eprintln!(
+        "--max-bag-files 2 {split_args:?}: at most {} split files over {} samples",
+        peak.splits, peak.samples
+    );
+    assert!(
+        peak.splits <= 2,
+        "{split_args:?}: {} split files at once under --max-bag-files 2",
+        peak.splits
+    );
+    assert!(summary_number(&err, "deleted by retention ") > 0, "{err}");
+    assert_adds_up(&out, &err, "--max-bag-files 2");
+}
+
+#[test]
+fn max_bag_files_is_exact_at_every_sample_when_splitting_by_size() {
+    files_bound_holds(&["-b", "86016", "--synthetic-rate", "max"], 30_000);
+}
+
+#[test]
+fn max_bag_files_is_exact_at_every_sample_when_splitting_by_duration() {
+    // 1000 messages/s for 2 s, a split every 0.3 s.
+    files_bound_holds(&["-d", "0.3", "--synthetic-rate", "realtime"], 2000);
+}
