@@ -217,6 +217,20 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
             "in use by another process (a recording is writing it); not touched",
         ));
     }
+    // A FIFO, socket or directory named metadata.yaml is not a damaged metadata.yaml that
+    // the rebuild may replace: something else put it there. Refuse, naming it.
+    let meta_path = bag.join(METADATA_FILE);
+    if let Ok(m) = fs::symlink_metadata(&meta_path) {
+        if !m.is_file() && !m.file_type().is_symlink() {
+            return Err(BagError::invalid(
+                &meta_path,
+                format!(
+                    "is {}, not a regular file; not opened",
+                    super::fsguard::kind(&m.file_type())
+                ),
+            ));
+        }
+    }
     let old = BagMetadata::read(bag).ok();
     let scratch = if opts.dry_run {
         Some(Scratch::new(bag)?)
@@ -229,6 +243,8 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
     let mut checked = Vec::new();
     for rel in &files {
         let original = bag.join(rel);
+        // SQLite and the dry run's copy open the side files: never one that could block.
+        super::fsguard::check_side_files(&original)?;
         let work = match &scratch {
             Some(s) => s.copy_split(&original)?,
             None => original.clone(),
@@ -430,7 +446,13 @@ pub fn locked_by_another_process(split: &Path) -> bool {
     const SHM_LOCK_LEN: i64 = 9;
     let probe = |path: &Path, start: i64, len: i64| -> bool {
         use std::os::fd::AsRawFd;
-        let Ok(f) = fs::File::open(path) else {
+        use std::os::unix::fs::OpenOptionsExt;
+        // O_NONBLOCK: a FIFO under a split's or -shm's name must not block the probe.
+        let Ok(f) = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+        else {
             return false;
         };
         // SAFETY: a zeroed flock is a valid value; F_GETLK only reads the fd and fills `fl`.

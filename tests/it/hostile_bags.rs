@@ -1,0 +1,319 @@
+//! Bags built by a hostile or careless hand: FIFOs where files should be, metadata.yaml naming
+//! files outside the bag or values that cannot be true, files that are not rosbag2 splits,
+//! bags in directories the reader may not write. Every command must finish quickly with one
+//! clear line, never hang, never write, and never destroy what is not its own.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use ringbag::bag::Flavour;
+
+use crate::common::{ringbag, stderr, write_bag};
+
+/// Run ringbag with `args`, killed if it runs past `secs`. Both pipes are read while
+/// waiting (a full pipe would block the child). Panics naming the command on a timeout.
+fn run_deadline<S: AsRef<OsStr>>(args: &[S], secs: u64) -> Output {
+    let child = ringbag()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ringbag");
+    let pid = child.id();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let timed_out = done_rx.recv_timeout(Duration::from_secs(secs)).is_err();
+        if timed_out {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        timed_out
+    });
+    let out = child.wait_with_output().expect("ringbag output");
+    let _ = done_tx.send(());
+    let cmd: Vec<String> = args
+        .iter()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !watchdog.join().expect("watchdog"),
+        "`ringbag {}` hung (killed after {secs} s)",
+        cmd.join(" ")
+    );
+    out
+}
+
+/// Assert exit 2 and exactly one stderr line, `ringbag: error: ...` containing `want`.
+fn assert_one_line_error(out: &Output, want: &str, what: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{what}: not one line: {err}");
+    assert!(
+        lines[0].starts_with("ringbag: error: ") && lines[0].contains(want),
+        "{what}: {err}"
+    );
+}
+
+fn mkfifo(p: &Path) {
+    nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o644)).expect("mkfifo");
+}
+
+fn small_bag(dir: &Path) {
+    write_bag(
+        dir,
+        Flavour::Jazzy,
+        &[("/a", "std_msgs/msg/String")],
+        20,
+        10,
+    );
+}
+
+/// Every reading command, as argument lists ending in the bag.
+fn commands(bag: &Path) -> Vec<Vec<PathBuf>> {
+    let b = bag.to_path_buf();
+    vec![
+        vec!["info".into(), b.clone()],
+        vec!["info".into(), "--json".into(), b.clone()],
+        vec!["play".into(), "--sink".into(), "echo".into(), b.clone()],
+        vec!["reindex".into(), b.clone()],
+        vec!["reindex".into(), "--dry-run".into(), b],
+    ]
+}
+
+#[test]
+fn a_fifo_split_is_refused_by_every_command_without_hanging() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Alone, and next to real splits.
+    let alone = tmp.path().join("f");
+    fs::create_dir(&alone).unwrap();
+    mkfifo(&alone.join("f_0.db3"));
+    let mixed = tmp.path().join("m");
+    small_bag(&mixed);
+    mkfifo(&mixed.join("m_7.db3"));
+    for bag in [&alone, &mixed] {
+        for args in commands(bag) {
+            let out = run_deadline(&args, 10);
+            assert_one_line_error(&out, "is a FIFO, not a regular file", &format!("{args:?}"));
+        }
+    }
+    // A FIFO given as the bag itself.
+    let out = run_deadline(&["info".as_ref(), alone.join("f_0.db3").as_os_str()], 10);
+    assert_one_line_error(&out, "not a bag", "info FIFO");
+}
+
+#[test]
+fn a_directory_named_like_a_split_is_not_a_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("d");
+    small_bag(&bag);
+    fs::create_dir(bag.join("d_9.db3")).unwrap();
+    let out = run_deadline(&["info".as_ref(), bag.as_os_str()], 10);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn a_fifo_metadata_yaml_is_refused_by_every_command_without_hanging() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("y");
+    small_bag(&bag);
+    fs::remove_file(bag.join("metadata.yaml")).unwrap();
+    mkfifo(&bag.join("metadata.yaml"));
+    for args in commands(&bag) {
+        let out = run_deadline(&args, 10);
+        assert_one_line_error(
+            &out,
+            "metadata.yaml: is a FIFO, not a regular file; not opened",
+            &format!("{args:?}"),
+        );
+    }
+}
+
+#[test]
+fn a_metadata_yaml_listing_a_fifo_is_refused_without_hanging() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("l");
+    small_bag(&bag);
+    // The bag's first split is replaced by a FIFO of the same name.
+    fs::remove_file(bag.join("l_0.db3")).unwrap();
+    mkfifo(&bag.join("l_0.db3"));
+    for args in commands(&bag) {
+        let out = run_deadline(&args, 10);
+        assert_one_line_error(&out, "l_0.db3", &format!("{args:?}"));
+        assert!(stderr(&out).contains("FIFO"), "{args:?}: {}", stderr(&out));
+    }
+    // metadata.yaml naming a FIFO that is not a .db3 file at all.
+    let bag2 = tmp.path().join("n");
+    small_bag(&bag2);
+    mkfifo(&bag2.join("pipe"));
+    let meta = bag2.join("metadata.yaml");
+    let text = fs::read_to_string(&meta)
+        .unwrap()
+        .replace("n_1.db3", "pipe");
+    fs::write(&meta, text).unwrap();
+    for args in &commands(&bag2)[..3] {
+        let out = run_deadline(args, 10);
+        assert_one_line_error(
+            &out,
+            "metadata.yaml: lists pipe, which is a FIFO, not a regular file; not opened",
+            &format!("{args:?}"),
+        );
+    }
+}
+
+#[test]
+fn a_fifo_side_file_is_refused_without_hanging() {
+    let tmp = tempfile::tempdir().unwrap();
+    for suffix in ["-wal", "-journal", "-shm"] {
+        let bag = tmp
+            .path()
+            .join(format!("s{}", suffix.trim_start_matches('-')));
+        small_bag(&bag);
+        let name = bag.file_name().unwrap().to_string_lossy().into_owned();
+        mkfifo(&bag.join(format!("{name}_1.db3{suffix}")));
+        for args in commands(&bag) {
+            let out = run_deadline(&args, 10);
+            assert_one_line_error(&out, "is a FIFO", &format!("{args:?}"));
+        }
+    }
+}
+
+#[test]
+fn record_recover_is_not_hung_by_a_fifo_bag_in_the_parent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("fifo_bag");
+    fs::create_dir(&f).unwrap();
+    mkfifo(&f.join("fifo_bag_0.db3"));
+    let y = tmp.path().join("fifo_yaml");
+    small_bag(&y);
+    fs::remove_file(y.join("metadata.yaml")).unwrap();
+    mkfifo(&y.join("metadata.yaml"));
+    let out = tmp.path().join("new");
+    let o = run_deadline(
+        &[
+            "record".as_ref(),
+            "--source".as_ref(),
+            "synthetic".as_ref(),
+            "--synthetic-profile".as_ref(),
+            "small".as_ref(),
+            "--synthetic-count".as_ref(),
+            "10".as_ref(),
+            "--recover".as_ref(),
+            "-o".as_ref(),
+            out.as_os_str(),
+        ],
+        20,
+    );
+    // Whether a bag that cannot be recovered stops the recording is the recovery policy's
+    // business; here it must only finish, and name what it could not use.
+    assert!(o.status.code().is_some(), "{}", stderr(&o));
+}
+
+/// Write `bag`'s metadata.yaml with `from` replaced by `to` (first occurrence only).
+fn edit_metadata(bag: &Path, from: &str, to: &str) {
+    let meta = bag.join("metadata.yaml");
+    let text = fs::read_to_string(&meta).unwrap();
+    assert!(text.contains(from), "{from} not in\n{text}");
+    fs::write(&meta, text.replacen(from, to, 1)).unwrap();
+}
+
+#[test]
+fn metadata_paths_outside_the_bag_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    small_bag(&src);
+    // A real split outside the bag: it would read fine if it were opened.
+    fs::copy(src.join("src_0.db3"), tmp.path().join("outside_0.db3")).unwrap();
+    let outside_abs = tmp.path().join("outside_0.db3");
+    for (name, entry) in [
+        ("dotdot", "../outside_0.db3".to_string()),
+        ("deep", "sub/../../outside_0.db3".to_string()),
+        ("absolute", outside_abs.display().to_string()),
+    ] {
+        let bag = tmp.path().join(name);
+        small_bag(&bag);
+        let meta = bag.join("metadata.yaml");
+        let text = fs::read_to_string(&meta)
+            .unwrap()
+            .replace(&format!("{name}_0.db3"), &entry);
+        fs::write(&meta, text).unwrap();
+        for args in &commands(&bag)[..3] {
+            let out = run_deadline(args, 10);
+            assert_one_line_error(
+                &out,
+                &format!("metadata.yaml: lists {entry:?}, which "),
+                &format!("{name} {args:?}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn legacy_paths_with_the_bag_directory_in_front_still_read() {
+    // rosbag2 before metadata version 4 wrote `<bag>/<bag>_0.db3`.
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("old");
+    small_bag(&bag);
+    edit_metadata(&bag, "- old_0.db3", "- old/old_0.db3");
+    let out = run_deadline(&["info".as_ref(), bag.as_os_str()], 10);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn impossible_counts_durations_and_start_times_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: [(&str, &str, &str, &str); 6] = [
+        (
+            "dur",
+            "  duration:\n    nanoseconds: ",
+            "  duration:\n    nanoseconds: -",
+            "metadata.yaml: duration is negative",
+        ),
+        (
+            "cnt",
+            "  message_count: ",
+            "  message_count: -",
+            "`message_count` is negative",
+        ),
+        (
+            "start",
+            "    nanoseconds_since_epoch: ",
+            "    nanoseconds_since_epoch: -",
+            "starting time is before 1970",
+        ),
+        (
+            "topic",
+            "    message_count: ",
+            "    message_count: -",
+            "topic /a: message_count` is negative",
+        ),
+        (
+            "fdur",
+            "    duration:\n      nanoseconds: ",
+            "    duration:\n      nanoseconds: -",
+            "file fdur_0.db3: duration is negative",
+        ),
+        (
+            "fcnt",
+            "    message_count: 10",
+            "    message_count: -10",
+            "file fcnt_0.db3: message_count` is negative",
+        ),
+    ];
+    for (name, from, to, want) in cases {
+        let bag = tmp.path().join(name);
+        small_bag(&bag);
+        edit_metadata(&bag, from, to);
+        for args in &commands(&bag)[..3] {
+            let out = run_deadline(args, 10);
+            assert_one_line_error(&out, want, &format!("{name} {args:?}"));
+            assert!(stderr(&out).contains("metadata.yaml: "), "{}", stderr(&out));
+        }
+    }
+}
