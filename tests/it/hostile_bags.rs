@@ -317,3 +317,151 @@ fn impossible_counts_durations_and_start_times_are_refused() {
         }
     }
 }
+
+/// Name, size and bytes of every file in `dir`, to prove that reading changed nothing.
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let bytes = fs::read(e.path()).unwrap_or_default();
+            (e.file_name().to_string_lossy().into_owned(), bytes)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// `ringbag args…` as the unprivileged user `nobody` (root ignores permission bits), or
+/// `None` when this machine cannot switch users.
+fn run_as_nobody(args: &[&OsStr]) -> Option<Output> {
+    let rb = ringbag();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(rb.get_program())
+        .args(rb.get_args())
+        .args(args)
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(o) if o.status.code() == Some(127) || stderr(&o).starts_with("setpriv:") => {
+            eprintln!("SKIPPED as nobody: {}", stderr(&o));
+            None
+        }
+        Ok(o) => Some(o),
+        Err(e) => {
+            eprintln!("SKIPPED as nobody: cannot run setpriv: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn readers_never_write_a_resilient_bag_and_need_no_write_access() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let bag = tmp.path().join("r");
+    let rec = run_deadline(
+        &[
+            "record".as_ref(),
+            "--source".as_ref(),
+            "synthetic".as_ref(),
+            "--synthetic-profile".as_ref(),
+            "medium".as_ref(),
+            "--synthetic-rate".as_ref(),
+            "max".as_ref(),
+            "--synthetic-count".as_ref(),
+            "40".as_ref(),
+            "-b".as_ref(),
+            "1MiB".as_ref(),
+            "--storage-preset-profile".as_ref(),
+            "resilient".as_ref(),
+            "-o".as_ref(),
+            bag.as_os_str(),
+        ],
+        60,
+    );
+    assert!(rec.status.success(), "{}", stderr(&rec));
+    // The recorder folded every split's WAL back into it: no side files, rollback mode.
+    let names: Vec<String> = snapshot(&bag).into_iter().map(|(n, _)| n).collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| n == "metadata.yaml" || n.ends_with(".db3")),
+        "{names:?}"
+    );
+    assert!(names.len() >= 3, "{names:?}");
+    for (n, bytes) in snapshot(&bag) {
+        if n.ends_with(".db3") {
+            assert_eq!(&bytes[18..20], &[1, 1], "{n} is still in WAL mode");
+        }
+    }
+    // A split left in WAL mode (a bag from an older recorder, or rosbag2's own resilient
+    // preset) must read too.
+    {
+        let c = rusqlite::Connection::open(bag.join("r_0.db3")).unwrap();
+        let m: String = c
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(m, "wal");
+    }
+    assert_eq!(&fs::read(bag.join("r_0.db3")).unwrap()[18..20], &[2, 2]);
+    let before = snapshot(&bag);
+    let readers: [Vec<&OsStr>; 3] = [
+        vec!["info".as_ref(), bag.as_os_str()],
+        vec!["info".as_ref(), "--json".as_ref(), bag.as_os_str()],
+        vec![
+            "play".as_ref(),
+            "--sink".as_ref(),
+            "echo".as_ref(),
+            "--rate".as_ref(),
+            "1000".as_ref(),
+            bag.as_os_str(),
+        ],
+    ];
+    for args in &readers {
+        let out = run_deadline(args, 30);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        assert!(snapshot(&bag) == before, "{args:?} changed the bag");
+    }
+    for args in &readers {
+        let Some(out) = run_as_nobody(args) else {
+            return;
+        };
+        assert!(out.status.success(), "{args:?} as nobody: {}", stderr(&out));
+        assert!(
+            snapshot(&bag) == before,
+            "{args:?} as nobody changed the bag"
+        );
+    }
+    let played = run_as_nobody(&readers[2]).expect("ran above");
+    assert_eq!(
+        String::from_utf8_lossy(&played.stdout).lines().count(),
+        40,
+        "every message plays"
+    );
+}
+
+#[test]
+fn a_split_with_the_wal_of_an_interrupted_recording_is_left_to_reindex() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("w");
+    small_bag(&bag);
+    let c = rusqlite::Connection::open(bag.join("w_1.db3")).unwrap();
+    c.execute_batch(
+        "PRAGMA journal_mode=WAL; INSERT INTO messages (topic_id, timestamp, data) \
+         SELECT topic_id, timestamp + 1, data FROM messages LIMIT 1;",
+    )
+    .unwrap();
+    assert!(fs::metadata(bag.join("w_1.db3-wal")).unwrap().len() > 0);
+    let before = snapshot(&bag);
+    let out = run_deadline(&["info".as_ref(), bag.as_os_str()], 10);
+    assert_one_line_error(
+        &out,
+        "w_1.db3: has a -wal of an interrupted recording; run `ringbag reindex` to apply it",
+        "info",
+    );
+    assert!(snapshot(&bag) == before, "info changed the bag");
+    drop(c);
+}
