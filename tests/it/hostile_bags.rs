@@ -465,3 +465,289 @@ fn a_split_with_the_wal_of_an_interrupted_recording_is_left_to_reindex() {
     assert!(snapshot(&bag) == before, "info changed the bag");
     drop(c);
 }
+
+/// Files that are not rosbag2 splits, by name and bytes.
+fn foreign_files() -> Vec<(&'static str, Vec<u8>)> {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("people.sqlite");
+    let c = rusqlite::Connection::open(&db).unwrap();
+    c.execute_batch(
+        "CREATE TABLE people(name TEXT, age INTEGER); \
+         INSERT INTO people VALUES ('ada', 36), ('alan', 41);",
+    )
+    .unwrap();
+    drop(c);
+    // Deterministic noise, with no SQLite header.
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let noise: Vec<u8> = (0..200_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    vec![("sqlite", fs::read(&db).unwrap()), ("random", noise)]
+}
+
+#[test]
+fn reindex_leaves_a_file_that_is_not_a_split_untouched() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (kind, bytes) in foreign_files() {
+        for extra in [&[][..], &["--discard-damaged"][..], &["--dry-run"][..]] {
+            let bag = tmp.path().join(format!(
+                "{kind}{}",
+                extra.len() * 10 + extra.first().map_or(0, |e| e.len())
+            ));
+            fs::create_dir(&bag).unwrap();
+            fs::write(bag.join("x_0.db3"), &bytes).unwrap();
+            let before = snapshot(&bag);
+            let mut args: Vec<&OsStr> = vec!["reindex".as_ref()];
+            args.extend(extra.iter().map(|e| OsStr::new(*e)));
+            args.push(bag.as_os_str());
+            let out = run_deadline(&args, 20);
+            assert_one_line_error(&out, "x_0.db3: ", &format!("{kind} {extra:?}"));
+            assert!(
+                stderr(&out).contains("not a rosbag2 split"),
+                "{}",
+                stderr(&out)
+            );
+            assert!(
+                snapshot(&bag) == before,
+                "{kind} {extra:?}: the directory changed"
+            );
+        }
+    }
+}
+
+#[test]
+fn reindex_reports_a_stray_file_next_to_real_splits_and_keeps_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (kind, bytes) in foreign_files() {
+        for discard in [false, true] {
+            let bag = tmp.path().join(format!("{kind}{discard}"));
+            small_bag(&bag);
+            let name = bag.file_name().unwrap().to_string_lossy().into_owned();
+            let stray = format!("{name}_9.db3");
+            fs::write(bag.join(&stray), &bytes).unwrap();
+            let mut args: Vec<&OsStr> = vec!["reindex".as_ref(), "--json".as_ref()];
+            if discard {
+                args.push("--discard-damaged".as_ref());
+            }
+            args.push(bag.as_os_str());
+            let out = run_deadline(&args, 20);
+            assert!(out.status.success(), "{kind}: {}", stderr(&out));
+            let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let s = r["splits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["file"] == stray.as_str())
+                .unwrap_or_else(|| panic!("{stray} not in the report: {r}"));
+            assert_eq!(s["method"], "not-a-split", "{s}");
+            assert!(s["damaged_kept_as"].is_null(), "{s}");
+            assert_eq!(
+                fs::read(bag.join(&stray)).unwrap(),
+                bytes,
+                "{kind}: bytes changed"
+            );
+            assert!(!bag.join(format!("{stray}.damaged")).exists());
+            let meta = fs::read_to_string(bag.join("metadata.yaml")).unwrap();
+            assert!(!meta.contains(&stray), "metadata.yaml lists the stray file");
+            assert_eq!(r["message_count"], 20, "{r}");
+        }
+    }
+}
+
+#[test]
+fn recover_does_not_touch_a_sibling_directory_of_foreign_db3_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sib = tmp.path().join("sib");
+    fs::create_dir(&sib).unwrap();
+    for (kind, bytes) in foreign_files() {
+        fs::write(sib.join(format!("{kind}_0.db3")), &bytes).unwrap();
+    }
+    let before = snapshot(&sib);
+    let out = tmp.path().join("new");
+    let _ = run_deadline(
+        &[
+            "record".as_ref(),
+            "--source".as_ref(),
+            "synthetic".as_ref(),
+            "--synthetic-profile".as_ref(),
+            "small".as_ref(),
+            "--synthetic-count".as_ref(),
+            "10".as_ref(),
+            "--recover".as_ref(),
+            "-o".as_ref(),
+            out.as_os_str(),
+        ],
+        30,
+    );
+    assert!(
+        snapshot(&sib) == before,
+        "--recover changed files that are not splits"
+    );
+}
+
+/// Record `profile` with a status file and kill -9 it once `at_least` messages are
+/// committed. Returns the bag and the committed count at the kill.
+fn killed_recording(root: &Path, profile: &str, size: &str, at_least: u64) -> (PathBuf, u64) {
+    let bag = root.join(profile);
+    let status = root.join(format!("{profile}.json"));
+    let mut child = ringbag()
+        .args(["record", "--source", "synthetic", "--log-level", "error"])
+        .args(["--synthetic-profile", profile, "--synthetic-rate", "max"])
+        .args(["-b", size, "--bag-format", "humble", "--clock", "system"])
+        .arg("-o")
+        .arg(&bag)
+        .arg("--status-file")
+        .arg(&status)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn record");
+    let committed = || -> u64 {
+        fs::read(&status)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["committed"].as_u64())
+            .unwrap_or(0)
+    };
+    // Kill while the open split is well filled, so that truncating it cuts rows.
+    let newest_len = || -> u64 {
+        ringbag::bag::reader::find_split_files(&bag)
+            .ok()
+            .and_then(|f| f.last().cloned())
+            .and_then(|n| fs::metadata(bag.join(n)).ok())
+            .map_or(0, |m| m.len())
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while committed() < at_least || newest_len() < 1 << 20 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "recording did not reach {at_least} messages"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    (bag, committed())
+}
+
+#[test]
+fn a_torn_open_split_reports_its_loss_as_unknown_never_zero() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (bag, committed) = killed_recording(tmp.path(), "medium", "2MiB", 150);
+    assert!(committed >= 150);
+    let files = ringbag::bag::reader::find_split_files(&bag).unwrap();
+    let newest = files.last().unwrap().clone();
+    let path = bag.join(&newest);
+    let len = fs::metadata(&path).unwrap().len();
+    assert!(len > 200_000, "{newest} holds rows ({len} bytes)");
+    // How many rows the bag holds untorn: a reindexed copy tells.
+    let whole = tmp.path().join("whole");
+    fs::create_dir(&whole).unwrap();
+    for e in fs::read_dir(&bag).unwrap() {
+        let e = e.unwrap();
+        fs::copy(e.path(), whole.join(e.file_name())).unwrap();
+    }
+    let out = run_deadline(
+        &["reindex".as_ref(), "--json".as_ref(), whole.as_os_str()],
+        60,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let untorn = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["message_count"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        untorn >= committed,
+        "untorn {untorn}, committed {committed}"
+    );
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len * 7 / 10)
+        .unwrap();
+
+    // Text: the dry run changes nothing and says "unknown", with the reason.
+    let out = run_deadline(
+        &["reindex".as_ref(), "--dry-run".as_ref(), bag.as_os_str()],
+        60,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{newest}:")))
+        .unwrap_or_else(|| panic!("{newest} not reported:\n{text}"));
+    assert!(line.contains("lost unknown ("), "{line}");
+    assert!(line.contains("the file is truncated ("), "{line}");
+    assert!(!line.contains("lost 0"), "{line}");
+    assert!(
+        text.contains("an unknown number of messages lost in total"),
+        "{text}"
+    );
+
+    let out = run_deadline(
+        &["reindex".as_ref(), "--json".as_ref(), bag.as_os_str()],
+        60,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = r["splits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["file"] == newest.as_str())
+        .unwrap();
+    assert!(s["messages_lost"].is_null(), "{s}");
+    assert_eq!(s["loss_basis"], "unknown", "{s}");
+    assert!(
+        s["loss_unknown_reason"]
+            .as_str()
+            .is_some_and(|w| w.contains("truncated")),
+        "{s}"
+    );
+    assert!(r["messages_lost"].is_null(), "{r}");
+    // Rows really were lost: the report above is about a real loss, not a false alarm.
+    let kept = r["message_count"].as_u64().unwrap();
+    assert!(kept < untorn, "kept {kept} of {untorn}");
+    eprintln!(
+        "torn open split: committed {committed} (status file), {untorn} untorn, kept {kept}, \
+         lost at least {}: {}",
+        s["messages_lost_at_least"], s["loss_unknown_reason"]
+    );
+}
+
+#[test]
+fn a_truncated_closed_split_reports_a_known_loss() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("c");
+    write_bag(
+        &bag,
+        Flavour::Humble,
+        &[("/a", "std_msgs/msg/String")],
+        3000,
+        1500,
+    );
+    let path = bag.join("c_0.db3");
+    let len = fs::metadata(&path).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len * 7 / 10)
+        .unwrap();
+    let out = run_deadline(
+        &["reindex".as_ref(), "--json".as_ref(), bag.as_os_str()],
+        60,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &r["splits"][0];
+    let kept = s["messages_kept"].as_u64().unwrap();
+    assert_eq!(s["messages_lost"].as_u64(), Some(1500 - kept), "{s}");
+    assert_eq!(s["loss_basis"], "metadata-yaml", "{s}");
+}
