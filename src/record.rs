@@ -84,10 +84,10 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
             crate::bag::reindex::recover_root(root).map_err(|e| failure(e.into(), None))?;
         for r in &reports {
             log::warn!(
-                "recovered {}: {} messages kept, {} lost",
+                "recovered {}: {} messages kept, {}",
                 r.bag.display(),
                 r.message_count,
-                r.messages_lost
+                r.lost_text()
             );
         }
     }

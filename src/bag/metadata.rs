@@ -249,10 +249,36 @@ impl BagMetadata {
                 &format!("{k}.{inner}"),
             )
         };
+        // Counts, durations and start times are refused when they cannot be true, rather
+        // than printed or clamped: a negative count or duration, a start before the epoch,
+        // or a span whose end does not fit in a timestamp means the file is damaged or
+        // forged.
+        let count = |v: Option<&Value>, k: &str| -> Result<u64, String> {
+            let n = int(v, k)?;
+            u64::try_from(n).map_err(|_| format!("`{k}` is negative ({n})"))
+        };
+        let span = |start: i64, dur: i64, what: &str| -> Result<(), String> {
+            if dur < 0 {
+                return Err(format!("{what}duration is negative ({dur} ns)"));
+            }
+            if start < 0 {
+                return Err(format!(
+                    "{what}starting time is before 1970 ({start} ns since the epoch)"
+                ));
+            }
+            // `NO_START` marks "no messages"; any other start must leave room for its span.
+            if start != NO_START && start.checked_add(dur).is_none() {
+                return Err(format!(
+                    "{what}starting time {start} ns plus duration {dur} ns overflows"
+                ));
+            }
+            Ok(())
+        };
         let storage_identifier = text("storage_identifier")?;
         let duration_ns = ns("duration", "nanoseconds")?;
         let starting_time_ns = ns("starting_time", "nanoseconds_since_epoch")?;
-        let message_count = int(info.get("message_count"), "message_count")?.max(0) as u64;
+        span(starting_time_ns, duration_ns, "")?;
+        let message_count = count(info.get("message_count"), "message_count")?;
         let mut topics = Vec::new();
         if let Some(list) = info.get("topics_with_message_count") {
             let list = match list {
@@ -279,6 +305,10 @@ impl BagMetadata {
                     None => Vec::new(),
                     Some(v) => qos::parse_profiles(v).map_err(|e| format!("topic {name}: {e}"))?,
                 };
+                let message_count = count(
+                    entry.get("message_count"),
+                    &format!("topic {name}: message_count"),
+                )?;
                 topics.push(TopicWithCount {
                     topic: TopicInfo {
                         type_name: field("type")?,
@@ -287,7 +317,7 @@ impl BagMetadata {
                         type_description_hash: field("type_description_hash")?,
                         name,
                     },
-                    message_count: int(entry.get("message_count"), "message_count")?.max(0) as u64,
+                    message_count,
                 });
             }
         }
@@ -311,18 +341,23 @@ impl BagMetadata {
                     .and_then(Value::as_str)
                     .ok_or("a `files` entry has no path")?
                     .to_string();
+                let starting_time_ns = int(
+                    f.get("starting_time")
+                        .and_then(|v| v.get("nanoseconds_since_epoch")),
+                    "files.starting_time",
+                )?;
+                let duration_ns = int(
+                    f.get("duration").and_then(|v| v.get("nanoseconds")),
+                    "files.duration",
+                )?;
+                span(starting_time_ns, duration_ns, &format!("file {path}: "))?;
                 files.push(FileInfo {
-                    starting_time_ns: int(
-                        f.get("starting_time")
-                            .and_then(|v| v.get("nanoseconds_since_epoch")),
-                        "files.starting_time",
+                    starting_time_ns,
+                    duration_ns,
+                    message_count: count(
+                        f.get("message_count"),
+                        &format!("file {path}: message_count"),
                     )?,
-                    duration_ns: int(
-                        f.get("duration").and_then(|v| v.get("nanoseconds")),
-                        "files.duration",
-                    )?,
-                    message_count: int(f.get("message_count"), "files.message_count")?.max(0)
-                        as u64,
                     path,
                 });
             }
@@ -360,13 +395,8 @@ impl BagMetadata {
     /// Read `<dir>/metadata.yaml`.
     pub fn read(dir: &Path) -> Result<Self, BagError> {
         let path = dir.join(METADATA_FILE);
-        let text = fs::read_to_string(&path).map_err(|source| match source.kind() {
-            std::io::ErrorKind::NotFound => BagError::NotFound { path: path.clone() },
-            _ => BagError::Io {
-                path: path.clone(),
-                source,
-            },
-        })?;
+        // Never blocks: a FIFO or directory under this name is an error naming it.
+        let text = super::fsguard::read_regular_text(&path)?;
         Self::parse(&text, &path)
     }
 

@@ -3,6 +3,7 @@
 //! Nothing here knows about ROS, clocks, threads or the CLI: bytes in, bytes out.
 
 pub mod error;
+pub mod fsguard;
 pub mod info;
 pub mod lock;
 pub mod metadata;

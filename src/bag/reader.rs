@@ -61,29 +61,67 @@ pub fn split_number(file_name: &str) -> Option<u64> {
     n.parse().ok()
 }
 
-/// All `*.db3` files in `dir`, ordered by split number (files without one go last, by name).
+/// All `*.db3` regular files in `dir`, ordered by split number (files without one go last,
+/// by name). A directory with such a name is not a split and is skipped; a FIFO, socket or
+/// device is an error naming it (opening one could block forever, and a bag never holds
+/// one). Symlinks are followed only to look at what they point to.
 pub fn find_split_files(dir: &Path) -> Result<Vec<String>, BagError> {
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .map_err(BagError::io(dir))?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.ends_with(".db3"))
-        .collect();
+    let mut names: Vec<String> = Vec::new();
+    for e in fs::read_dir(dir).map_err(BagError::io(dir))?.flatten() {
+        let Ok(n) = e.file_name().into_string() else {
+            continue;
+        };
+        if !n.ends_with(".db3") {
+            continue;
+        }
+        let p = dir.join(&n);
+        match fs::metadata(&p) {
+            Ok(m) if m.is_dir() => continue,
+            Ok(m) if super::fsguard::is_special(&m.file_type()) => {
+                return Err(super::fsguard::special_split(&p, &m.file_type()))
+            }
+            // A regular file, or a dangling link that fails later naming itself.
+            _ => names.push(n),
+        }
+    }
     names.sort_by(|a, b| {
         (split_number(a).unwrap_or(u64::MAX), a).cmp(&(split_number(b).unwrap_or(u64::MAX), b))
     });
     Ok(names)
 }
 
+/// Open a split for reading without ever writing to it or creating files beside it.
+///
+/// * Only a regular file is opened (and its `-wal`/`-journal`/`-shm`, which SQLite opens on
+///   its own, must be regular files too), so a FIFO cannot block the open.
+/// * `mode=ro`: SQLite never writes the file, so a bag in a read-only directory reads.
+/// * `immutable=1` when no recorder holds the bag's lock: SQLite then takes no locks and
+///   never looks for or creates `-wal`/`-shm`. A split with a `-wal` is the exception:
+///   with a live recorder it is read through its WAL like any reader; without one the WAL
+///   holds writes of an interrupted recording that only `reindex` applies (reading it here
+///   would make SQLite write a `-shm`), so the split is refused.
 pub fn open_read_only(path: &Path) -> Result<Connection, BagError> {
-    if !path.exists() {
-        return Err(BagError::NotFound {
-            path: path.to_path_buf(),
-        });
+    super::fsguard::require_regular(path)?;
+    super::fsguard::check_side_files(path)?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let held = super::lock::state(dir) == super::lock::LockState::Held;
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let has_wal = fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
+    if has_wal && !held {
+        return Err(BagError::invalid(
+            path,
+            "has a -wal of an interrupted recording; run `ringbag reindex` to apply it",
+        ));
     }
     let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        super::fsguard::sqlite_ro_uri(path, !held),
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(BagError::sqlite(path))?;
     // Touch the schema now so "not a database" surfaces here, naming this file.
@@ -230,6 +268,12 @@ impl Bag {
                 path: path.to_path_buf(),
             });
         }
+        if !path.is_file() && !path.is_dir() {
+            return Err(BagError::invalid(
+                path,
+                "not a bag: neither a directory nor a regular .db3 file; not opened",
+            ));
+        }
         if path.is_file() {
             return Self::open_files(
                 path,
@@ -239,7 +283,9 @@ impl Bag {
             );
         }
         let meta_path = path.join(METADATA_FILE);
-        if !meta_path.exists() {
+        // `symlink_metadata`: a FIFO, directory or link under this name is metadata.yaml
+        // present (and then refused by `read`), never "missing".
+        if fs::symlink_metadata(&meta_path).is_err() {
             let files = find_split_files(path)?;
             if files.is_empty() {
                 return Err(BagError::invalid(
@@ -261,6 +307,17 @@ impl Bag {
         } else {
             metadata.relative_file_paths.clone()
         };
+        // Only files inside the bag directory are opened, whatever metadata.yaml says.
+        if let Some((rel, problem)) = listed
+            .iter()
+            .chain(metadata.files.iter().map(|f| &f.path))
+            .find_map(|p| super::fsguard::listed_path_problem(p).map(|why| (p, why)))
+        {
+            return Err(BagError::invalid(
+                &meta_path,
+                format!("lists {rel:?}, which {problem}"),
+            ));
+        }
         // Older rosbag2 wrote paths with the bag directory in front; accept both.
         let listed: Vec<String> = listed
             .into_iter()
@@ -278,10 +335,20 @@ impl Bag {
             })
             .collect();
         for rel in &listed {
-            if !path.join(rel).exists() {
+            let p = path.join(rel);
+            if !p.exists() {
                 return Err(BagError::invalid(
                     &meta_path,
                     format!("lists {rel}, which does not exist (run `ringbag reindex`)"),
+                ));
+            }
+            if let Some(m) = fs::metadata(&p).ok().filter(|m| !m.is_file()) {
+                return Err(BagError::invalid(
+                    &meta_path,
+                    format!(
+                        "lists {rel}, which is {}, not a regular file; not opened",
+                        super::fsguard::kind(&m.file_type())
+                    ),
                 ));
             }
         }

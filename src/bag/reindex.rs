@@ -31,7 +31,7 @@ use serde::Serialize;
 use super::metadata::{sync_dir, BagMetadata, FileInfo, TopicWithCount, METADATA_FILE, NO_START};
 use super::pagewalk::{self, RecoveredDefinition, RecoveredTopic};
 use super::qos::parse_profiles_str;
-use super::reader::find_split_files;
+use super::reader::{find_split_files, split_number};
 use super::schema::create_tables;
 use super::{BagError, Flavour, TopicInfo};
 
@@ -56,6 +56,10 @@ pub enum SplitMethod {
     SqlitePagewalk,
     /// Damaged so badly that SQLite read nothing; all rows from the page walk.
     Pagewalk,
+    /// Not recognisably a rosbag2 split (no rosbag2 table, no rosbag2 row found by the page
+    /// walk): another program's file under a split's name. Left untouched, never deleted,
+    /// and not listed in metadata.yaml.
+    NotASplit,
 }
 
 impl SplitMethod {
@@ -65,6 +69,7 @@ impl SplitMethod {
             SplitMethod::Sqlite => "salvaged through SQLite",
             SplitMethod::SqlitePagewalk => "salvaged through SQLite and the page walk",
             SplitMethod::Pagewalk => "salvaged by the page walk",
+            SplitMethod::NotASplit => "not a rosbag2 split, left untouched",
         }
     }
 }
@@ -81,6 +86,10 @@ pub enum LossBasis {
     MetadataYaml,
     /// The largest message rowid seen (rows are numbered 1, 2, ... and never deleted).
     MaxRowid,
+    /// Nothing bounds the loss: the split was still open (no count recorded at close) and
+    /// the part of the file that held its newest rows is missing or damaged. Only a lower
+    /// bound is known (`messages_lost_at_least`); `loss_unknown_reason` says why.
+    Unknown,
 }
 
 impl LossBasis {
@@ -90,6 +99,7 @@ impl LossBasis {
             LossBasis::SplitMetadataRow => "the split's metadata row",
             LossBasis::MetadataYaml => "the previous metadata.yaml",
             LossBasis::MaxRowid => "the largest rowid",
+            LossBasis::Unknown => "nothing that bounds it",
         }
     }
 }
@@ -102,9 +112,14 @@ pub struct SplitReport {
     pub check: String,
     pub method: SplitMethod,
     pub messages_kept: u64,
-    /// Best estimate of messages that were in the file but could not be salvaged.
-    pub messages_lost: u64,
+    /// Best estimate of messages that were in the file but could not be salvaged; `None`
+    /// (JSON `null`) when the evidence cannot bound it (`loss_basis` is `unknown`).
+    pub messages_lost: Option<u64>,
+    /// What is certainly lost (equal to `messages_lost` when that is known).
+    pub messages_lost_at_least: u64,
     pub loss_basis: LossBasis,
+    /// Why the loss is unknown, when it is.
+    pub loss_unknown_reason: Option<String>,
     /// What was done about `-wal`, `-journal`, `-shm` files next to the split.
     pub side_files: Vec<String>,
     /// Where the damaged original was kept (`None`: intact, discarded, or dry run).
@@ -122,7 +137,10 @@ pub struct ReindexReport {
     pub splits: Vec<SplitReport>,
     pub topics: usize,
     pub message_count: u64,
-    pub messages_lost: u64,
+    /// Sum over splits; `None` (JSON `null`) when any split's loss is unknown.
+    pub messages_lost: Option<u64>,
+    /// What is certainly lost, summed over splits.
+    pub messages_lost_at_least: u64,
     /// True when metadata.yaml was (or, in a dry run, would be) rewritten.
     pub metadata_written: bool,
 }
@@ -143,13 +161,22 @@ impl ReindexReport {
             if sp.method == SplitMethod::Intact && sp.side_files.is_empty() {
                 continue;
             }
+            let lost = match (sp.messages_lost, &sp.loss_unknown_reason) {
+                (Some(n), _) => format!("lost {n} (estimated from {})", sp.loss_basis.as_str()),
+                (None, why) => format!(
+                    "lost unknown ({}{})",
+                    match sp.messages_lost_at_least {
+                        0 => String::new(),
+                        n => format!("at least {n}; "),
+                    },
+                    why.as_deref().unwrap_or("nothing bounds it")
+                ),
+            };
             s.push_str(&format!(
-                "  {}: {}, kept {}, lost {} (estimated from {}); {}{}\n",
+                "  {}: {}, kept {}, {lost}; {}{}\n",
                 sp.file,
                 sp.method.as_str(),
                 sp.messages_kept,
-                sp.messages_lost,
-                sp.loss_basis.as_str(),
                 sp.check,
                 if sp.side_files.is_empty() {
                     String::new()
@@ -159,15 +186,29 @@ impl ReindexReport {
             ));
         }
         s.push_str(&format!(
-            "{} metadata.yaml; {} messages lost in total\n",
+            "{} metadata.yaml; {}\n",
             if self.dry_run {
                 "would rewrite"
             } else {
                 "rewrote"
             },
-            self.messages_lost
+            self.lost_text()
         ));
         s
+    }
+
+    /// `N messages lost in total`, or `an unknown number of messages lost (at least N)`.
+    pub fn lost_text(&self) -> String {
+        match self.messages_lost {
+            Some(n) => format!("{n} messages lost in total"),
+            None => format!(
+                "an unknown number of messages lost in total ({}see the splits above)",
+                match self.messages_lost_at_least {
+                    0 => String::new(),
+                    n => format!("at least {n}; "),
+                }
+            ),
+        }
     }
 }
 
@@ -217,6 +258,20 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
             "in use by another process (a recording is writing it); not touched",
         ));
     }
+    // A FIFO, socket or directory named metadata.yaml is not a damaged metadata.yaml that
+    // the rebuild may replace: something else put it there. Refuse, naming it.
+    let meta_path = bag.join(METADATA_FILE);
+    if let Ok(m) = fs::symlink_metadata(&meta_path) {
+        if !m.is_file() && !m.file_type().is_symlink() {
+            return Err(BagError::invalid(
+                &meta_path,
+                format!(
+                    "is {}, not a regular file; not opened",
+                    super::fsguard::kind(&m.file_type())
+                ),
+            ));
+        }
+    }
     let old = BagMetadata::read(bag).ok();
     let scratch = if opts.dry_run {
         Some(Scratch::new(bag)?)
@@ -227,8 +282,20 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
     // Pass 1: side files and checks. Topics and flavour of the readable splits are the
     // fallback for a damaged split that lost its own.
     let mut checked = Vec::new();
+    let mut foreign: Vec<(String, String)> = Vec::new();
+    // Only the newest split can have been open when a recorder stopped; every other one was
+    // closed, so its count in metadata.yaml is exact.
+    let newest = files.iter().filter_map(|f| split_number(f)).max();
     for rel in &files {
         let original = bag.join(rel);
+        // SQLite and the dry run's copy open the side files: never one that could block.
+        super::fsguard::check_side_files(&original)?;
+        // Recognise the file before anything (SQLite replaying side files included) can
+        // touch it: another program's file under a split's name is not ours to rewrite.
+        if let Recognition::Foreign(why) = recognise(&original) {
+            foreign.push((rel.clone(), why));
+            continue;
+        }
         let work = match &scratch {
             Some(s) => s.copy_split(&original)?,
             None => original.clone(),
@@ -236,6 +303,13 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
         let side_files = settle_side_files(&work)?;
         let check = check_split(&work);
         checked.push((rel.clone(), original, work, side_files, check));
+    }
+    if checked.is_empty() {
+        let (rel, why) = &foreign[0];
+        return Err(BagError::invalid(
+            bag.join(rel),
+            format!("{why}; no .db3 file here is a rosbag2 split, nothing changed"),
+        ));
     }
     let mut known_topics: Vec<RecoveredTopic> = Vec::new();
     let mut known_defs: Vec<RecoveredDefinition> = Vec::new();
@@ -278,8 +352,10 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
                     check: "ok".into(),
                     method: SplitMethod::Intact,
                     messages_kept: c.content.count,
-                    messages_lost: 0,
+                    messages_lost: Some(0),
+                    messages_lost_at_least: 0,
                     loss_basis: LossBasis::None,
+                    loss_unknown_reason: None,
                     side_files,
                     damaged_kept_as: None,
                     start_ns: c.content.start_ns,
@@ -296,6 +372,7 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
                         .as_ref()
                         .and_then(|m| m.files.iter().find(|f| f.path == rel))
                         .map(|f| f.message_count),
+                    may_have_been_open: split_number(&rel) == newest,
                 };
                 let tmp = tmp_path(&work);
                 let salvaged = salvage(&work, &tmp, &rel, &fallback)?;
@@ -308,14 +385,20 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
                 } else {
                     swap_in(&original, &tmp, opts.discard_damaged)?
                 };
-                let lost = salvaged.expected.saturating_sub(salvaged.content.count);
+                let at_least = salvaged.expected.saturating_sub(salvaged.content.count);
                 reports.push(SplitReport {
                     file: rel.clone(),
                     check: problem,
                     method: salvaged.method,
                     messages_kept: salvaged.content.count,
-                    messages_lost: lost,
-                    loss_basis: salvaged.basis,
+                    messages_lost: salvaged.unknown.is_none().then_some(at_least),
+                    messages_lost_at_least: at_least,
+                    loss_basis: if salvaged.unknown.is_some() {
+                        LossBasis::Unknown
+                    } else {
+                        salvaged.basis
+                    },
+                    loss_unknown_reason: salvaged.unknown,
                     side_files,
                     damaged_kept_as,
                     start_ns: salvaged.content.start_ns,
@@ -324,6 +407,40 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
                 contents.push(salvaged.content);
             }
         }
+    }
+    for (rel, why) in foreign {
+        // Its messages are not in the rebuilt bag. Only metadata.yaml can say whether it
+        // ever was a split of this bag, and with how many messages.
+        let listed = old
+            .as_ref()
+            .and_then(|m| m.files.iter().find(|f| f.path == rel))
+            .map(|f| f.message_count)
+            .filter(|n| *n > 0);
+        let open = split_number(&rel) == newest;
+        let (lost, basis, reason) = match listed {
+            None => (Some(0), LossBasis::None, None),
+            Some(n) if !open => (Some(n), LossBasis::MetadataYaml, None),
+            Some(_) => (
+                None,
+                LossBasis::Unknown,
+                Some("metadata.yaml listed it with a count taken while it was still open".into()),
+            ),
+        };
+        log::warn!("{}: {why}; left untouched", bag.join(&rel).display());
+        reports.push(SplitReport {
+            file: rel,
+            check: why,
+            method: SplitMethod::NotASplit,
+            messages_kept: 0,
+            messages_lost: lost,
+            messages_lost_at_least: listed.unwrap_or(0),
+            loss_basis: basis,
+            loss_unknown_reason: reason,
+            side_files: Vec::new(),
+            damaged_kept_as: None,
+            start_ns: NO_START,
+            duration_ns: 0,
+        });
     }
     let flavour = flavour.unwrap_or(fallback_flavour);
     let metadata = build_metadata(flavour, &contents, old.as_ref());
@@ -338,6 +455,7 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
         topics: metadata.topics.len(),
         message_count: metadata.message_count,
         messages_lost: reports.iter().map(|r| r.messages_lost).sum(),
+        messages_lost_at_least: reports.iter().map(|r| r.messages_lost_at_least).sum(),
         splits: reports,
         metadata_written: true,
     })
@@ -430,7 +548,13 @@ pub fn locked_by_another_process(split: &Path) -> bool {
     const SHM_LOCK_LEN: i64 = 9;
     let probe = |path: &Path, start: i64, len: i64| -> bool {
         use std::os::fd::AsRawFd;
-        let Ok(f) = fs::File::open(path) else {
+        use std::os::unix::fs::OpenOptionsExt;
+        // O_NONBLOCK: a FIFO under a split's or -shm's name must not block the probe.
+        let Ok(f) = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+        else {
             return false;
         };
         // SAFETY: a zeroed flock is a valid value; F_GETLK only reads the fd and fills `fl`.
@@ -654,6 +778,9 @@ struct Fallback<'a> {
     definitions: &'a [RecoveredDefinition],
     flavour: Flavour,
     yaml_count: Option<u64>,
+    /// The split is the bag's newest, so a recorder may have had it open: its count in
+    /// metadata.yaml (if any) is then only a lower bound.
+    may_have_been_open: bool,
 }
 
 struct Salvaged {
@@ -661,6 +788,8 @@ struct Salvaged {
     method: SplitMethod,
     expected: u64,
     basis: LossBasis,
+    /// Why nothing bounds the loss (then `expected` is only a lower bound).
+    unknown: Option<String>,
 }
 
 fn tmp_path(work: &Path) -> PathBuf {
@@ -840,6 +969,30 @@ fn salvage(src: &Path, dst: &Path, rel: &str, fb: &Fallback) -> Result<Salvaged,
     if expected.1 == LossBasis::None {
         expected.1 = LossBasis::MaxRowid;
     }
+    // Those counts bound the loss only when one of them is a true total: the count the
+    // split recorded when it was closed, metadata.yaml's count for a split that was closed,
+    // or the largest rowid answered by SQLite's b-tree (rows are numbered 1, 2, ... and
+    // never deleted, and the b-tree reached its rightmost leaf). Otherwise the largest rowid
+    // the page walk saw is only a lower bound when part of the file is missing or damaged:
+    // the newest rows of an open split are at its end, exactly what a torn write loses.
+    let total_known = sql_meta_count.or(walk_meta_count).is_some()
+        || (fb.yaml_count.is_some() && !fb.may_have_been_open)
+        || max_rowid.is_some();
+    let unknown = if total_known {
+        None
+    } else {
+        missing_part(src, walked.as_ref().map(|w| &w.report)).map(|what| {
+            format!(
+                "{what}, and no total was recorded for this split (it was {}), so rows in the \
+                 missing part cannot be counted",
+                if fb.may_have_been_open {
+                    "the newest split, possibly still open"
+                } else {
+                    "not counted in metadata.yaml"
+                }
+            )
+        })
+    };
     Ok(Salvaged {
         content: SplitContent {
             schema_version: Some(flavour.schema_version()),
@@ -848,7 +1001,135 @@ fn salvage(src: &Path, dst: &Path, rel: &str, fb: &Fallback) -> Result<Salvaged,
         method,
         expected: expected.0,
         basis: expected.1,
+        unknown,
     })
+}
+
+/// What part of `path` is missing or damaged, as far as its header and the page walk tell,
+/// or `None` when the file is whole.
+fn missing_part(path: &Path, walk: Option<&pagewalk::WalkReport>) -> Option<String> {
+    use std::io::Read;
+    let len = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let mut h = [0u8; 100];
+    let header_ok = fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut h))
+        .is_ok()
+        && h.starts_with(b"SQLite format 3\0");
+    if !header_ok {
+        return Some(format!(
+            "the file's database header is missing or damaged ({len} bytes left)"
+        ));
+    }
+    let page_size = match u16::from_be_bytes([h[16], h[17]]) {
+        1 => 65536u64,
+        n => u64::from(n),
+    };
+    if !(512..=65536).contains(&page_size) || !page_size.is_power_of_two() {
+        return Some("the file's database header is damaged (page size)".into());
+    }
+    // The in-header page count is valid when the change counter matches the
+    // version-valid-for number (SQLite >= 3.7.0 keeps both).
+    let header_pages = u32::from_be_bytes([h[28], h[29], h[30], h[31]]);
+    let valid = h[24..28] == h[92..96] && header_pages > 0;
+    let have = len / page_size;
+    if valid && have < u64::from(header_pages) {
+        return Some(format!(
+            "the file is truncated ({have} of {header_pages} pages present)"
+        ));
+    }
+    if len % page_size != 0 {
+        return Some(format!(
+            "the file is truncated ({} bytes after its last whole page)",
+            len % page_size
+        ));
+    }
+    let w = walk?;
+    if w.pages_zero > 0 {
+        return Some(format!("{} pages are all zeros", w.pages_zero));
+    }
+    if w.tree_links_broken > 0 {
+        return Some(format!(
+            "{} b-tree links lead to missing or invalid pages",
+            w.tree_links_broken
+        ));
+    }
+    if w.pages_unaccounted > 0 {
+        return Some(format!("{} pages are unreadable", w.pages_unaccounted));
+    }
+    None
+}
+
+/// Whether a `.db3` file is something reindex may rewrite.
+enum Recognition {
+    /// Has rosbag2 tables, or the page walk finds rosbag2 rows in it.
+    Rosbag2,
+    /// Holds no data at all: empty, all zeros (a split created but never written before a
+    /// power cut), or a database without tables. Rebuilt as an empty split.
+    Blank,
+    /// Anything else: another program's file. The reason, for the report.
+    Foreign(String),
+}
+
+/// Look at a file without writing it or its side files: SQLite opened `immutable` (no
+/// locks, no journal or WAL looked at), then the page walk, which only maps it read-only.
+fn recognise(path: &Path) -> Recognition {
+    const ROSBAG2_TABLES: &str =
+        "('messages', 'topics', 'schema', 'metadata', 'message_definitions')";
+    let tables = Connection::open_with_flags(
+        super::fsguard::sqlite_ro_uri(path, true),
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .and_then(|c| {
+        c.query_row(
+            &format!(
+                "SELECT count(*), count(*) FILTER (WHERE name IN {ROSBAG2_TABLES}) \
+                 FROM sqlite_master WHERE type = 'table'"
+            ),
+            [],
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+        )
+    });
+    match tables {
+        Ok((_, ours)) if ours > 0 => return Recognition::Rosbag2,
+        Ok((0, _)) => return Recognition::Blank,
+        _ => {}
+    }
+    // Not readable as a database with our tables: all zeros, or rows of ours in its pages?
+    let blank = (|| -> std::io::Result<bool> {
+        use std::io::Read;
+        let mut f = fs::File::open(path)?;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match f.read(&mut buf)? {
+                0 => return Ok(true),
+                n if buf[..n].iter().any(|&x| x != 0) => return Ok(false),
+                _ => {}
+            }
+        }
+    })()
+    .unwrap_or(false);
+    if blank {
+        return Recognition::Blank;
+    }
+    match pagewalk::walk(path, |_| ControlFlow::Break(())) {
+        Ok(w)
+            if w.report.schema_page_readable
+                || !w.topics.is_empty()
+                || w.report.messages_recovered > 0
+                || w.report.stopped_early =>
+        {
+            Recognition::Rosbag2
+        }
+        _ => Recognition::Foreign(match tables {
+            Ok(_) => "a SQLite database without rosbag2 tables or rows: not a rosbag2 split".into(),
+            Err(_) => {
+                "neither a rosbag2 database nor a file holding rosbag2 rows: not a rosbag2 split"
+                    .into()
+            }
+        }),
+    }
 }
 
 /// (id, topic_id, timestamp, data) of a `messages` row.

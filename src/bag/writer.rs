@@ -748,6 +748,19 @@ impl BagWriter {
             per_topic,
             ..
         } = s;
+        // A WAL split (`resilient`) is folded back into one self-contained file: every frame
+        // checkpointed into it and the file switched to a rollback journal, which removes
+        // its -wal and -shm. A closed split then reads with no side files, so readers need
+        // no write access to the bag and never create any.
+        let unwal = (|| -> rusqlite::Result<()> {
+            let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+            if mode.eq_ignore_ascii_case("wal") {
+                conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+                conn.query_row("PRAGMA journal_mode=DELETE", [], |_| Ok(()))?;
+            }
+            Ok(())
+        })();
+        unwal.map_err(BagError::sqlite(&path))?;
         conn.close().map_err(|(_, e)| BagError::Sqlite {
             path: path.clone(),
             source: e,

@@ -329,8 +329,9 @@ fn torn_splits_are_salvaged_and_the_loss_reported() {
             );
         }
         if read < *count {
+            // A loss the evidence cannot bound is reported as unknown (null), never as 0.
             assert!(
-                r_lost > 0,
+                r_lost > 0 || report["messages_lost"].is_null(),
                 "trial {trial} ({what}): a loss of {} is reported",
                 count - read
             );
@@ -697,9 +698,18 @@ mod fuzz_reindex {
             let dir = tmp.path().join("bag");
             fs::create_dir_all(&dir).expect("mkdir");
             fs::write(dir.join("bag_0.db3"), &bytes).expect("write");
-            let report = reindex(&dir, ReindexOptions::default()).expect("reindex returns");
-            prop_assert!(report.message_count <= 400);
-            prop_assert_eq!(read_all(&dir), report.message_count);
+            match reindex(&dir, ReindexOptions::default()) {
+                Ok(report) => {
+                    prop_assert!(report.message_count <= 400);
+                    prop_assert_eq!(read_all(&dir), report.message_count);
+                }
+                // So little is left (a header, part of a page) that nothing says it was a
+                // rosbag2 split: then it must be left exactly as it was.
+                Err(e) => {
+                    prop_assert!(e.to_string().contains("not a rosbag2 split"), "{}", e);
+                    prop_assert!(fs::read(dir.join("bag_0.db3")).expect("read") == bytes);
+                }
+            }
         }
     }
 }

@@ -6,6 +6,7 @@ mod crash;
 mod errors;
 mod format;
 mod fuzz;
+mod hostile_bags;
 mod reader;
 mod record;
 mod retention;
