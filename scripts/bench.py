@@ -74,7 +74,7 @@ def ringbag(dirpath: Path, profile: str, count: int, rate: str, extra: list[str]
            "--synthetic-rate", rate, "--synthetic-count", str(count), "--clock", "system", "-o", str(out)] + (extra or [])
     r = run_child(cmd)
     sync_s = fsync_tree(out)
-    m = re.search(r"accepted (\d+) messages, (\d+) bytes in ([\d.]+) s.*dropped (\d+)", r["err"])
+    m = re.search(r"accepted (\d+) messages, (\d+) bytes in ([\d.]+) s.*?^dropped (\d+)", r["err"], re.S | re.M)
     msgs, payload, drops = int(m.group(1)), int(m.group(2)), int(m.group(4))
     shutil.rmtree(out, ignore_errors=True)
     return {

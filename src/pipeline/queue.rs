@@ -37,6 +37,9 @@ pub(crate) struct Shared {
     pub stop: AtomicBool,
     /// Set when the writer can take no more (failed); producers then drop without queueing.
     pub writer_gone: AtomicBool,
+    /// Set by `Pipeline::finish` once no source pushes any more; the writer waits for it
+    /// before it writes the final counts into the bag.
+    pub sources_done: AtomicBool,
     pub next_topic: AtomicU32,
     /// Registered topics' counters. Locked only at registration and by the writer's
     /// once-a-second report, never on the push path.
@@ -271,6 +274,7 @@ mod tests {
             budget,
             stop: AtomicBool::new(false),
             writer_gone: AtomicBool::new(false),
+            sources_done: AtomicBool::new(false),
             next_topic: AtomicU32::new(0),
             topics: Mutex::new(Vec::new()),
             pool_tx,

@@ -106,6 +106,7 @@ impl Pipeline {
             budget: cfg.max_cache_size,
             stop: AtomicBool::new(false),
             writer_gone: AtomicBool::new(false),
+            sources_done: AtomicBool::new(false),
             next_topic: AtomicU32::new(0),
             topics: Mutex::new(Vec::new()),
             pool_tx,
@@ -190,6 +191,9 @@ impl Pipeline {
         RecordSummary,
     ) {
         self.shared.stop.store(true, Relaxed);
+        // Every source has been stopped and joined by now (the caller's contract): the
+        // writer may count and finish.
+        self.shared.sources_done.store(true, Release);
         let result = match self.handle.take() {
             Some(h) => h.join().unwrap_or_else(|p| {
                 let msg = p
@@ -221,6 +225,14 @@ impl Pipeline {
     }
 }
 
+impl Drop for Pipeline {
+    /// Dropped without `finish()`: let the writer thread finish the bag on its own.
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Relaxed);
+        self.shared.sources_done.store(true, Release);
+    }
+}
+
 struct WriterCtx {
     progress: Arc<Progress>,
     shared: Arc<Shared>,
@@ -247,6 +259,13 @@ impl WriterCtx {
         // Nothing is written after this point, so producers stop queueing (and count why).
         self.shared.stop.store(true, Relaxed);
         self.shared.writer_gone.store(true, Relaxed);
+        // The bag's counts must be final: wait until the caller has stopped every source
+        // (`Pipeline::finish`), releasing what producers still queue meanwhile.
+        while !self.shared.sources_done.load(Acquire) {
+            self.drain_and_discard();
+            std::thread::park_timeout(Duration::from_millis(5));
+        }
+        self.drain_and_discard();
         self.annotate_custom_data();
         let writer = self.writer.take().expect("writer present until finish");
         let finished = writer.finish();
@@ -426,10 +445,11 @@ impl WriterCtx {
             for &id in &ids[done..done + n] {
                 self.written_scratch[id as usize] += 1;
             }
+            // Published per commit, so a later failure in this batch cannot hide them.
+            self.publish_written();
             self.progress.committed.fetch_add(n as u64, Relaxed);
             done += n;
         }
-        self.publish_written();
         Ok(stop)
     }
 

@@ -335,3 +335,132 @@ fn max_bag_files_is_exact_at_every_sample_when_splitting_by_duration() {
     // 1000 messages/s for 2 s, a split every 0.3 s.
     files_bound_holds(&["-d", "0.3", "--synthetic-rate", "realtime"], 2000);
 }
+
+/// `record` with `args` to completion; returns (exit code, stderr, status-file count).
+fn record_with_status(args: &[&str], status: &Path) -> (i32, String, u64) {
+    let o = ringbag()
+        .arg("record")
+        .args(args)
+        .arg("--status-file")
+        .arg(status)
+        .output()
+        .expect("ringbag runs");
+    let committed = fs::read(status)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["committed"].as_u64())
+        .expect("status file holds a count");
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+        committed,
+    )
+}
+
+/// The summary's "splits kept" and "bag size" are what is on disk.
+fn assert_disk_figures(dir: &Path, err: &str) {
+    let files = ringbag::bag::reader::find_split_files(dir).unwrap();
+    let bytes: u64 = files
+        .iter()
+        .map(|f| fs::metadata(dir.join(f)).unwrap().len())
+        .sum();
+    assert_eq!(
+        summary_number(err, "splits kept "),
+        files.len() as u64,
+        "{err}"
+    );
+    assert_eq!(summary_number(err, "bag size now "), bytes, "{err}");
+    assert!(bytes > 0);
+}
+
+#[test]
+fn after_a_max_splits_stop_the_status_file_summary_and_bag_agree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m");
+    let status = tmp.path().join("status.json");
+    let (code, err, committed) = record_with_status(
+        &[
+            "-o",
+            out.to_str().unwrap(),
+            "--source",
+            "synthetic",
+            "--synthetic-profile",
+            "small",
+            "--synthetic-rate",
+            "max",
+            "--synthetic-count",
+            "50000",
+            "-b",
+            "86016",
+            "--max-splits",
+            "3",
+        ],
+        &status,
+    );
+    assert_eq!(code, 0, "{err}");
+    let bag = Bag::open(&out).unwrap();
+    let in_bag = bag.metadata.message_count;
+    assert_eq!(
+        committed, in_bag,
+        "status file: never more than is in the bag"
+    );
+    assert_eq!(summary_number(&err, "written "), in_bag, "{err}");
+    assert_adds_up(&out, &err, "--max-splits 3");
+    assert_disk_figures(&out, &err);
+    // What was accepted and never written is counted, in the summary and in the bag.
+    let unwritten = summary_number(&err, "unwritten ");
+    assert!(unwritten > 0, "{err}");
+    assert_eq!(
+        bag.metadata.custom_data.get("ringbag.unwritten_at_stop"),
+        Some(&unwritten.to_string())
+    );
+    let dropped: u64 = bag.metadata.custom_data["ringbag.dropped_messages"]
+        .parse()
+        .unwrap();
+    assert_eq!(
+        dropped,
+        summary_number(&err, "dropped ") + unwritten,
+        "{err}"
+    );
+}
+
+#[test]
+fn a_full_disk_stop_counts_every_accepted_message_and_reports_what_is_on_disk() {
+    let Some(fs) = crate::retention::Tmpfs::mount("24m") else {
+        return;
+    };
+    let out = fs.dir.join("full");
+    // Beside the full disk, so its last update is not lost to it.
+    let status_dir = tempfile::tempdir().unwrap();
+    let status = status_dir.path().join("status.json");
+    let (code, err, committed) = record_with_status(
+        &[
+            "-o",
+            out.to_str().unwrap(),
+            "--source",
+            "synthetic",
+            "--synthetic-profile",
+            "medium",
+            "--synthetic-rate",
+            "max",
+            "-b",
+            "2MiB",
+        ],
+        &status,
+    );
+    assert_eq!(code, 1, "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.contains("error:")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(errors[0].contains("free"), "{err}");
+    let bag = Bag::open(&out).unwrap();
+    let in_bag = bag.metadata.message_count;
+    assert_eq!(committed, in_bag, "{err}");
+    assert_eq!(summary_number(&err, "written "), in_bag, "{err}");
+    let accepted = summary_number(&err, "accepted ");
+    assert_eq!(
+        accepted,
+        in_bag + summary_number(&err, "unwritten "),
+        "accepted = written + unwritten:\n{err}"
+    );
+    assert_disk_figures(&out, &err);
+}

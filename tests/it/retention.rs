@@ -217,13 +217,13 @@ fn circular_flags_are_refused_before_recording_starts() {
 
 /// A tmpfs of `size` mounted on a fresh directory; unmounted on drop. `None` when mounting
 /// is not possible here (not root, no CAP_SYS_ADMIN).
-struct Tmpfs {
-    dir: PathBuf,
+pub(crate) struct Tmpfs {
+    pub(crate) dir: PathBuf,
     _tmp: tempfile::TempDir,
 }
 
 impl Tmpfs {
-    fn mount(size: &str) -> Option<Tmpfs> {
+    pub(crate) fn mount(size: &str) -> Option<Tmpfs> {
         let tmp = tempfile::tempdir().ok()?;
         let dir = tmp.path().join("mnt");
         fs::create_dir(&dir).ok()?;
