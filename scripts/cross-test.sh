@@ -36,6 +36,8 @@ export QEMU_LD_PREFIX="$SYSROOT"
 # runs the full 30 kill -9 and 40 torn-write trials). Override to run more.
 export RINGBAG_CRASH_TRIALS="${RINGBAG_CRASH_TRIALS:-10}"
 export RINGBAG_TORN_TRIALS="${RINGBAG_TORN_TRIALS:-15}"
+# The bounds stress tests (tests/it/bounds.rs) record a fifth of the messages.
+export RINGBAG_STRESS_PERCENT="${RINGBAG_STRESS_PERCENT:-20}"
 
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
