@@ -19,6 +19,7 @@ use crate::bag::metadata::{
 };
 use crate::bag::reader::{find_split_files, open_read_only, read_topics, split_stats};
 use crate::bag::writer::{split_size_on_disk, BagWriter, ClosedSplit};
+use crate::bag::lock::{self, BagLock, LockState, LOCK_FILE};
 use crate::bag::{BagError, TopicInfo};
 
 /// Worst-case growth of a split per projected byte: SQLite leaves pages partly filled (a row
@@ -344,6 +345,14 @@ impl Retention {
             if fs::canonicalize(&dir).unwrap_or_else(|_| dir.clone()) == current_c {
                 continue;
             }
+            if lock::state(&dir) == LockState::Held {
+                // Another recorder (or a reindex) owns it: its budget is not ours to spend.
+                log::info!(
+                    "retention: leaving {} alone: another process holds its lock",
+                    dir.display()
+                );
+                continue;
+            }
             match OldBag::open(&dir) {
                 Ok(Some(b)) => bags.push(b),
                 Ok(None) => {}
@@ -578,8 +587,32 @@ impl Retention {
             }
             Owner::Old => {
                 if let Some(bag) = self.old.front_mut() {
+                    // Hold the older bag's lock while changing it, so a reindex or another
+                    // recorder's retention never works on it at the same moment.
+                    let guard = match OldBagLock::acquire(&bag.dir) {
+                        Ok(g) => g,
+                        Err(e) => {
+                            // Taken by someone else since the scan, or not ours to change
+                            // (permissions): stop counting it rather than stop recording.
+                            log::warn!(
+                                "retention: leaving {} alone from now on: {e}",
+                                bag.dir.display()
+                            );
+                            let left = bag.splits.len().saturating_sub(1);
+                            for _ in 0..left {
+                                if let Some(e) = self.fifo.pop_front() {
+                                    self.fifo_bytes -= e.size;
+                                }
+                            }
+                            self.old_meta_bytes -= bag.meta_bytes;
+                            self.old.pop_front();
+                            return Ok(());
+                        }
+                    };
                     let before = bag.meta_bytes;
+                    // A failed change keeps the marker (dropping the guard): reindex it.
                     let emptied = bag.delete_oldest()?;
+                    guard.release()?;
                     self.old_meta_bytes = self.old_meta_bytes - before + bag.meta_bytes;
                     if emptied {
                         self.old_meta_bytes -= bag.meta_bytes;
@@ -589,6 +622,32 @@ impl Retention {
             }
         }
         Ok(())
+    }
+}
+
+/// The lock of an older bag while retention changes it. A bag that was clean is clean
+/// again after a successful change; one left unclean by a crash keeps its marker (it still
+/// needs a reindex), and so does any bag if we die in between.
+struct OldBagLock {
+    lock: BagLock,
+    was_unclean: bool,
+}
+
+impl OldBagLock {
+    fn acquire(dir: &Path) -> Result<Self, BagError> {
+        let was_unclean = dir.join(LOCK_FILE).exists();
+        Ok(OldBagLock {
+            lock: BagLock::acquire(dir)?,
+            was_unclean,
+        })
+    }
+
+    fn release(self) -> Result<(), BagError> {
+        if self.was_unclean || !self.lock.dir().exists() {
+            // Unclean stays unclean; a removed bag has nothing left to mark.
+            return Ok(());
+        }
+        self.lock.release_clean()
     }
 }
 
@@ -669,7 +728,9 @@ impl OldBag {
         };
         if dirty {
             bag.refresh_totals();
+            let guard = OldBagLock::acquire(dir)?;
             bag.write_meta()?;
+            guard.release()?;
         }
         bag.meta_bytes = fs::metadata(dir.join(METADATA_FILE)).map_or(0, |m| m.len());
         Ok(Some(bag))

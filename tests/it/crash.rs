@@ -462,7 +462,7 @@ fn a_crash_between_retention_deletion_and_metadata_rewrite_is_repaired_by_reinde
         unfinished_reason(&a).is_some(),
         "recovery sees it as unfinished"
     );
-    let reports = recover_root(a.parent().expect("root")).expect("recover");
+    let reports = recover_root(a.parent().expect("root")).reports;
     assert_eq!(reports.len(), 1);
     assert_eq!(read_all(&a), db3_total(&a));
     assert_eq!(read_all(&a), 30);
@@ -820,12 +820,16 @@ fn reindex_and_recovery_leave_a_bag_that_is_being_recorded_alone() {
             .arg(&bag)
             .output()
             .expect("reindex");
-        let recovered = recover_root(tmp.path()).expect("recover_root");
+        let recovered = recover_root(tmp.path()).reports;
         let _ = child.kill();
         let _ = child.wait();
         assert_eq!(out.status.code(), Some(2), "{preset}: {}", stderr(&out));
         assert!(
-            stderr(&out).contains("in use by another process"),
+            stderr(&out).trim_end()
+                == format!(
+                    "ringbag: error: {}: another ringbag process is writing this bag (its lock is held); left alone",
+                    bag.display()
+                ),
             "{}",
             stderr(&out)
         );
