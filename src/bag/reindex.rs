@@ -228,24 +228,52 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
     }
     // A dry run only probes; a real one holds the lock until the bag is clean again (a
     // recorder starting in between makes this fail with `Busy`).
+    let was_clean = lock::state(bag) == LockState::Clean;
     let lock = if opts.dry_run {
         None
     } else {
         Some(BagLock::acquire(bag)?)
     };
+    let held = lock.is_some();
+    let result = reindex_locked(bag, opts, files, held);
+    if let Some(l) = lock {
+        match &result {
+            // Every split is fsynced (salvaged ones before their rename, intact ones below)
+            // and metadata.yaml is durable: the bag now counts as cleanly finished.
+            Ok(r) => {
+                sync_intact_splits(bag, &r.splits)?;
+                l.release_clean()?;
+            }
+            // Each step of a reindex is atomic, so a failed one leaves the bag no worse than
+            // it found it: a bag that was clean (or no bag at all) gets no marker from us,
+            // one that was unclean keeps its marker for the next try.
+            Err(_) if was_clean => {
+                if let Err(e) = l.release_clean() {
+                    log::warn!("{}: {e}", bag.display());
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    result
+}
+
+/// The body of [`reindex`], run under the bag lock unless it is a dry run.
+fn reindex_locked(
+    bag: &Path,
+    opts: ReindexOptions,
+    files: Vec<String>,
+    held: bool,
+) -> Result<ReindexReport, BagError> {
     // Listed again under the lock: a writer that held it until a moment ago may have
     // added or removed splits.
-    let files = if lock.is_some() {
+    let files = if held {
         remove_stale_temp_files(bag)?;
         find_split_files(bag)?
     } else {
         files
     };
     if files.is_empty() {
-        // Released cleanly: nothing here was changed.
-        if let Some(l) = lock {
-            l.release_clean()?;
-        }
         return Err(BagError::invalid(bag, "not a bag: no .db3 files"));
     }
     let old = BagMetadata::read(bag).ok();
@@ -362,14 +390,6 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
         metadata.write_atomic(bag, flavour)?;
     }
     drop(scratch);
-    // Every split is fsynced (salvaged ones before the rename, intact ones are left as
-    // they were and checkpointed side files by SQLite) and metadata.yaml is durable: the
-    // bag now counts as cleanly finished. Any error above leaves the marker, so the next
-    // recovery tries again.
-    if let Some(l) = lock {
-        sync_intact_splits(bag, &reports)?;
-        l.release_clean()?;
-    }
     Ok(ReindexReport {
         bag: bag.to_path_buf(),
         dry_run: opts.dry_run,

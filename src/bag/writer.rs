@@ -689,6 +689,13 @@ impl BagWriter {
         self.ops
             .sync_dir(&self.dir)
             .map_err(BagError::io(&self.dir))?;
+        // The power-cut test (scripts/powercut-test.sh) reads these lines: a split logged
+        // here is durable and must come back intact.
+        log::debug!(
+            "closed split {}: {} messages, fsynced",
+            path.display(),
+            file.message_count
+        );
         let closed = ClosedSplit {
             index,
             size_bytes: split_size_on_disk(&path),

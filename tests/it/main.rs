@@ -7,4 +7,5 @@ mod format;
 mod fuzz;
 mod reader;
 mod record;
+mod recovery;
 mod retention;
