@@ -156,11 +156,11 @@ PY
 # preset profile retention-flags (cycled over the cuts)
 CONFIGS=(
     "write-optimized small -b 86016 --max-record-size 1MiB"
-    "resilient small -b 86016 --max-bag-files 3"
-    "none medium -b 256KiB --max-record-size 2MiB"
-    "write-optimized medium -b 1MiB --max-bag-files 3"
-    "resilient medium -b 256KiB --max-record-size 2MiB"
-    "none small -b 86016 --max-bag-files 4"
+    "resilient small -b 86016 --max-bag-files 6"
+    "none medium -b 256KiB --max-record-size 3MiB"
+    "write-optimized medium -b 1MiB --max-bag-files 5"
+    "resilient medium -b 256KiB --max-record-size 3MiB"
+    "none small -b 86016 --max-bag-files 6"
 )
 
 echo "powercut: $CUTS cuts, seed $SEED, binary $RB"
@@ -209,6 +209,7 @@ for ((cut = 1; cut <= CUTS; cut++)); do
         result=FAIL
         notes+=("record --recover exit $rec_rc: $(tail -n1 "$W/logs/c$cut-recover.log")")
     fi
+    salvaged=$(grep -c ", kept [0-9]*, lost" "$W/logs/c$cut-recover.log" || true)
     out_a="$(python3 "$W/check.py" "$RB" "$W/a/c$cut" "$root" "$log_a" "$log_b.before")"
     [[ $(wc -l <<<"$out_a") -gt 1 ]] && result=FAIL
     unmount "$W/a"
@@ -233,8 +234,8 @@ for ((cut = 1; cut <= CUTS; cut++)); do
     detach "$dev_b"
     rm -f "$W/xfs/cut.img" "$W/xfs/cut2.img"
 
-    printf 'cut %2d/%d %-15s %-6s %-28s %3d splits closed before the cut | recover: %s | reindex: %s -> %s\n' \
-        "$cut" "$CUTS" "$preset" "$profile" "$flags" "$closed_n" \
+    printf 'cut %2d/%d %-15s %-6s %-28s %3d splits closed before the cut | recover (%d splits salvaged): %s | reindex: %s -> %s\n' \
+        "$cut" "$CUTS" "$preset" "$profile" "$flags" "$closed_n" "$salvaged" \
         "$(tail -n1 <<<"$out_a")" "$(tail -n1 <<<"$out_b")" "$result"
     if [[ $result == PASS ]]; then
         PASSED=$((PASSED + 1))

@@ -14,12 +14,12 @@ use std::collections::VecDeque;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::bag::lock::{self, BagLock, LockState, LOCK_FILE};
 use crate::bag::metadata::{
     sync_dir, BagMetadata, FileInfo, TopicWithCount, METADATA_FILE, NO_START,
 };
 use crate::bag::reader::{find_split_files, open_read_only, read_topics, split_stats};
 use crate::bag::writer::{split_size_on_disk, BagWriter, ClosedSplit};
-use crate::bag::lock::{self, BagLock, LockState, LOCK_FILE};
 use crate::bag::{BagError, TopicInfo};
 
 /// Worst-case growth of a split per projected byte: SQLite leaves pages partly filled (a row

@@ -461,7 +461,10 @@ pub fn recover_root(root: &Path) -> Recovery {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return out,
         Err(e) => {
-            log::warn!("recovery: cannot list {}: {e}; nothing recovered", root.display());
+            log::warn!(
+                "recovery: cannot list {}: {e}; nothing recovered",
+                root.display()
+            );
             out.skipped.push((root.to_path_buf(), e.to_string()));
             return out;
         }

@@ -91,7 +91,13 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 fn record_recover(out: &Path, extra: &[&str]) -> std::process::Output {
     ringbag()
-        .args(["record", "--source", "synthetic", "--synthetic-profile", "small"])
+        .args([
+            "record",
+            "--source",
+            "synthetic",
+            "--synthetic-profile",
+            "small",
+        ])
         .args(["--synthetic-rate", "max", "--clock", "system", "--recover"])
         .args(extra)
         .arg("-o")
@@ -134,7 +140,11 @@ fn reindex_takes_the_lock_and_leaves_a_crashed_bag_clean_while_a_dry_run_only_pr
     let tmp = tempfile::tempdir().expect("tmp");
     let bag = tmp.path().join("crashed");
     crashed_bag(&bag, 2, 5);
-    assert_eq!(lock::state(&bag), LockState::Unclean, "a dead writer's mark");
+    assert_eq!(
+        lock::state(&bag),
+        LockState::Unclean,
+        "a dead writer's mark"
+    );
     let dry = reindex(
         &bag,
         ReindexOptions {
@@ -144,10 +154,18 @@ fn reindex_takes_the_lock_and_leaves_a_crashed_bag_clean_while_a_dry_run_only_pr
     )
     .expect("dry run");
     assert_eq!(dry.message_count, 25);
-    assert_eq!(lock::state(&bag), LockState::Unclean, "a dry run changes nothing");
+    assert_eq!(
+        lock::state(&bag),
+        LockState::Unclean,
+        "a dry run changes nothing"
+    );
     let r = reindex(&bag, ReindexOptions::default()).expect("reindex");
     assert_eq!(r.message_count, 25);
-    assert_eq!(lock::state(&bag), LockState::Clean, "repaired bags are clean");
+    assert_eq!(
+        lock::state(&bag),
+        LockState::Clean,
+        "repaired bags are clean"
+    );
     assert!(!bag.join(LOCK_FILE).exists());
     assert_eq!(read_all(&bag), 25);
 
@@ -176,13 +194,17 @@ fn reindex_removes_stale_temp_files_and_leaves_none_of_its_own() {
     // Tear the open split so reindex must salvage it (and write a salvage file of its own).
     let open = bag.join("bag_2.db3");
     let len = fs::metadata(&open).expect("open split").len();
-    let f = fs::OpenOptions::new().write(true).open(&open).expect("open");
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(&open)
+        .expect("open");
     f.set_len(len * 2 / 3).expect("truncate");
     drop(f);
     let r = reindex(&bag, ReindexOptions::default()).expect("reindex");
     assert!(
-        r.splits.iter().any(|s| s.file == "bag_2.db3"
-            && s.method != ringbag::bag::reindex::SplitMethod::Intact),
+        r.splits.iter().any(
+            |s| s.file == "bag_2.db3" && s.method != ringbag::bag::reindex::SplitMethod::Intact
+        ),
         "{:?}",
         r.splits
     );
@@ -208,7 +230,11 @@ fn recovery_skips_a_directory_named_like_a_split_and_still_records() {
         stderr(&out)
     );
     assert_eq!(read_all(&root.join("new")), 50, "recording went on");
-    assert_eq!(read_all(&root.join("crashed")), 17, "the other bag was recovered");
+    assert_eq!(
+        read_all(&root.join("crashed")),
+        17,
+        "the other bag was recovered"
+    );
     let files = all_files(root);
     assert!(
         files
@@ -244,7 +270,13 @@ fn recovery_skips_a_bag_the_recorder_may_not_write_and_still_records() {
     let out = Command::new("setpriv")
         .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
         .arg(env!("CARGO_BIN_EXE_ringbag"))
-        .args(["record", "--source", "synthetic", "--synthetic-profile", "small"])
+        .args([
+            "record",
+            "--source",
+            "synthetic",
+            "--synthetic-profile",
+            "small",
+        ])
         .args(["--synthetic-count", "40", "--clock", "system", "--recover"])
         .arg("-o")
         .arg(&new)
@@ -300,7 +332,8 @@ fn recovery_reindexes_a_bag_left_unclean_even_when_its_listing_looks_finished() 
         w.write_batch([(a, ts, d.as_slice())]).expect("write");
         ts += 1_000_000;
     }
-    w.delete_oldest_closed().expect("retention deletion rewrites metadata.yaml");
+    w.delete_oldest_closed()
+        .expect("retention deletion rewrites metadata.yaml");
     drop(w);
     let open = bag.join("cut_3.db3");
     fs::File::create(&open).expect("the open split lost its data");
@@ -322,10 +355,16 @@ fn recovery_reindexes_a_bag_left_unclean_even_when_its_listing_looks_finished() 
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
-        err.contains("did not finish cleanly") && err.contains("cut_3.db3") && err.contains("lost 72"),
+        err.contains("did not finish cleanly")
+            && err.contains("cut_3.db3")
+            && err.contains("lost 72"),
         "the emptied split is reported with its loss: {err}"
     );
-    assert_eq!(read_all(&bag), 20, "two intact closed splits; the empty one reads as empty");
+    assert_eq!(
+        read_all(&bag),
+        20,
+        "two intact closed splits; the empty one reads as empty"
+    );
     assert_eq!(lock::state(&bag), LockState::Clean);
     let again = recover_root(root);
     assert!(
