@@ -575,6 +575,24 @@ impl Retention {
         }
     }
 
+    /// Leave the front older bag alone from now on: its remaining splits (each with its FIFO
+    /// entry at the front) leave the budget, with a warning; recording goes on.
+    fn abandon_front_old_bag(&mut self, why: &BagError) {
+        let Some(bag) = self.old.pop_front() else {
+            return;
+        };
+        log::warn!(
+            "retention: leaving {} alone from now on: {why}",
+            bag.dir.display()
+        );
+        for _ in 0..bag.splits.len() {
+            if let Some(e) = self.fifo.pop_front() {
+                self.fifo_bytes -= e.size;
+            }
+        }
+        self.old_meta_bytes -= bag.meta_bytes;
+    }
+
     /// Delete the oldest closed split on the budget, whichever bag holds it.
     fn delete_oldest<B: CurrentBag + ?Sized>(&mut self, w: &mut B) -> Result<(), RetentionError> {
         let Some(e) = self.fifo.pop_front() else {
@@ -592,26 +610,24 @@ impl Retention {
                     let guard = match OldBagLock::acquire(&bag.dir) {
                         Ok(g) => g,
                         Err(e) => {
-                            // Taken by someone else since the scan, or not ours to change
-                            // (permissions): stop counting it rather than stop recording.
-                            log::warn!(
-                                "retention: leaving {} alone from now on: {e}",
-                                bag.dir.display()
-                            );
-                            let left = bag.splits.len().saturating_sub(1);
-                            for _ in 0..left {
-                                if let Some(e) = self.fifo.pop_front() {
-                                    self.fifo_bytes -= e.size;
-                                }
-                            }
-                            self.old_meta_bytes -= bag.meta_bytes;
-                            self.old.pop_front();
+                            // Taken by someone else since the scan, removed by another
+                            // recorder sharing the root, or not ours to change (permissions).
+                            bag.splits.pop_front(); // its FIFO entry is already gone
+                            self.abandon_front_old_bag(&e);
                             return Ok(());
                         }
                     };
                     let before = bag.meta_bytes;
-                    // A failed change keeps the marker (dropping the guard): reindex it.
-                    let emptied = bag.delete_oldest()?;
+                    let emptied = match bag.delete_oldest() {
+                        Ok(emptied) => emptied,
+                        Err(e) => {
+                            // An older bag is not worth the recording: stop counting it.
+                            // Dropping the guard keeps its marker: a reindex will look at it.
+                            drop(guard);
+                            self.abandon_front_old_bag(&e);
+                            return Ok(());
+                        }
+                    };
                     guard.release()?;
                     self.old_meta_bytes = self.old_meta_bytes - before + bag.meta_bytes;
                     if emptied {
@@ -636,10 +652,16 @@ struct OldBagLock {
 impl OldBagLock {
     fn acquire(dir: &Path) -> Result<Self, BagError> {
         let was_unclean = dir.join(LOCK_FILE).exists();
-        Ok(OldBagLock {
-            lock: BagLock::acquire(dir)?,
-            was_unclean,
-        })
+        let lock = BagLock::acquire(dir)?;
+        if !dir.join(METADATA_FILE).exists() {
+            // Another recorder sharing the root removed this bag, or is removing it and our
+            // lock file is what keeps its directory from going: finish that, leave it be.
+            let meta = dir.join(METADATA_FILE);
+            lock.release_clean()?;
+            let _ = fs::remove_dir(dir);
+            return Err(BagError::NotFound { path: meta });
+        }
+        Ok(OldBagLock { lock, was_unclean })
     }
 
     fn release(self) -> Result<(), BagError> {
@@ -773,13 +795,27 @@ impl OldBag {
             // Nothing left: the whole bag goes. Remove the metadata first so a crash never
             // leaves a bag that lists a missing file.
             let meta = self.dir.join(METADATA_FILE);
-            fs::remove_file(&meta).map_err(BagError::io(&meta))?;
+            match fs::remove_file(&meta) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(BagError::io(&meta)(e)),
+            }
             fs::remove_dir_all(&self.dir).map_err(BagError::io(&self.dir))?;
             if let Some(parent) = self.dir.parent() {
                 sync_dir(parent)?;
             }
             log::info!("retention: removed emptied bag {}", self.dir.display());
             return Ok(true);
+        }
+        // Another recorder sharing the root may have changed this bag since we read it (we
+        // hold its lock now): start from what is on disk, O(files of this bag).
+        self.meta = BagMetadata::read(&self.dir)?;
+        if fs::symlink_metadata(&path).is_err() {
+            // Already deleted by that other recorder; its metadata.yaml no longer lists it.
+            self.meta.files.retain(|f| f.path != split.rel);
+            self.refresh_totals();
+            self.write_meta()?;
+            return Ok(false);
         }
         if split.listed {
             // Per-topic counts of this one split, from its rows: bounded by the split size.
