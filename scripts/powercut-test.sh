@@ -46,44 +46,61 @@ if [[ ! -x "$RB" ]]; then
 fi
 
 W="$(mktemp -d /tmp/ringbag-powercut.XXXXXX)"
-LOOPS=()
-MOUNTS=()
+# What to undo, in the order it was done ("umount DIR" / "detach DEV"); unwound backwards, so
+# a filesystem is unmounted before the loop device under it is detached, and the ext4's loop
+# device (its image lies on the XFS) is detached before the XFS is unmounted.
+UNDO=()
+PASSED=0
+FAILED=0
+FINISHED=0
+pid=""
+cut=0
 
 cleanup() {
-    local i
-    for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do
-        umount "${MOUNTS[$i]}" 2>/dev/null || umount -l "${MOUNTS[$i]}" 2>/dev/null || true
-    done
-    for ((i = ${#LOOPS[@]} - 1; i >= 0; i--)); do
-        losetup -d "${LOOPS[$i]}" 2>/dev/null || true
+    local rc=$? i what arg
+    trap '' INT TERM
+    # The recorder of the current cut, if we stopped in the middle of one.
+    if [[ -n "$pid" ]]; then
+        kill -9 "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    fi
+    for ((i = ${#UNDO[@]} - 1; i >= 0; i--)); do
+        read -r what arg <<<"${UNDO[$i]}"
+        case "$what" in
+            umount) umount "$arg" 2>/dev/null || umount -l "$arg" 2>/dev/null || true ;;
+            detach) losetup -d "$arg" 2>/dev/null || true ;;
+        esac
     done
     rm -rf "$W"
+    if [[ $FINISHED -eq 0 && $cut -gt 0 ]]; then
+        echo "powercut: aborted in cut $cut (exit $rc); $PASSED passed, $((FAILED + 1)) failed"
+        exit 1
+    fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# attach IMAGE: set DEV to a new loop device backed by IMAGE (remembered for cleanup).
+# attach IMAGE: set DEV to a new loop device backed by IMAGE.
 attach() {
     DEV="$(losetup -f --show "$1")"
-    LOOPS+=("$DEV")
-}
-detach() {
-    losetup -d "$1"
-    local i
-    for i in "${!LOOPS[@]}"; do [[ "${LOOPS[$i]}" == "$1" ]] && unset 'LOOPS[$i]'; done
-    LOOPS=("${LOOPS[@]}")
+    UNDO+=("detach $DEV")
 }
 mount_at() { # DEV DIR
     mkdir -p "$2"
     mount "$1" "$2"
-    MOUNTS+=("$2")
+    UNDO+=("umount $2")
 }
-unmount() {
-    umount "$1"
-    local i
-    for i in "${!MOUNTS[@]}"; do [[ "${MOUNTS[$i]}" == "$1" ]] && unset 'MOUNTS[$i]'; done
-    MOUNTS=("${MOUNTS[@]}")
+# undo_last "umount DIR" | "detach DEV": do it now and forget it (it must be the last entry).
+undo_last() {
+    local what arg
+    read -r what arg <<<"$1"
+    [[ "${UNDO[-1]}" == "$1" ]] || { echo "powercut: undo out of order: $1" >&2; return 1; }
+    case "$what" in
+        umount) umount "$arg" ;;
+        detach) losetup -d "$arg" ;;
+    esac
+    unset 'UNDO[-1]'
 }
 
 # The XFS that holds the ext4 image (reflink makes the copy atomic and cheap).
@@ -164,8 +181,6 @@ CONFIGS=(
 )
 
 echo "powercut: $CUTS cuts, seed $SEED, binary $RB"
-PASSED=0
-FAILED=0
 for ((cut = 1; cut <= CUTS; cut++)); do
     read -r preset profile flags <<<"${CONFIGS[$(((cut - 1) % ${#CONFIGS[@]}))]}"
     root="$W/live/c$cut"
@@ -192,6 +207,7 @@ for ((cut = 1; cut <= CUTS; cut++)); do
     cp --reflink=always "$W/xfs/ext4.img" "$W/xfs/cut.img"
     kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
+    pid=""
     cp --reflink=always "$W/xfs/cut.img" "$W/xfs/cut2.img"
     closed_n=$(grep -c "closed split" "$log_b.before" || true)
 
@@ -212,8 +228,8 @@ for ((cut = 1; cut <= CUTS; cut++)); do
     salvaged=$(grep -c ", kept [0-9]*, lost" "$W/logs/c$cut-recover.log" || true)
     out_a="$(python3 "$W/check.py" "$RB" "$W/a/c$cut" "$root" "$log_a" "$log_b.before")"
     [[ $(wc -l <<<"$out_a") -gt 1 ]] && result=FAIL
-    unmount "$W/a"
-    detach "$dev_a"
+    undo_last "umount $W/a"
+    undo_last "detach $dev_a"
     # B: reindex of each bag on the second copy.
     attach "$W/xfs/cut2.img"
     dev_b="$DEV"
@@ -230,8 +246,8 @@ for ((cut = 1; cut <= CUTS; cut++)); do
     done
     out_b="$(python3 "$W/check.py" "$RB" "$W/b/c$cut" "$root" "$log_a" "$log_b.before")"
     [[ $(wc -l <<<"$out_b") -gt 1 ]] && result=FAIL
-    unmount "$W/b"
-    detach "$dev_b"
+    undo_last "umount $W/b"
+    undo_last "detach $dev_b"
     rm -f "$W/xfs/cut.img" "$W/xfs/cut2.img"
 
     printf 'cut %2d/%d %-15s %-6s %-28s %3d splits closed before the cut | recover (%d splits salvaged): %s | reindex: %s -> %s\n' \
@@ -249,5 +265,6 @@ for ((cut = 1; cut <= CUTS; cut++)); do
     rm -rf "$root"
 done
 
+FINISHED=1
 echo "powercut: $PASSED passed, $FAILED failed"
 ((FAILED == 0))
