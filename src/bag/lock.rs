@@ -209,6 +209,24 @@ mod tests {
     }
 
     #[test]
+    fn a_lock_on_a_file_unlinked_by_a_clean_finish_is_not_taken_for_the_bags_lock() {
+        // The race `acquire` and `state` guard against: a process opened the lock file just
+        // before a clean finish unlinked it, and a new file now stands under the name.
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join(LOCK_FILE);
+        fs::write(&path, b"").unwrap();
+        let old = fs::File::open(&path).unwrap();
+        assert!(same_file(&old, &path));
+        fs::remove_file(&path).unwrap();
+        assert!(!same_file(&old, &path), "unlinked: no longer the lock");
+        fs::write(&path, b"").unwrap();
+        assert!(
+            !same_file(&old, &path),
+            "a new file under the name is another lock"
+        );
+    }
+
+    #[test]
     fn a_fifo_under_the_lock_name_neither_hangs_nor_counts_as_a_lock() {
         let d = tempfile::tempdir().unwrap();
         nix::unistd::mkfifo(
