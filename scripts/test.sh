@@ -231,6 +231,30 @@ run_interop() {
     return "$rc"
 }
 
+# The power-cut test (scripts/powercut-test.sh) needs root, loop devices, mkfs.xfs and
+# mkfs.ext4; it skips with the reason where loop devices cannot be used.
+POWERCUT_APT=(xfsprogs e2fsprogs)
+run_powercut() {
+    local missing=() p
+    for p in "${POWERCUT_APT[@]}"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    if [[ ${#missing[@]} -gt 0 && $EUID -eq 0 ]]; then
+        [[ $INSTALL -eq 1 ]] || { echo "missing Debian packages: ${missing[*]}" >&2; return 1; }
+        echo "apt: installing ${missing[*]}"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+            { as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+                as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; }
+    fi
+    cargo_n build --bin ringbag
+    local rc=0
+    RINGBAG_BIN="$TARGET_DIR/debug/ringbag" bash scripts/powercut-test.sh 2>&1 |
+        tee "$LOGS/powercut.log" || rc=$?
+    COUNTS+=("powercut $(awk '/^powercut: [0-9]+ passed/ { print $2, $4, 0 }
+        /^powercut: SKIPPED/ { print 0, 0, 1 }' "$LOGS/powercut.log" | tail -n1)")
+    return "$rc"
+}
+
 run_cross() {
     local rc=0
     RINGBAG_NICE="${RINGBAG_NICE:-10}" bash scripts/cross-test.sh 2>&1 | tee "$LOGS/cross.log" || rc=$?
@@ -247,6 +271,8 @@ stage "test" run_host_tests
 stage "check-ros" cargo_n clippy --all-targets --features ros,r2r/doc-only -- -D warnings
 # Before cross: it is fast and catches format regressions long before the qemu run ends.
 stage "interop" run_interop
+# Power cuts on a loop-mounted ext4 (about a minute).
+stage "powercut" run_powercut
 if [[ $QUICK -eq 0 ]]; then
     stage "cross-aarch64" run_cross
 else

@@ -80,9 +80,9 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
         .to_path_buf();
     if settings.recover {
         let root = root.as_path();
-        let reports =
-            crate::bag::reindex::recover_root(root).map_err(|e| failure(e.into(), None))?;
-        for r in &reports {
+        // Best effort: bags it cannot recover are logged and skipped; recording goes on.
+        let recovery = crate::bag::reindex::recover_root(root);
+        for r in &recovery.reports {
             log::warn!(
                 "recovered {}: {} messages kept, {}",
                 r.bag.display(),

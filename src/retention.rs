@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::bag::lock::{self, BagLock, LockState, LOCK_FILE};
 use crate::bag::metadata::{
     sync_dir, BagMetadata, FileInfo, TopicWithCount, METADATA_FILE, NO_START,
 };
@@ -353,6 +354,14 @@ impl Retention {
             if fs::canonicalize(&dir).unwrap_or_else(|_| dir.clone()) == current_c {
                 continue;
             }
+            if lock::state(&dir) == LockState::Held {
+                // Another recorder (or a reindex) owns it: its budget is not ours to spend.
+                log::info!(
+                    "retention: leaving {} alone: another process holds its lock",
+                    dir.display()
+                );
+                continue;
+            }
             match OldBag::open(&dir) {
                 Ok(Some(b)) => bags.push(b),
                 Ok(None) => {}
@@ -627,6 +636,24 @@ impl Retention {
         }
     }
 
+    /// Leave the front older bag alone from now on: its remaining splits (each with its FIFO
+    /// entry at the front) leave the budget, with a warning; recording goes on.
+    fn abandon_front_old_bag(&mut self, why: &BagError) {
+        let Some(bag) = self.old.pop_front() else {
+            return;
+        };
+        log::warn!(
+            "retention: leaving {} alone from now on: {why}",
+            bag.dir.display()
+        );
+        for _ in 0..bag.splits.len() {
+            if let Some(e) = self.fifo.pop_front() {
+                self.fifo_bytes -= e.size;
+            }
+        }
+        self.old_meta_bytes -= bag.meta_bytes;
+    }
+
     /// Delete the oldest closed split on the budget, whichever bag holds it.
     fn delete_oldest<B: CurrentBag + ?Sized>(&mut self, w: &mut B) -> Result<(), RetentionError> {
         let Some(e) = self.fifo.pop_front() else {
@@ -639,8 +666,30 @@ impl Retention {
             }
             Owner::Old => {
                 if let Some(bag) = self.old.front_mut() {
+                    // Hold the older bag's lock while changing it, so a reindex or another
+                    // recorder's retention never works on it at the same moment.
+                    let guard = match OldBagLock::acquire(&bag.dir) {
+                        Ok(g) => g,
+                        Err(e) => {
+                            // Taken by someone else since the scan, removed by another
+                            // recorder sharing the root, or not ours to change (permissions).
+                            bag.splits.pop_front(); // its FIFO entry is already gone
+                            self.abandon_front_old_bag(&e);
+                            return Ok(());
+                        }
+                    };
                     let before = bag.meta_bytes;
-                    let emptied = bag.delete_oldest()?;
+                    let emptied = match bag.delete_oldest() {
+                        Ok(emptied) => emptied,
+                        Err(e) => {
+                            // An older bag is not worth the recording: stop counting it.
+                            // Dropping the guard keeps its marker: a reindex will look at it.
+                            drop(guard);
+                            self.abandon_front_old_bag(&e);
+                            return Ok(());
+                        }
+                    };
+                    guard.release()?;
                     self.old_meta_bytes = self.old_meta_bytes - before + bag.meta_bytes;
                     if emptied {
                         self.old_meta_bytes -= bag.meta_bytes + BAG_DIR_RESERVE_BYTES;
@@ -650,6 +699,38 @@ impl Retention {
             }
         }
         Ok(())
+    }
+}
+
+/// The lock of an older bag while retention changes it. A bag that was clean is clean
+/// again after a successful change; one left unclean by a crash keeps its marker (it still
+/// needs a reindex), and so does any bag if we die in between.
+struct OldBagLock {
+    lock: BagLock,
+    was_unclean: bool,
+}
+
+impl OldBagLock {
+    fn acquire(dir: &Path) -> Result<Self, BagError> {
+        let was_unclean = dir.join(LOCK_FILE).exists();
+        let lock = BagLock::acquire(dir)?;
+        if !dir.join(METADATA_FILE).exists() {
+            // Another recorder sharing the root removed this bag, or is removing it and our
+            // lock file is what keeps its directory from going: finish that, leave it be.
+            let meta = dir.join(METADATA_FILE);
+            lock.release_clean()?;
+            let _ = fs::remove_dir(dir);
+            return Err(BagError::NotFound { path: meta });
+        }
+        Ok(OldBagLock { lock, was_unclean })
+    }
+
+    fn release(self) -> Result<(), BagError> {
+        if self.was_unclean || !self.lock.dir().exists() {
+            // Unclean stays unclean; a removed bag has nothing left to mark.
+            return Ok(());
+        }
+        self.lock.release_clean()
     }
 }
 
@@ -730,7 +811,9 @@ impl OldBag {
         };
         if dirty {
             bag.refresh_totals();
+            let guard = OldBagLock::acquire(dir)?;
             bag.write_meta()?;
+            guard.release()?;
         }
         bag.meta_bytes = fs::metadata(dir.join(METADATA_FILE)).map_or(0, |m| m.len());
         Ok(Some(bag))
@@ -773,13 +856,27 @@ impl OldBag {
             // Nothing left: the whole bag goes. Remove the metadata first so a crash never
             // leaves a bag that lists a missing file.
             let meta = self.dir.join(METADATA_FILE);
-            fs::remove_file(&meta).map_err(BagError::io(&meta))?;
+            match fs::remove_file(&meta) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(BagError::io(&meta)(e)),
+            }
             fs::remove_dir_all(&self.dir).map_err(BagError::io(&self.dir))?;
             if let Some(parent) = self.dir.parent() {
                 sync_dir(parent)?;
             }
             log::info!("retention: removed emptied bag {}", self.dir.display());
             return Ok(true);
+        }
+        // Another recorder sharing the root may have changed this bag since we read it (we
+        // hold its lock now): start from what is on disk, O(files of this bag).
+        self.meta = BagMetadata::read(&self.dir)?;
+        if fs::symlink_metadata(&path).is_err() {
+            // Already deleted by that other recorder; its metadata.yaml no longer lists it.
+            self.meta.files.retain(|f| f.path != split.rel);
+            self.refresh_totals();
+            self.write_meta()?;
+            return Ok(false);
         }
         if split.listed {
             // Per-topic counts of this one split, from its rows: bounded by the split size.
@@ -822,7 +919,7 @@ fn split_counts(path: &Path) -> Result<(FileInfo, Vec<(TopicInfo, u64)>), BagErr
         path: String::new(),
         starting_time_ns: stats.start_ns,
         duration_ns: if stats.count > 0 {
-            stats.end_ns - stats.start_ns
+            stats.end_ns.saturating_sub(stats.start_ns)
         } else {
             0
         },

@@ -51,46 +51,34 @@ impl BagLock {
     /// are fsynced before this returns, so the unclean-finish marker survives a power cut.
     pub fn acquire(dir: &Path) -> Result<BagLock, BagError> {
         let path = dir.join(LOCK_FILE);
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            // Never follow a symlink or block on a FIFO planted under the lock's name.
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .mode(0o644)
-            .open(&path)
-            .map_err(BagError::io(&path))?;
-        if !file.metadata().map_err(BagError::io(&path))?.is_file() {
-            return Err(BagError::invalid(&path, "lock file is not a regular file"));
-        }
-        // A prober ([`state`]) holds a shared lock for a few microseconds; retry briefly so
-        // that a probe racing a new recording never makes it fail.
-        let mut file = file;
-        let mut tries = 0;
-        let mut lock = loop {
-            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-                Ok(l) => break l,
-                Err((f, nix::errno::Errno::EWOULDBLOCK)) if tries < 50 => {
-                    file = f;
-                    tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                }
-                Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-                    return Err(BagError::Busy {
-                        path: dir.to_path_buf(),
-                    })
-                }
-                Err((_, e)) => return Err(BagError::io(&path)(std::io::Error::from(e))),
+        // A clean finish unlinks the file while holding the lock. Whoever opened it just
+        // before then locks an orphaned inode while a third process may create and lock a
+        // new file: two "holders". So a lock counts only if the path still names the locked
+        // file; otherwise start again on the new one.
+        let mut attempts = 0;
+        loop {
+            let lock = lock_file(dir, &path)?;
+            if same_file(&lock, &path) {
+                return Self::claimed(lock, dir, &path);
             }
-        };
+            attempts += 1;
+            if attempts >= 100 {
+                return Err(BagError::Busy {
+                    path: dir.to_path_buf(),
+                });
+            }
+        }
+    }
+
+    /// Note the holder in the file and make file and directory entry durable.
+    fn claimed(mut lock: Flock<fs::File>, dir: &Path, path: &Path) -> Result<BagLock, BagError> {
         // Who holds it, for a person looking at a stuck bag; not used by the logic.
         let note = format!("pid {}\n", std::process::id());
         let written = lock
             .set_len(0)
             .and_then(|_| lock.write_all(note.as_bytes()))
             .and_then(|_| lock.sync_all());
-        written.map_err(BagError::io(&path))?;
+        written.map_err(BagError::io(path))?;
         sync_dir(dir)?;
         Ok(BagLock {
             _lock: lock,
@@ -117,25 +105,76 @@ impl BagLock {
     }
 }
 
+/// Open (creating if needed) and exclusively lock the lock file at `path`.
+fn lock_file(dir: &Path, path: &Path) -> Result<Flock<fs::File>, BagError> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        // Never follow a symlink or block on a FIFO planted under the lock's name.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .mode(0o644)
+        .open(path)
+        .map_err(BagError::io(path))?;
+    if !file.metadata().map_err(BagError::io(path))?.is_file() {
+        return Err(BagError::invalid(path, "lock file is not a regular file"));
+    }
+    // A prober ([`state`]) holds a shared lock for a few microseconds; retry briefly so
+    // that a probe racing a new recording never makes it fail.
+    let mut file = file;
+    let mut tries = 0;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => return Ok(l),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) if tries < 50 => {
+                file = f;
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(BagError::Busy {
+                    path: dir.to_path_buf(),
+                })
+            }
+            Err((_, e)) => return Err(BagError::io(path)(std::io::Error::from(e))),
+        }
+    }
+}
+
+/// True when `path` (not following a symlink) is the very file `f` has open.
+fn same_file(f: &fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (f.metadata(), fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
 /// Probe a bag directory's lock without waiting. Never blocks and never creates anything.
 pub fn state(dir: &Path) -> LockState {
     let path = dir.join(LOCK_FILE);
-    let file = match fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(&path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return LockState::Clean,
-        // Present but unopenable (permissions, a symlink): we cannot prove it dead, and a
-        // live bag must never be touched; treat it as held.
-        Err(_) => return LockState::Held,
-    };
-    match Flock::lock(file, FlockArg::LockSharedNonblock) {
-        // Dropping the shared lock at once releases it.
-        Ok(_) => LockState::Unclean,
-        Err(_) => LockState::Held,
+    // See `acquire`: a file unlinked by a clean finish while we opened it is not a marker.
+    for _ in 0..100 {
+        let file = match fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return LockState::Clean,
+            // Present but unopenable (permissions, a symlink): we cannot prove it dead, and
+            // a live bag must never be touched; treat it as held.
+            Err(_) => return LockState::Held,
+        };
+        match Flock::lock(file, FlockArg::LockSharedNonblock) {
+            // Dropping the shared lock releases it at once.
+            Ok(l) if same_file(&l, &path) => return LockState::Unclean,
+            Ok(_) => continue,
+            Err(_) => return LockState::Held,
+        }
     }
+    LockState::Held
 }
 
 #[cfg(test)]
@@ -167,6 +206,24 @@ mod tests {
         assert_eq!(state(d.path()), LockState::Unclean);
         BagLock::acquire(d.path()).unwrap().release_clean().unwrap();
         assert_eq!(state(d.path()), LockState::Clean);
+    }
+
+    #[test]
+    fn a_lock_on_a_file_unlinked_by_a_clean_finish_is_not_taken_for_the_bags_lock() {
+        // The race `acquire` and `state` guard against: a process opened the lock file just
+        // before a clean finish unlinked it, and a new file now stands under the name.
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join(LOCK_FILE);
+        fs::write(&path, b"").unwrap();
+        let old = fs::File::open(&path).unwrap();
+        assert!(same_file(&old, &path));
+        fs::remove_file(&path).unwrap();
+        assert!(!same_file(&old, &path), "unlinked: no longer the lock");
+        fs::write(&path, b"").unwrap();
+        assert!(
+            !same_file(&old, &path),
+            "a new file under the name is another lock"
+        );
     }
 
     #[test]

@@ -409,7 +409,7 @@ impl Bag {
                     path: rel.clone(),
                     starting_time_ns: st.start_ns,
                     duration_ns: if st.count > 0 {
-                        st.end_ns - st.start_ns
+                        st.end_ns.saturating_sub(st.start_ns)
                     } else {
                         0
                     },

@@ -28,6 +28,7 @@ use std::time::SystemTime;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde::Serialize;
 
+use super::lock::{self, BagLock, LockState};
 use super::metadata::{sync_dir, BagMetadata, FileInfo, TopicWithCount, METADATA_FILE, NO_START};
 use super::pagewalk::{self, RecoveredDefinition, RecoveredTopic};
 use super::qos::parse_profiles_str;
@@ -247,8 +248,16 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
     if files.is_empty() {
         return Err(BagError::invalid(bag, "not a bag: no .db3 files"));
     }
-    // Never salvage under a live writer: its open split looks damaged and its -wal is
-    // in use. SQLite's own file locks tell whether another process has a split open.
+    // Never touch a bag a live writer holds (its open split looks damaged, its -wal is in
+    // use, and it rewrites metadata.yaml at will). The recorder holds the bag lock for its
+    // whole life; a real reindex takes it too (below), so two reindexes never overlap.
+    if lock::state(bag) == LockState::Held {
+        return Err(BagError::Busy {
+            path: bag.to_path_buf(),
+        });
+    }
+    // A writer that is not ringbag (ros2 bag record) holds no bag lock; SQLite's own file
+    // locks show it while it has a split open.
     if let Some(busy) = files
         .iter()
         .find(|f| locked_by_another_process(&bag.join(f)))
@@ -271,6 +280,56 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
                 ),
             ));
         }
+    }
+    // A dry run only probes; a real one holds the lock until the bag is clean again (a
+    // recorder starting in between makes this fail with `Busy`).
+    let was_clean = lock::state(bag) == LockState::Clean;
+    let lock = if opts.dry_run {
+        None
+    } else {
+        Some(BagLock::acquire(bag)?)
+    };
+    let held = lock.is_some();
+    let result = reindex_locked(bag, opts, files, held);
+    if let Some(l) = lock {
+        match &result {
+            // Every split is fsynced (salvaged ones before their rename, intact ones below)
+            // and metadata.yaml is durable: the bag now counts as cleanly finished.
+            Ok(r) => {
+                sync_intact_splits(bag, &r.splits)?;
+                l.release_clean()?;
+            }
+            // Each step of a reindex is atomic, so a failed one leaves the bag no worse than
+            // it found it: a bag that was clean (or no bag at all) gets no marker from us,
+            // one that was unclean keeps its marker for the next try.
+            Err(_) if was_clean => {
+                if let Err(e) = l.release_clean() {
+                    log::warn!("{}: {e}", bag.display());
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    result
+}
+
+/// The body of [`reindex`], run under the bag lock unless it is a dry run.
+fn reindex_locked(
+    bag: &Path,
+    opts: ReindexOptions,
+    files: Vec<String>,
+    held: bool,
+) -> Result<ReindexReport, BagError> {
+    // Listed again under the lock: a writer that held it until a moment ago may have
+    // added or removed splits.
+    let files = if held {
+        remove_stale_temp_files(bag)?;
+        find_split_files(bag)?
+    } else {
+        files
+    };
+    if files.is_empty() {
+        return Err(BagError::invalid(bag, "not a bag: no .db3 files"));
     }
     let old = BagMetadata::read(bag).ok();
     let scratch = if opts.dry_run {
@@ -374,17 +433,17 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
                         .map(|f| f.message_count),
                     may_have_been_open: split_number(&rel) == newest,
                 };
-                let tmp = tmp_path(&work);
-                let salvaged = salvage(&work, &tmp, &rel, &fallback)?;
+                let tmp = TempFile(tmp_path(&work));
+                let salvaged = salvage(&work, &tmp.0, &rel, &fallback)?;
                 if salvaged.content.schema_version.is_some() && flavour.is_none() {
                     flavour = salvaged.content.schema_version.map(flavour_of_schema);
                 }
                 let damaged_kept_as = if opts.dry_run {
-                    let _ = fs::remove_file(&tmp);
                     None
                 } else {
-                    swap_in(&original, &tmp, opts.discard_damaged)?
+                    swap_in(&original, &tmp.0, opts.discard_damaged)?
                 };
+                drop(tmp);
                 let at_least = salvaged.expected.saturating_sub(salvaged.content.count);
                 reports.push(SplitReport {
                     file: rel.clone(),
@@ -500,14 +559,33 @@ pub fn unfinished_reason(dir: &Path) -> Option<String> {
     None
 }
 
+/// What [`recover_root`] did: bags reindexed, and bags it left alone with the reason.
+#[derive(Debug, Default)]
+pub struct Recovery {
+    pub reports: Vec<ReindexReport>,
+    /// Bags not recovered (live, or recovery failed), each with why. Recording goes on.
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
 /// Reindex every unfinished bag directly under `root` (the parent of recordings): the
 /// recorder and the service call this at start, before they open a new bag.
-pub fn recover_root(root: &Path) -> Result<Vec<ReindexReport>, BagError> {
-    let mut out = Vec::new();
+///
+/// Best effort per bag: a bag that is being recorded is left alone, and one that cannot be
+/// recovered (no permission, not a bag, damaged beyond salvage) is logged with the reason
+/// and skipped; neither stops the others or the recording that follows.
+pub fn recover_root(root: &Path) -> Recovery {
+    let mut out = Recovery::default();
     let entries = match fs::read_dir(root) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(BagError::io(root)(e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return out,
+        Err(e) => {
+            log::warn!(
+                "recovery: cannot list {}: {e}; nothing recovered",
+                root.display()
+            );
+            out.skipped.push((root.to_path_buf(), e.to_string()));
+            return out;
+        }
     };
     let mut dirs: Vec<PathBuf> = entries
         .filter_map(|e| e.ok())
@@ -516,23 +594,51 @@ pub fn recover_root(root: &Path) -> Result<Vec<ReindexReport>, BagError> {
         .collect();
     dirs.sort();
     for dir in dirs {
-        let live = find_split_files(&dir)
-            .unwrap_or_default()
-            .iter()
-            .any(|f| locked_by_another_process(&dir.join(f)));
-        if live {
-            log::info!(
-                "{}: being recorded by another process; left alone",
-                dir.display()
-            );
-            continue;
-        }
-        if let Some(reason) = unfinished_reason(&dir) {
-            log::warn!("{}: unfinished bag ({reason}); reindexing", dir.display());
-            out.push(reindex(&dir, ReindexOptions::default())?);
+        let reason = match lock::state(&dir) {
+            LockState::Held => {
+                log::info!(
+                    "{}: being recorded by another process (its lock is held); left alone",
+                    dir.display()
+                );
+                out.skipped
+                    .push((dir, "being recorded by another process".into()));
+                continue;
+            }
+            // The marker only a clean finish removes: timestamps and listings cannot tell
+            // a clean stop from a power cut, this can.
+            LockState::Unclean if !find_split_files(&dir).unwrap_or_default().is_empty() => {
+                "the last writer did not finish cleanly".to_string()
+            }
+            _ => match unfinished_reason(&dir) {
+                Some(r) => r,
+                None => continue,
+            },
+        };
+        log::warn!("{}: unfinished bag ({reason}); reindexing", dir.display());
+        match reindex(&dir, ReindexOptions::default()) {
+            Ok(r) => {
+                for sp in r.splits.iter().filter(|s| s.method != SplitMethod::Intact) {
+                    let lost = sp
+                        .messages_lost
+                        .map_or_else(|| "an unknown number".to_string(), |n| n.to_string());
+                    log::warn!(
+                        "{}: {}: {} ({}), kept {}, lost {lost}",
+                        dir.display(),
+                        sp.file,
+                        sp.method.as_str(),
+                        sp.check,
+                        sp.messages_kept,
+                    );
+                }
+                out.reports.push(r);
+            }
+            Err(e) => {
+                log::warn!("recovery: {}: not recovered: {e}", dir.display());
+                out.skipped.push((dir, e.to_string()));
+            }
         }
     }
-    Ok(out)
+    out
 }
 
 /// True when another process holds an SQLite lock on `split`: on the database file's lock
@@ -792,8 +898,66 @@ struct Salvaged {
     unknown: Option<String>,
 }
 
+/// A fresh salvage file name, unique per process and call: `<split>.<pid>-<n>.salvage.tmp`.
 fn tmp_path(work: &Path) -> PathBuf {
-    side_path(work, SALVAGE_TMP_SUFFIX)
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    side_path(
+        work,
+        &format!(".{}-{seq}{SALVAGE_TMP_SUFFIX}", std::process::id()),
+    )
+}
+
+/// Removes a salvage file on every path that does not rename it into place (errors and
+/// dry runs included), so a failed reindex never leaves one behind.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        match fs::remove_file(&self.0) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => log::warn!("{}: cannot remove: {e}", self.0.display()),
+        }
+    }
+}
+
+/// Under the bag lock, temp files of this bag belong to no live process: remove salvage
+/// files and metadata.yaml temp files left by a reindex or writer that died.
+fn remove_stale_temp_files(bag: &Path) -> Result<(), BagError> {
+    let Ok(entries) = fs::read_dir(bag) else {
+        return Ok(());
+    };
+    let mut removed = false;
+    for e in entries.flatten() {
+        let Ok(name) = e.file_name().into_string() else {
+            continue;
+        };
+        let stale = name.ends_with(SALVAGE_TMP_SUFFIX)
+            || (name.starts_with(&format!(".{METADATA_FILE}")) && name.ends_with(".tmp"));
+        if stale && e.file_type().is_ok_and(|t| t.is_file()) {
+            let p = e.path();
+            fs::remove_file(&p).map_err(BagError::io(&p))?;
+            log::info!("{}: removed a stale temp file", p.display());
+            removed = true;
+        }
+    }
+    if removed {
+        sync_dir(bag)?;
+    }
+    Ok(())
+}
+
+/// fsync splits reindex kept as they were: after a crash their last writes may still be
+/// only in the page cache, and the lock marker must not go before they are durable.
+fn sync_intact_splits(bag: &Path, reports: &[SplitReport]) -> Result<(), BagError> {
+    for r in reports.iter().filter(|r| r.method == SplitMethod::Intact) {
+        let p = bag.join(&r.file);
+        fs::File::open(&p)
+            .and_then(|f| f.sync_all())
+            .map_err(BagError::io(&p))?;
+    }
+    Ok(())
 }
 
 /// Copy every readable row of `src` into a fresh split at `dst`.
@@ -1389,7 +1553,7 @@ fn topic_from_info(id: i64, t: &TopicInfo) -> RecoveredTopic {
 
 fn duration(c: &SplitContent) -> i64 {
     if c.count > 0 {
-        c.end_ns - c.start_ns
+        c.end_ns.saturating_sub(c.start_ns)
     } else {
         0
     }

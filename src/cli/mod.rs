@@ -55,9 +55,12 @@ fn cmd_reindex(a: &args::ReindexArgs) -> i32 {
             }
             EXIT_OK
         }
-        Err(e @ (crate::bag::BagError::NotFound { .. } | crate::bag::BagError::Invalid { .. })) => {
-            fail(EXIT_BAD_INPUT, e)
-        }
+        // A live bag is refused like bad input: nothing was tried, nothing changed.
+        Err(
+            e @ (crate::bag::BagError::NotFound { .. }
+            | crate::bag::BagError::Invalid { .. }
+            | crate::bag::BagError::Busy { .. }),
+        ) => fail(EXIT_BAD_INPUT, e),
         Err(e) => fail(EXIT_FAILURE, e),
     }
 }

@@ -463,7 +463,7 @@ fn a_crash_between_retention_deletion_and_metadata_rewrite_is_repaired_by_reinde
         unfinished_reason(&a).is_some(),
         "recovery sees it as unfinished"
     );
-    let reports = recover_root(a.parent().expect("root")).expect("recover");
+    let reports = recover_root(a.parent().expect("root")).reports;
     assert_eq!(reports.len(), 1);
     assert_eq!(read_all(&a), db3_total(&a));
     assert_eq!(read_all(&a), 30);
@@ -657,6 +657,36 @@ fn a_split_is_fsynced_then_its_directory_before_it_counts_as_closed_or_an_older_
     );
 }
 
+#[test]
+fn a_new_split_is_durable_before_metadata_yaml_can_name_it() {
+    // A power cut must never leave metadata.yaml naming a split whose header and tables
+    // were never written back (a 0-byte file no reader opens).
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("bag");
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut w = BagWriter::create(&dir, WriterOptions::new(Flavour::Jazzy)).expect("create");
+    w.set_storage_ops(Box::new(Recorder(log.clone())));
+    let a = w
+        .add_topic(topic("/a", "std_msgs/msg/String"), None)
+        .expect("topic");
+    let d = cdr_string("x");
+    w.write_batch([(a, 1_700_000_000_000_000_000, d.as_slice())])
+        .expect("write");
+    w.split().expect("split");
+    let new = dir.join("bag_1.db3");
+    let calls = log.lock().expect("log").clone();
+    let at = calls
+        .iter()
+        .position(|c| *c == FsCall::SyncFile(new.clone()))
+        .unwrap_or_else(|| panic!("the new split is fsynced when opened: {calls:?}"));
+    assert_eq!(calls.get(at + 1), Some(&FsCall::SyncDir(dir.clone())));
+    assert!(
+        fs::metadata(&new).expect("new split").len() > 0,
+        "it has its header and tables"
+    );
+    w.finish().expect("finish");
+}
+
 mod fuzz_reindex {
     //! Stands in for a fuzz target (stable Rust has no cargo-fuzz): arbitrary damage to a
     //! split's bytes; `reindex` must return (no panic) and leave a bag that reads fully.
@@ -830,12 +860,16 @@ fn reindex_and_recovery_leave_a_bag_that_is_being_recorded_alone() {
             .arg(&bag)
             .output()
             .expect("reindex");
-        let recovered = recover_root(tmp.path()).expect("recover_root");
+        let recovered = recover_root(tmp.path()).reports;
         let _ = child.kill();
         let _ = child.wait();
         assert_eq!(out.status.code(), Some(2), "{preset}: {}", stderr(&out));
         assert!(
-            stderr(&out).contains("in use by another process"),
+            stderr(&out).trim_end()
+                == format!(
+                    "ringbag: error: {}: another ringbag process is writing this bag (its lock is held); left alone",
+                    bag.display()
+                ),
             "{}",
             stderr(&out)
         );

@@ -2,6 +2,7 @@
 //! bad input, and recording end to end.
 mod bounds;
 mod common;
+mod concurrency;
 mod crash;
 mod errors;
 mod format;
@@ -9,4 +10,5 @@ mod fuzz;
 mod hostile_bags;
 mod reader;
 mod record;
+mod recovery;
 mod retention;

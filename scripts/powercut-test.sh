@@ -1,0 +1,270 @@
+#!/usr/bin/env bash
+# Power-cut test: simulated power loss while recording, then recovery, checked bag by bag.
+#
+#   scripts/powercut-test.sh            (root; CI runs it from scripts/test.sh)
+#
+# Method: an ext4 filesystem on a loop device whose backing image lies on XFS (itself a
+# loop-mounted image file). ringbag records into the ext4 with retention active. At a random
+# moment an atomic `cp --reflink=always` of the ext4 image is taken: that copy is exactly what
+# a power cut leaves (what only sat in the page cache is lost; everything fsynced is in it).
+# Each copy is mounted (the ext4 journal replays, as at boot) and checked twice, on two
+# copies of the cut:
+#   A. `ringbag record --recover -o <root>/new` (short) must exit 0;
+#   B. `ringbag reindex` of each bag must exit 0;
+# then every bag must read fully (`info` and `play --sink echo` exit 0, and the number of
+# messages played equals info's count), and every split the recorder logged as closed
+# (fsynced) before the cut must be intact: quick_check ok and exactly the logged number of
+# messages (a split retention deleted before the cut may be gone).
+#
+# Environment: POWERCUT_CUTS (default 12), POWERCUT_SEED (default: time), RINGBAG_BIN
+# (default: target/debug/ringbag, built if missing). Skips, with the reason, only where loop
+# devices cannot be used (no root, no /dev/loop-control, mounting refused).
+# Prints one line per cut and closes with `powercut: N passed, M failed`; exit 1 on a failure.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CUTS="${POWERCUT_CUTS:-12}"
+SEED="${POWERCUT_SEED:-$(date +%s)}"
+RANDOM=$((SEED % 32768))
+RB="${RINGBAG_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/ringbag}"
+
+skip() {
+    echo "powercut: SKIPPED: $*"
+    exit 0
+}
+
+[[ $EUID -eq 0 ]] || skip "needs root to mount loop devices"
+[[ -e /dev/loop-control ]] || skip "no /dev/loop-control (loop devices unavailable here)"
+for t in losetup mkfs.xfs mkfs.ext4 mount umount python3 cp; do
+    command -v "$t" >/dev/null || {
+        echo "powercut: missing tool $t (scripts/test.sh installs xfsprogs, e2fsprogs)" >&2
+        exit 1
+    }
+done
+if [[ ! -x "$RB" ]]; then
+    (cd "$ROOT" && nice -n "${RINGBAG_NICE:-10}" cargo build -q --bin ringbag)
+fi
+
+W="$(mktemp -d /tmp/ringbag-powercut.XXXXXX)"
+# What to undo, in the order it was done ("umount DIR" / "detach DEV"); unwound backwards, so
+# a filesystem is unmounted before the loop device under it is detached, and the ext4's loop
+# device (its image lies on the XFS) is detached before the XFS is unmounted.
+UNDO=()
+PASSED=0
+FAILED=0
+FINISHED=0
+pid=""
+cut=0
+
+cleanup() {
+    local rc=$? i what arg
+    trap '' INT TERM
+    # The recorder of the current cut, if we stopped in the middle of one.
+    if [[ -n "$pid" ]]; then
+        kill -9 "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    fi
+    for ((i = ${#UNDO[@]} - 1; i >= 0; i--)); do
+        read -r what arg <<<"${UNDO[$i]}"
+        case "$what" in
+            umount) umount "$arg" 2>/dev/null || umount -l "$arg" 2>/dev/null || true ;;
+            detach) losetup -d "$arg" 2>/dev/null || true ;;
+        esac
+    done
+    rm -rf "$W"
+    if [[ $FINISHED -eq 0 && $cut -gt 0 ]]; then
+        echo "powercut: aborted in cut $cut (exit $rc); $PASSED passed, $((FAILED + 1)) failed"
+        exit 1
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# attach IMAGE: set DEV to a new loop device backed by IMAGE.
+attach() {
+    DEV="$(losetup -f --show "$1")"
+    UNDO+=("detach $DEV")
+}
+mount_at() { # DEV DIR
+    mkdir -p "$2"
+    mount "$1" "$2"
+    UNDO+=("umount $2")
+}
+# undo_last "umount DIR" | "detach DEV": do it now and forget it (it must be the last entry).
+undo_last() {
+    local what arg
+    read -r what arg <<<"$1"
+    [[ "${UNDO[-1]}" == "$1" ]] || { echo "powercut: undo out of order: $1" >&2; return 1; }
+    case "$what" in
+        umount) umount "$arg" ;;
+        detach) losetup -d "$arg" ;;
+    esac
+    unset 'UNDO[-1]'
+}
+
+# The XFS that holds the ext4 image (reflink makes the copy atomic and cheap).
+truncate -s 2G "$W/xfs.img"
+mkfs.xfs -q -m reflink=1 "$W/xfs.img"
+attach "$W/xfs.img" || skip "losetup cannot attach a loop device here"
+mount_at "$DEV" "$W/xfs" 2>/dev/null || skip "mounting a loop device is not permitted here"
+truncate -s 512M "$W/xfs/ext4.img"
+mkfs.ext4 -q -F "$W/xfs/ext4.img"
+attach "$W/xfs/ext4.img"
+LIVE_DEV="$DEV"
+mount_at "$LIVE_DEV" "$W/live"
+mkdir -p "$W/logs"
+
+# Checks one recovered root: every bag reads fully, every split logged closed before the cut
+# is intact. Prints problems (nothing when all is well) and a summary on the last line.
+cat >"$W/check.py" <<'PY'
+import json, os, re, sqlite3, subprocess, sys
+rb, root, live_root, logs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+problems, bags, msgs = [], 0, 0
+closed = {}  # path in the copy -> messages logged at close
+pat = re.compile(r"closed split (\S+): (\d+) messages, fsynced")
+for lg in logs:
+    for line in open(lg, errors="replace"):
+        m = pat.search(line)
+        if m:
+            closed[m.group(1).replace(live_root, root, 1)] = int(m.group(2))
+for name in sorted(os.listdir(root)):
+    bag = os.path.join(root, name)
+    if not os.path.isdir(bag):
+        continue
+    bags += 1
+    info = subprocess.run([rb, "info", bag, "--json"], capture_output=True, text=True)
+    if info.returncode != 0:
+        problems.append(f"{name}: info exit {info.returncode}: {info.stderr.strip()}")
+        continue
+    count = json.loads(info.stdout)["message_count"]
+    play = subprocess.run([rb, "play", bag, "--sink", "echo", "-r", "1000000000"],
+                          capture_output=True, text=True)
+    played = play.stdout.count("\n")
+    if play.returncode != 0:
+        problems.append(f"{name}: play exit {play.returncode}: {play.stderr.strip()}")
+    elif played != count:
+        problems.append(f"{name}: info says {count} messages, play gave {played}")
+    msgs += count
+    if os.path.exists(os.path.join(bag, ".ringbag.lock")):
+        problems.append(f"{name}: still marked unclean after recovery")
+kept = 0
+for path, n in sorted(closed.items()):
+    if os.path.exists(path + ".damaged"):
+        problems.append(f"{os.path.basename(path)}: closed before the cut, yet salvaged")
+    if not os.path.exists(path):
+        continue  # deleted by retention before the cut
+    kept += 1
+    try:
+        c = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        qc = c.execute("PRAGMA quick_check").fetchone()[0]
+        rows = c.execute("SELECT count(*) FROM messages").fetchone()[0]
+        c.close()
+    except Exception as e:
+        problems.append(f"{os.path.basename(path)}: closed before the cut, unreadable: {e}")
+        continue
+    if qc != "ok" or rows != n:
+        problems.append(f"{os.path.basename(path)}: closed with {n} messages, now {rows} ({qc})")
+for p in problems:
+    print(p)
+print(f"{bags} bags, {msgs} messages, {kept}/{len(closed)} closed splits present and intact")
+PY
+
+# preset profile retention-flags (cycled over the cuts)
+CONFIGS=(
+    "write-optimized small -b 86016 --max-record-size 1MiB"
+    "resilient small -b 86016 --max-bag-files 6"
+    "none medium -b 256KiB --max-record-size 3MiB"
+    "write-optimized medium -b 1MiB --max-bag-files 5"
+    "resilient medium -b 256KiB --max-record-size 3MiB"
+    "none small -b 86016 --max-bag-files 6"
+)
+
+echo "powercut: $CUTS cuts, seed $SEED, binary $RB"
+for ((cut = 1; cut <= CUTS; cut++)); do
+    read -r preset profile flags <<<"${CONFIGS[$(((cut - 1) % ${#CONFIGS[@]}))]}"
+    root="$W/live/c$cut"
+    mkdir -p "$root"
+    log_a="$W/logs/c$cut-a.log"
+    log_b="$W/logs/c$cut-b.log"
+    common=(--source synthetic --synthetic-profile "$profile" --synthetic-rate max
+        --storage-preset-profile "$preset" --clock system --log-level debug)
+    # An older, cleanly finished bag under the same root: retention spans it too.
+    # shellcheck disable=SC2086
+    "$RB" record "${common[@]}" $flags --synthetic-count 300 -o "$root/a" 2>"$log_a" >/dev/null
+    # shellcheck disable=SC2086
+    "$RB" record "${common[@]}" $flags --recover -o "$root/b" 2>"$log_b" >/dev/null &
+    pid=$!
+    deadline=$((SECONDS + 20))
+    until grep -q "recording into" "$log_b" 2>/dev/null || ((SECONDS > deadline)); do
+        sleep 0.02
+    done
+    # The random moment of the cut: 0.2 .. 2.2 s into the recording.
+    sleep "$((RANDOM % 2000 / 1000 + 0)).$(printf '%03d' $((RANDOM % 1000)))"
+    sleep 0.2
+    # Only lines printed before the snapshot count: those splits were fsynced before it.
+    head -c "$(stat -c %s "$log_b")" "$log_b" >"$log_b.before"
+    cp --reflink=always "$W/xfs/ext4.img" "$W/xfs/cut.img"
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    pid=""
+    cp --reflink=always "$W/xfs/cut.img" "$W/xfs/cut2.img"
+    closed_n=$(grep -c "closed split" "$log_b.before" || true)
+
+    result=PASS
+    notes=()
+    # A: record --recover on the first copy.
+    attach "$W/xfs/cut.img"
+    dev_a="$DEV"
+    mount_at "$dev_a" "$W/a"
+    rec_rc=0
+    "$RB" record --source synthetic --synthetic-profile small --synthetic-count 100 \
+        --clock system --recover -o "$W/a/c$cut/new" 2>"$W/logs/c$cut-recover.log" >/dev/null ||
+        rec_rc=$?
+    if ((rec_rc != 0)); then
+        result=FAIL
+        notes+=("record --recover exit $rec_rc: $(tail -n1 "$W/logs/c$cut-recover.log")")
+    fi
+    salvaged=$(grep -c ", kept [0-9]*, lost" "$W/logs/c$cut-recover.log" || true)
+    out_a="$(python3 "$W/check.py" "$RB" "$W/a/c$cut" "$root" "$log_a" "$log_b.before")"
+    [[ $(wc -l <<<"$out_a") -gt 1 ]] && result=FAIL
+    undo_last "umount $W/a"
+    undo_last "detach $dev_a"
+    # B: reindex of each bag on the second copy.
+    attach "$W/xfs/cut2.img"
+    dev_b="$DEV"
+    mount_at "$dev_b" "$W/b"
+    for bag in "$W/b/c$cut"/*/; do
+        bag="${bag%/}"
+        compgen -G "$bag/*.db3" >/dev/null || continue
+        rrc=0
+        "$RB" reindex "$bag" >"$W/logs/c$cut-reindex.out" 2>&1 || rrc=$?
+        if ((rrc != 0)); then
+            result=FAIL
+            notes+=("reindex $(basename "$bag") exit $rrc: $(tail -n1 "$W/logs/c$cut-reindex.out")")
+        fi
+    done
+    out_b="$(python3 "$W/check.py" "$RB" "$W/b/c$cut" "$root" "$log_a" "$log_b.before")"
+    [[ $(wc -l <<<"$out_b") -gt 1 ]] && result=FAIL
+    undo_last "umount $W/b"
+    undo_last "detach $dev_b"
+    rm -f "$W/xfs/cut.img" "$W/xfs/cut2.img"
+
+    printf 'cut %2d/%d %-15s %-6s %-28s %3d splits closed before the cut | recover (%d splits salvaged): %s | reindex: %s -> %s\n' \
+        "$cut" "$CUTS" "$preset" "$profile" "$flags" "$closed_n" "$salvaged" \
+        "$(tail -n1 <<<"$out_a")" "$(tail -n1 <<<"$out_b")" "$result"
+    if [[ $result == PASS ]]; then
+        PASSED=$((PASSED + 1))
+    else
+        FAILED=$((FAILED + 1))
+        for n in "${notes[@]}"; do echo "    $n"; done
+        head -n -1 <<<"$out_a" | sed 's/^/    after recover: /'
+        head -n -1 <<<"$out_b" | sed 's/^/    after reindex: /'
+    fi
+    # The live filesystem has room for every cut, but keep it small.
+    rm -rf "$root"
+done
+
+FINISHED=1
+echo "powercut: $PASSED passed, $FAILED failed"
+((FAILED == 0))
