@@ -187,11 +187,146 @@ fn record_refuses_an_existing_output_directory() {
     );
 }
 
+/// Assert exit 2 and that stderr is exactly `line` (one line) and stdout is empty.
+fn assert_exact_error(args: &[&str], env: &[(&str, &str)], line: &str) {
+    let o = crate::common::ringbag()
+        .args(args)
+        .env_remove("RINGBAG_LOG")
+        .envs(env.iter().copied())
+        .output()
+        .expect("ringbag runs");
+    assert_eq!(o.status.code(), Some(2), "args {args:?}: {}", stderr(&o));
+    assert_eq!(stderr(&o), format!("{line}\n"), "args {args:?}");
+    assert!(o.stdout.is_empty(), "args {args:?}");
+}
+
 #[test]
-fn unknown_flags_exit_two_through_clap() {
-    let o = run(&["record", "--no-such-flag"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("--no-such-flag"));
+fn flag_parser_errors_are_one_prefixed_line_with_exit_two() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never");
+    let o = out.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["record", "-o", o, "-b", "-10"],
+            "ringbag: error: --max-bag-size: `-10`: a size cannot be negative",
+        ),
+        (
+            &["record", "-o", o, "--bag-format", "bogus"],
+            "ringbag: error: invalid value 'bogus' for '--bag-format <BAG_FORMAT>'; possible values: humble, jazzy",
+        ),
+        (
+            &["info"],
+            "ringbag: error: the following required arguments were not provided: <BAG>; usage: ringbag info <BAG>",
+        ),
+        (
+            &["reindex", "--json"],
+            "ringbag: error: the following required arguments were not provided: <BAG>; usage: ringbag reindex --json <BAG>",
+        ),
+        (
+            &["record", "--no-such-flag"],
+            "ringbag: error: unexpected argument '--no-such-flag' found; tip: to pass '--no-such-flag' as a value, use '-- --no-such-flag'; usage: ringbag record [OPTIONS] [TOPICS]...",
+        ),
+        (
+            &[],
+            "ringbag: error: a command is required: record, info, play, clock or reindex (see `ringbag --help`)",
+        ),
+        (
+            &["bogus"],
+            "ringbag: error: unrecognized subcommand 'bogus'; usage: ringbag [OPTIONS] <COMMAND>",
+        ),
+        (
+            &["record", "-o", o, "--max-splits", "-1"],
+            "ringbag: error: invalid value '-1' for '--max-splits <MAX_SPLITS>': -1 is not in 0..=4294967295",
+        ),
+        (
+            &["play", "x", "-r", "fast"],
+            "ringbag: error: invalid value 'fast' for '--rate <RATE>': invalid float literal",
+        ),
+        (
+            &["play", "x", "--start-offset", "-5"],
+            "ringbag: error: --start-offset: `-5`: a duration cannot be negative",
+        ),
+        (
+            &["--log-level", "bogus", "info", "x"],
+            "ringbag: error: invalid value 'bogus' for '--log-level <LOG_LEVEL>'; possible values: error, warn, info, debug, trace",
+        ),
+    ];
+    for (args, line) in cases {
+        assert_exact_error(args, &[], line);
+    }
+    assert!(!out.exists(), "nothing may be created on bad input");
+}
+
+#[test]
+fn sizes_and_durations_that_overflow_are_refused_not_wrapped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never");
+    let o = out.to_str().unwrap();
+    // 17179869184 GiB is 2^64 bytes: it used to saturate silently to u64::MAX.
+    assert_exact_error(
+        &["record", "-o", o, "-b", "17179869184GiB"],
+        &[],
+        "ringbag: error: --max-bag-size: `17179869184GiB` is too large (at most 9223372036854775807 bytes, 8 EiB)",
+    );
+    assert_exact_error(
+        &["record", "-o", o, "--max-cache-size", "18446744073709551616"],
+        &[],
+        "ringbag: error: --max-cache-size: `18446744073709551616` is too large (at most 9223372036854775807 bytes, 8 EiB)",
+    );
+    assert_exact_error(
+        &["record", "-o", o, "-b", "1MiB", "--max-record-size", "9300000TB"],
+        &[],
+        "ringbag: error: --max-record-size: `9300000TB` is too large (at most 9223372036854775807 bytes, 8 EiB)",
+    );
+    assert_exact_error(
+        &["record", "-o", o, "-d", "106752d"],
+        &[],
+        "ringbag: error: --max-bag-duration: `106752d` is too long (at most 106751 days)",
+    );
+    assert_exact_error(
+        &["record", "-o", o, "--ptp-poll-interval", "18446744073709551615"],
+        &[],
+        "ringbag: error: invalid clock setting: poll interval 18446744073709551615 ms is outside 10..=60000 ms",
+    );
+    assert_exact_error(
+        &["play", "x", "--start-offset", "9223372037"],
+        &[],
+        "ringbag: error: --start-offset: `9223372037` is too long (at most 106751 days)",
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn an_invalid_log_level_is_refused_from_the_flag_and_from_the_environment() {
+    assert_exact_error(
+        &["info", "/nonexistent/x"],
+        &[("RINGBAG_LOG", "bogus")],
+        "ringbag: error: RINGBAG_LOG=bogus: not a log level (valid levels: error, warn, info, debug, trace)",
+    );
+    // A valid level (any case) is used; the flag overrides the environment.
+    for env in ["debug", "WARN", ""] {
+        assert_exact_error(
+            &["info", "/nonexistent/x"],
+            &[("RINGBAG_LOG", env)],
+            "ringbag: error: /nonexistent/x: no such file or directory",
+        );
+    }
+    assert_exact_error(
+        &["--log-level", "error", "info", "/nonexistent/x"],
+        &[("RINGBAG_LOG", "bogus")],
+        "ringbag: error: /nonexistent/x: no such file or directory",
+    );
+}
+
+#[test]
+fn help_and_version_still_print_normally_with_exit_zero() {
+    for args in [&["--help"][..], &["record", "--help"], &["--version"], &["help"]] {
+        let o = run(args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        assert!(o.stderr.is_empty(), "{args:?}: {}", stderr(&o));
+        let out = crate::common::stdout(&o);
+        assert!(out.starts_with("ringbag ") || out.contains("Usage: ringbag"), "{out}");
+    }
 }
 
 #[test]
