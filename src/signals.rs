@@ -1,41 +1,40 @@
-//! SIGINT / SIGTERM: the first asks for a clean stop; a second SIGINT within 2 s exits at
-//! once (the operator means it). The handler only touches atomics and async-signal-safe calls.
+//! SIGINT / SIGTERM. The promise: a signal always ends the process, cleanly when it can.
+//!
+//! * Until [`install`] runs, the default disposition stays: a signal ends the process at once.
+//!   `record` and `play` call it only when their main loop is about to run (the bag writer
+//!   exists, or the bag to play is open). So a phase that can be slow or stuck before that
+//!   (opening a PHC, recovering sibling bags, reading a damaged bag, creating the output) can
+//!   never swallow a SIGTERM: there is nothing accepted yet that a clean stop would save, and
+//!   anything half-done there is what a crash leaves, which recovery handles anyway.
+//! * After [`install`], the first SIGINT or SIGTERM only asks for a clean stop: the loop polls
+//!   [`stop_requested`], writes what was accepted and finishes the bag.
+//! * A second SIGINT or SIGTERM (at any time after the first) ends the process at once, by
+//!   the same signal with its default action: the operator, or a supervisor, means it. Death by
+//!   the signal (a shell shows 130 / 143) is also what systemd expects of its stop signal.
+//!
+//! The handler only touches atomics and async-signal-safe calls.
 
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
 static SIGNALS: AtomicU32 = AtomicU32::new(0);
-static FIRST_SIGINT_MS: AtomicI64 = AtomicI64::new(-1);
-/// Exit status for the immediate exit, as a shell reports death by SIGINT.
-const IMMEDIATE_EXIT: i32 = 130;
-
-fn monotonic_ms() -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime is async-signal-safe and `ts` is a valid out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
-}
 
 extern "C" fn on_signal(sig: libc::c_int) {
-    SIGNALS.fetch_add(1, SeqCst);
-    if sig == libc::SIGINT {
-        let now = monotonic_ms();
-        let first = FIRST_SIGINT_MS.load(SeqCst);
-        if first >= 0 && now - first <= 2000 {
-            // SAFETY: _exit is async-signal-safe.
-            unsafe { libc::_exit(IMMEDIATE_EXIT) };
-        }
-        if first < 0 {
-            FIRST_SIGINT_MS.store(now, SeqCst);
+    if SIGNALS.fetch_add(1, SeqCst) > 0 {
+        // SAFETY: signal() and raise() are async-signal-safe. `sig` is blocked while this
+        // handler runs, so the raised signal is delivered on return, with its default
+        // action now: the process ends by that signal.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
         }
     }
 }
 
-/// Install the handlers. Safe to call more than once.
+/// Install the handlers: from now on the first SIGINT/SIGTERM requests a clean stop and a
+/// second one ends the process. Call it right before the loop that polls [`stop_requested`].
+/// Safe to call more than once.
 pub fn install() -> Result<(), nix::Error> {
     let action = SigAction::new(
         SigHandler::Handler(on_signal),
@@ -50,7 +49,7 @@ pub fn install() -> Result<(), nix::Error> {
     Ok(())
 }
 
-/// True once SIGINT or SIGTERM has arrived.
+/// True once SIGINT or SIGTERM has arrived (after [`install`]).
 pub fn stop_requested() -> bool {
     SIGNALS.load(SeqCst) > 0
 }
@@ -61,25 +60,34 @@ mod tests {
     use nix::sys::wait::{waitpid, WaitStatus};
     use nix::unistd::{fork, ForkResult};
 
-    /// Run `body` in a forked child (signal state is per process) and return its exit code.
+    /// Run `body` in a forked child (signal state is per process) and return how it ended.
     /// The child only makes async-signal-safe calls, so forking a threaded test is sound.
-    fn in_child(body: fn() -> i32) -> i32 {
+    fn in_child(body: fn() -> i32) -> WaitStatus {
         // SAFETY: the child runs only sigaction/raise/_exit before exiting.
         match unsafe { fork() }.expect("fork") {
             ForkResult::Child => {
                 let code = body();
                 unsafe { libc::_exit(code) }
             }
-            ForkResult::Parent { child } => match waitpid(child, None).expect("waitpid") {
-                WaitStatus::Exited(_, code) => code,
-                other => panic!("child ended with {other:?}"),
-            },
+            ForkResult::Parent { child } => waitpid(child, None).expect("waitpid"),
         }
     }
 
     #[test]
+    fn before_install_a_sigterm_ends_the_process_at_once() {
+        let status = in_child(|| {
+            let _ = nix::sys::signal::raise(Signal::SIGTERM);
+            3 // not reached: the default action ends the process
+        });
+        assert!(
+            matches!(status, WaitStatus::Signaled(_, Signal::SIGTERM, _)),
+            "{status:?}"
+        );
+    }
+
+    #[test]
     fn first_sigterm_only_requests_a_clean_stop() {
-        let code = in_child(|| {
+        let status = in_child(|| {
             if install().is_err() || stop_requested() {
                 return 1;
             }
@@ -90,22 +98,35 @@ mod tests {
                 2
             }
         });
-        assert_eq!(code, 0);
+        assert!(matches!(status, WaitStatus::Exited(_, 0)), "{status:?}");
+    }
+
+    /// Child body: install, `first` (must only request a stop), then `second` (must end us).
+    fn two_signals(first: Signal, second: Signal) -> i32 {
+        if install().is_err() {
+            return 1;
+        }
+        let _ = nix::sys::signal::raise(first);
+        if !stop_requested() {
+            return 2;
+        }
+        let _ = nix::sys::signal::raise(second);
+        3 // not reached
     }
 
     #[test]
-    fn a_second_sigint_within_two_seconds_exits_at_once_with_130() {
-        let code = in_child(|| {
-            if install().is_err() {
-                return 1;
-            }
-            let _ = nix::sys::signal::raise(Signal::SIGINT);
-            if !stop_requested() {
-                return 2;
-            }
-            let _ = nix::sys::signal::raise(Signal::SIGINT);
-            3 // not reached: the handler exits
-        });
-        assert_eq!(code, IMMEDIATE_EXIT);
+    fn a_second_signal_ends_the_process_by_that_signal() {
+        let cases: [(fn() -> i32, Signal); 3] = [
+            (|| two_signals(Signal::SIGINT, Signal::SIGINT), Signal::SIGINT),
+            (|| two_signals(Signal::SIGTERM, Signal::SIGTERM), Signal::SIGTERM),
+            (|| two_signals(Signal::SIGINT, Signal::SIGTERM), Signal::SIGTERM),
+        ];
+        for (body, second) in cases {
+            let status = in_child(body);
+            assert!(
+                matches!(status, WaitStatus::Signaled(_, s, _) if s == second),
+                "second {second:?}: {status:?}"
+            );
+        }
     }
 }

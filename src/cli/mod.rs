@@ -11,7 +11,7 @@ use clap::Parser;
 
 use crate::bag::info::{info_json, info_text};
 use crate::bag::reader::Bag;
-use crate::record::{self, RecordError};
+use crate::record;
 use args::{Cli, Command};
 
 /// Exit codes.
@@ -239,10 +239,10 @@ fn cmd_record(a: &args::RecordArgs) -> i32 {
                 eprint!("{s}");
             }
             let e = f.error;
-            let code = match &e {
-                RecordError::Bag(crate::bag::BagError::AlreadyExists { .. })
-                | RecordError::Clock(_) => EXIT_BAD_INPUT,
-                _ => EXIT_FAILURE,
+            let code = if e.is_bad_input() {
+                EXIT_BAD_INPUT
+            } else {
+                EXIT_FAILURE
             };
             fail(code, e)
         }

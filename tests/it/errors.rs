@@ -449,3 +449,189 @@ fn record_stamps_with_the_tracked_stand_in_clock_and_records_it() {
         "stamps are UTC, not TAI"
     );
 }
+
+/// Run `ringbag` with OS-string arguments (non-UTF-8 names need them).
+fn run_os(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    crate::common::ringbag()
+        .args(args)
+        .env_remove("RINGBAG_LOG")
+        .output()
+        .expect("ringbag runs")
+}
+
+fn assert_one_error_line(o: &std::process::Output, line: &str) {
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(o));
+    assert_eq!(stderr(o), format!("{line}\n"));
+}
+
+/// Everything in `dir`, sorted, to prove a refusal created nothing.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn unusable_output_paths_are_bad_input_with_one_line_and_nothing_created() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    fs::write(t.join("file"), b"x").unwrap();
+    std::os::unix::fs::symlink(t.join("missing"), t.join("dangling")).unwrap();
+    let before = listing(t);
+    let record = |out: &OsStr| {
+        run_os(&[
+            OsStr::new("record"),
+            OsStr::new("-o"),
+            out,
+            OsStr::new("--clock"),
+            OsStr::new("system"),
+            OsStr::new("--synthetic-count"),
+            OsStr::new("5"),
+        ])
+    };
+    let d = t.display();
+    let cases: Vec<(std::path::PathBuf, String)> = vec![
+        (
+            t.join("dangling"),
+            format!("ringbag: error: {d}/dangling: is a symbolic link to a missing target; choose another output"),
+        ),
+        (
+            t.join("dangling/sub"),
+            format!("ringbag: error: {d}/dangling/sub: {d}/dangling is a symbolic link to a missing target"),
+        ),
+        (
+            t.join("file/sub"),
+            format!("ringbag: error: {d}/file/sub: {d}/file is not a directory"),
+        ),
+        (
+            t.join("file/a/b"),
+            format!("ringbag: error: {d}/file/a/b: {d}/file is not a directory"),
+        ),
+        (
+            "/proc/ringbag-test".into(),
+            "ringbag: error: /proc/ringbag-test: /proc is on a filesystem without storage (such as /proc or /sys)".into(),
+        ),
+        (
+            "/sys/ringbag-test/x".into(),
+            "ringbag: error: /sys/ringbag-test/x: /sys is on a filesystem without storage (such as /proc or /sys)".into(),
+        ),
+    ];
+    for (out, line) in &cases {
+        assert_one_error_line(&record(out.as_os_str()), line);
+    }
+    let bad_name = t.join(OsStr::from_bytes(b"bag\xff"));
+    assert_one_error_line(
+        &record(bad_name.as_os_str()),
+        &format!(
+            "ringbag: error: {d}/bag\u{fffd}: the bag name is not valid UTF-8 (rosbag2 stores file names as text)"
+        ),
+    );
+    assert_eq!(listing(t), before, "nothing may be created on bad input");
+    assert!(!Path::new("/proc/ringbag-test").exists());
+}
+
+#[test]
+fn an_output_directory_the_user_may_not_create_is_bad_input() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    // Reachable by everyone, writable by its owner only.
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let locked = tmp.path().join("locked");
+    fs::create_dir(&locked).unwrap();
+    fs::set_permissions(&locked, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = locked.join("bag");
+    let args = [
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "system",
+        "--synthetic-count",
+        "5",
+    ];
+    let o = if nix::unistd::geteuid().is_root() {
+        // Root ignores permission bits (CI runs as root): drop to nobody for this run.
+        let probe = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_ringbag"))
+            .arg("--version")
+            .output();
+        if !probe.is_ok_and(|p| p.status.success()) {
+            eprintln!("SKIP: cannot run ringbag as nobody through setpriv");
+            return;
+        }
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_ringbag"))
+            .args(args)
+            .env_remove("RINGBAG_LOG")
+            .output()
+            .unwrap()
+    } else {
+        run(&args)
+    };
+    assert_one_error_line(
+        &o,
+        &format!(
+            "ringbag: error: {}: cannot create the bag directory in {}: Permission denied (os error 13)",
+            out.display(),
+            locked.display()
+        ),
+    );
+    assert!(listing(&locked).is_empty());
+}
+
+#[test]
+fn an_unwritable_status_file_is_bad_input_before_the_bag_is_created() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    fs::write(t.join("file"), b"x").unwrap();
+    fs::create_dir(t.join("adir")).unwrap();
+    let out = t.join("bag");
+    let d = t.display();
+    let cases: Vec<(std::path::PathBuf, String)> = vec![
+        (
+            t.join("missing/status.json"),
+            format!("ringbag: error: {d}/missing/status.json: cannot write the status file: No such file or directory (os error 2)"),
+        ),
+        (
+            t.join("file/status.json"),
+            format!("ringbag: error: {d}/file/status.json: cannot write the status file: Not a directory (os error 20)"),
+        ),
+        (
+            t.join("adir"),
+            format!("ringbag: error: {d}/adir: cannot write the status file: Is a directory (os error 21)"),
+        ),
+        (
+            t.join(OsStr::from_bytes(b"s\xff.json")),
+            format!("ringbag: error: {d}/s\u{fffd}.json: cannot write the status file: needs a file name in UTF-8"),
+        ),
+        (
+            "/proc/ringbag-status.json".into(),
+            "ringbag: error: /proc/ringbag-status.json: cannot write the status file: No such file or directory (os error 2)".into(),
+        ),
+    ];
+    for (status, line) in &cases {
+        let o = run_os(&[
+            OsStr::new("record"),
+            OsStr::new("-o"),
+            out.as_os_str(),
+            OsStr::new("--clock"),
+            OsStr::new("system"),
+            OsStr::new("--synthetic-count"),
+            OsStr::new("5"),
+            OsStr::new("--status-file"),
+            status.as_os_str(),
+        ]);
+        assert_one_error_line(&o, line);
+    }
+    assert!(!out.exists(), "the bag is not created");
+    assert_eq!(listing(t), ["adir", "file"]);
+}
