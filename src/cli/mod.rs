@@ -158,9 +158,12 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(EXIT_BAD_INPUT, e),
     };
-    if let Err(e) = crate::signals::install() {
-        return fail(EXIT_FAILURE, format!("cannot install signal handlers: {e}"));
-    }
+    // Opening the bag (and the sink) happens under the default signal disposition: a SIGTERM
+    // while a damaged bag is read ends the process at once. See `signals`.
+    let bag = match Bag::open(&settings.bag) {
+        Ok(b) => b,
+        Err(e) => return fail(EXIT_BAD_INPUT, e),
+    };
     let sink_kind = a.sink.unwrap_or(if cfg!(feature = "ros") {
         args::SinkKind::Ros
     } else {
@@ -176,7 +179,10 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
             Err(e) => return fail(EXIT_BAD_INPUT, e),
         },
     };
-    match crate::play::play(&settings, sink.as_mut(), &crate::signals::stop_requested) {
+    if let Err(e) = crate::signals::install() {
+        return fail(EXIT_FAILURE, format!("cannot install signal handlers: {e}"));
+    }
+    match crate::play::play_bag(&bag, &settings, sink.as_mut(), &crate::signals::stop_requested) {
         Ok(r) => {
             drop(sink);
             eprintln!("ringbag: played {} messages", r.published);

@@ -635,3 +635,61 @@ fn an_unwritable_status_file_is_bad_input_before_the_bag_is_created() {
     assert!(!out.exists(), "the bag is not created");
     assert_eq!(listing(t), ["adir", "file"]);
 }
+
+/// Run `args` and require it to end within 10 s (a FIFO used to block `open` forever).
+fn run_within_deadline(args: &[&str]) -> std::process::Output {
+    crate::common::wait_deadline(crate::common::spawn(args), 10)
+        .unwrap_or_else(|| panic!("ringbag {args:?} hung (killed after 10 s)"))
+}
+
+#[test]
+fn a_fifo_as_ptp_device_is_refused_at_once_by_clock_and_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("ptp-fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let f = fifo.to_str().unwrap();
+    let why = format!("{f} is not a PTP hardware clock (not a character device but a FIFO)");
+
+    // --clock ptp: one error line, exit 2, no bag.
+    let o = run_within_deadline(&["clock", "--clock", "ptp", "--ptp-device", f]);
+    assert_one_error_line(&o, &format!("ringbag: error: {why}"));
+    let never = tmp.path().join("never");
+    let o = run_within_deadline(&[
+        "record", "-o", never.to_str().unwrap(), "--clock", "ptp", "--ptp-device", f,
+        "--synthetic-count", "5",
+    ]);
+    assert_one_error_line(&o, &format!("ringbag: error: {why}"));
+    assert!(!never.exists());
+
+    // --clock auto: the report says why it fell back, exit 0, nothing on stderr.
+    let o = run_within_deadline(&["clock", "--clock", "auto", "--ptp-device", f, "--samples", "2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(o.stderr.is_empty(), "{}", stderr(&o));
+    assert!(
+        crate::common::stdout(&o).contains(&format!("fallback:         {why}")),
+        "{}",
+        crate::common::stdout(&o)
+    );
+    // record --clock auto: exactly one warning line, then a bag stamped by the system clock.
+    let out = tmp.path().join("auto");
+    let o = run_within_deadline(&[
+        "--log-level", "warn", "record", "-o", out.to_str().unwrap(), "--clock", "auto",
+        "--ptp-device", f, "--synthetic-count", "5", "--synthetic-rate", "max",
+        "--bag-format", "jazzy",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let warnings: Vec<String> = stderr(&o)
+        .lines()
+        .filter(|l| l.starts_with("ringbag: "))
+        .map(String::from)
+        .collect();
+    assert_eq!(
+        warnings,
+        [format!("ringbag: warn: {why}; --clock auto: stamping with the system clock")]
+    );
+    let bag = ringbag::bag::reader::Bag::open(&out).unwrap();
+    assert_eq!(
+        bag.metadata.custom_data.get("ringbag.clock").map(String::as_str),
+        Some("system")
+    );
+}

@@ -258,3 +258,99 @@ fn a_message_larger_than_the_split_size_gets_a_split_of_its_own() {
     let counts: Vec<u64> = bag.metadata.files.iter().map(|f| f.message_count).collect();
     assert!(counts[..6].iter().all(|&c| c == 1), "{counts:?}");
 }
+
+/// Whether `pid` has a handler for SIGTERM (from /proc: `SigCgt` bit 14). `record` and
+/// `play` install theirs right before their main loop.
+fn sigterm_caught(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        })
+        .is_some_and(|mask| mask & (1 << (libc::SIGTERM - 1)) != 0)
+}
+
+/// What the main thread of `pid` waits in (kernel function name), e.g. `wait_for_partner`
+/// while opening a FIFO nobody writes.
+fn wchan(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
+}
+
+fn sigterm(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+}
+
+#[test]
+fn sigterm_ends_record_even_while_recovery_is_stuck_before_the_loop() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(root.join("old")).unwrap();
+    // A FIFO where a split should be: opening it blocked `--recover` forever.
+    nix::unistd::mkfifo(
+        &root.join("old/old_0.db3"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let out = root.join("new");
+    let child = crate::common::spawn(&[
+        "record",
+        "--recover",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "system",
+        "--synthetic-rate",
+        "realtime",
+    ]);
+    let pid = child.id();
+    // Either stuck on the FIFO before the loop, or (once recovery skips FIFOs) recording.
+    assert!(
+        wait_for(30, || wchan(pid) == "wait_for_partner" || sigterm_caught(pid)),
+        "ringbag neither blocked nor started recording"
+    );
+    let in_loop = sigterm_caught(pid);
+    sigterm(pid);
+    let o = crate::common::wait_deadline(child, 10).expect("SIGTERM did not end ringbag");
+    if in_loop {
+        assert_eq!(o.status.code(), Some(0), "clean stop: {}", stderr(&o));
+    } else {
+        assert_eq!(o.status.signal(), Some(libc::SIGTERM), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn sigterm_ends_play_during_a_long_gap_between_messages() {
+    use ringbag::bag::writer::{BagWriter, WriterOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("gap");
+    let mut w = BagWriter::create(&bag, WriterOptions::new(ringbag::bag::Flavour::Humble)).unwrap();
+    let t = w
+        .add_topic(crate::common::topic("/a", "std_msgs/msg/String"), None)
+        .unwrap();
+    let data = crate::common::cdr_string("x");
+    let t0 = 1_700_000_000_000_000_000i64;
+    // One hour between the two messages: play sleeps through it at rate 1.
+    w.write_batch([(t, t0, data.as_slice()), (t, t0 + 3_600_000_000_000, data.as_slice())])
+        .unwrap();
+    w.finish().unwrap();
+    let child = crate::common::spawn(&["play", bag.to_str().unwrap(), "--sink", "echo"]);
+    let pid = child.id();
+    // In the loop (handler installed) and sleeping: the first message is out, the gap began.
+    assert!(
+        wait_for(30, || sigterm_caught(pid) && wchan(pid).contains("nanosleep")),
+        "play never reached the gap (wchan {})",
+        wchan(pid)
+    );
+    sigterm(pid);
+    let o = crate::common::wait_deadline(child, 5).expect("SIGTERM did not end play in a gap");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "ringbag: played 1 messages\n");
+    assert_eq!(crate::common::stdout(&o).lines().count(), 1);
+}
