@@ -354,3 +354,82 @@ fn sigterm_ends_play_during_a_long_gap_between_messages() {
     assert_eq!(stderr(&o), "ringbag: played 1 messages\n");
     assert_eq!(crate::common::stdout(&o).lines().count(), 1);
 }
+
+#[test]
+fn an_unwritable_status_file_warns_once_then_once_on_recovery_and_again_on_a_new_failure() {
+    use std::io::BufRead;
+    use std::sync::{Arc, Mutex};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    std::fs::create_dir(&dir).unwrap();
+    let status = dir.join("status.json");
+    let out = tmp.path().join("bag");
+    let mut child = crate::common::spawn(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "system",
+        "--synthetic-profile",
+        "small",
+        "--synthetic-rate",
+        "realtime",
+        "--status-file",
+        status.to_str().unwrap(),
+    ]);
+    let pid = child.id();
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let lines = lines.clone();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(l);
+            }
+        })
+    };
+    let count = |needle: &str| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    };
+    let warning = format!("ringbag: warn: status file {}: cannot write it", status.display());
+    let recovered = format!("ringbag: info: status file {}: written again", status.display());
+    let committed = || {
+        std::fs::read_to_string(&status)
+            .ok()
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+            .and_then(|v| v["committed"].as_u64())
+    };
+    assert!(wait_for(30, || committed().is_some_and(|n| n > 0)), "no status written");
+
+    // Unwritable (its directory is gone) for about 1.5 s: ~15 failed writes, one warning.
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(wait_for(30, || count(&warning) == 1), "no warning");
+    let failing_since = std::time::Instant::now();
+    while failing_since.elapsed() < std::time::Duration::from_millis(1500) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(count(&warning), 1, "{:?}", lines.lock().unwrap());
+
+    // Writable again: written, and said once.
+    std::fs::create_dir(&dir).unwrap();
+    assert!(wait_for(30, || committed().is_some() && count(&recovered) == 1));
+    // A new failure warns again, once.
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(wait_for(30, || count(&warning) == 2), "no second warning");
+    let since = std::time::Instant::now();
+    while since.elapsed() < std::time::Duration::from_millis(500) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    sigterm(pid);
+    let o = crate::common::wait_deadline(child, 30).expect("record ends on SIGTERM");
+    reader.join().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{:?}", lines.lock().unwrap());
+    assert_eq!(count(&warning), 2, "{:?}", lines.lock().unwrap());
+    assert_eq!(count(&recovered), 1, "{:?}", lines.lock().unwrap());
+    assert_eq!(count("status file"), 3, "{:?}", lines.lock().unwrap());
+}
