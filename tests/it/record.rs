@@ -433,3 +433,109 @@ fn an_unwritable_status_file_warns_once_then_once_on_recovery_and_again_on_a_new
     assert_eq!(count(&recovered), 1, "{:?}", lines.lock().unwrap());
     assert_eq!(count("status file"), 3, "{:?}", lines.lock().unwrap());
 }
+
+/// A size- or inode-limited tmpfs at `mnt`, unmounted on drop; None (test skipped) where
+/// mounting is not allowed (not root).
+struct Tmpfs(std::path::PathBuf);
+impl Tmpfs {
+    fn mount(mnt: &std::path::Path, opts: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(mnt).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs", mnt.to_str().unwrap()])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !ok {
+            eprintln!("SKIP: cannot mount a limited tmpfs here (needs root)");
+        }
+        ok.then(|| Tmpfs(mnt.to_path_buf()))
+    }
+}
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+fn record_five(out: &std::path::Path) -> std::process::Output {
+    run(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "system",
+        "--synthetic-profile",
+        "small",
+        "--synthetic-rate",
+        "max",
+        "--synthetic-count",
+        "5",
+    ])
+}
+
+#[test]
+fn a_full_disk_at_start_creates_no_bag_directory() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("full");
+    let Some(_fs) = Tmpfs::mount(&mnt, "size=1m") else {
+        return;
+    };
+    // Fill it to the last byte.
+    let mut f = std::fs::File::create(mnt.join("filler")).unwrap();
+    let chunk = vec![0u8; 4096];
+    while f.write_all(&chunk).is_ok() {}
+    drop(f);
+    for out in [mnt.join("bag"), mnt.join("a/b/bag")] {
+        let o = record_five(&out);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert_eq!(
+            err,
+            format!(
+                "ringbag: error: {}: no space for a new bag: 0 bytes free on its partition, 131072 needed\n",
+                out.display()
+            )
+        );
+    }
+    let left: Vec<_> = std::fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["filler"], "nothing was created");
+}
+
+#[test]
+fn a_bag_that_cannot_be_created_completely_is_removed_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("few-inodes");
+    let Some(_fs) = Tmpfs::mount(&mnt, "size=64m,nr_inodes=64") else {
+        return;
+    };
+    // Use up every inode, then free `k` of them: enough for the directory and some of its
+    // files (lock, split, metadata), not all. Bytes are plentiful, so only the part-way
+    // cleanup can keep the partition clean.
+    let fill = mnt.join("fill");
+    std::fs::create_dir(&fill).unwrap();
+    let mut n = 0;
+    while std::fs::File::create(fill.join(n.to_string())).is_ok() {
+        n += 1;
+    }
+    // k = 1: the lock file fails; 2: the split; 3: the first metadata.yaml.
+    let mut freed = 0;
+    for k in 1..=3 {
+        while freed < k {
+            freed += 1;
+            std::fs::remove_file(fill.join((n - freed).to_string())).unwrap();
+        }
+        let out = mnt.join(format!("bag{k}"));
+        let o = record_five(&out);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "k={k}: {err}");
+        assert_eq!(err.lines().count(), 1, "k={k}: one line: {err}");
+        assert!(
+            err.starts_with(&format!("ringbag: error: {}", out.display())),
+            "k={k}: {err}"
+        );
+        assert!(!out.exists(), "k={k}: a half-created bag was left: {err}");
+    }
+}
