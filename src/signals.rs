@@ -117,9 +117,18 @@ mod tests {
     #[test]
     fn a_second_signal_ends_the_process_by_that_signal() {
         let cases: [(fn() -> i32, Signal); 3] = [
-            (|| two_signals(Signal::SIGINT, Signal::SIGINT), Signal::SIGINT),
-            (|| two_signals(Signal::SIGTERM, Signal::SIGTERM), Signal::SIGTERM),
-            (|| two_signals(Signal::SIGINT, Signal::SIGTERM), Signal::SIGTERM),
+            (
+                || two_signals(Signal::SIGINT, Signal::SIGINT),
+                Signal::SIGINT,
+            ),
+            (
+                || two_signals(Signal::SIGTERM, Signal::SIGTERM),
+                Signal::SIGTERM,
+            ),
+            (
+                || two_signals(Signal::SIGINT, Signal::SIGTERM),
+                Signal::SIGTERM,
+            ),
         ];
         for (body, second) in cases {
             let status = in_child(body);

@@ -273,7 +273,10 @@ impl BagWriter {
         })();
         built.inspect_err(|_| {
             if let Err(e) = fs::remove_dir_all(dir) {
-                log::warn!("{}: cannot remove the unfinished bag directory: {e}", dir.display());
+                log::warn!(
+                    "{}: cannot remove the unfinished bag directory: {e}",
+                    dir.display()
+                );
             }
             remove_created_dirs(created.get(1..).unwrap_or_default());
         })

@@ -137,7 +137,12 @@ pub struct PlayArgs {
     #[arg(long, num_args = 1..)]
     pub topics: Vec<String>,
     /// Speed factor (> 0): 2 plays twice as fast, 0.5 at half speed.
-    #[arg(short = 'r', long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(
+        short = 'r',
+        long,
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub rate: f64,
     /// Start this far into the bag. Seconds, or with s/m/h/d.
     #[arg(long, default_value = "0", allow_negative_numbers = true)]
@@ -198,7 +203,12 @@ pub struct RecordArgs {
     #[arg(long)]
     pub include_hidden_topics: bool,
     /// Topic discovery polling interval, milliseconds.
-    #[arg(short = 'p', long, default_value_t = 100, allow_negative_numbers = true)]
+    #[arg(
+        short = 'p',
+        long,
+        default_value_t = 100,
+        allow_negative_numbers = true
+    )]
     pub polling_interval: u64,
     /// Subscribe only to topics present at start.
     #[arg(long)]

@@ -55,9 +55,12 @@ pub fn log_level(
         return Ok(args::LogLevel::Info);
     };
     let valid = "valid levels: error, warn, info, debug, trace";
-    let text = raw
-        .to_str()
-        .ok_or_else(|| format!("{LOG_ENV}={}: not a log level ({valid})", raw.to_string_lossy()))?;
+    let text = raw.to_str().ok_or_else(|| {
+        format!(
+            "{LOG_ENV}={}: not a log level ({valid})",
+            raw.to_string_lossy()
+        )
+    })?;
     args::LogLevel::from_str(text.trim(), true)
         .map_err(|_| format!("{LOG_ENV}={text}: not a log level ({valid})"))
 }
@@ -76,7 +79,10 @@ fn clap_failure(e: &clap::Error) -> i32 {
             EXIT_BAD_INPUT,
             "a command is required: record, info, play, clock or reindex (see `ringbag --help`)",
         ),
-        _ => fail(EXIT_BAD_INPUT, one_line_clap_message(&e.render().to_string())),
+        _ => fail(
+            EXIT_BAD_INPUT,
+            one_line_clap_message(&e.render().to_string()),
+        ),
     }
 }
 
@@ -182,7 +188,12 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
     if let Err(e) = crate::signals::install() {
         return fail(EXIT_FAILURE, format!("cannot install signal handlers: {e}"));
     }
-    match crate::play::play_bag(&bag, &settings, sink.as_mut(), &crate::signals::stop_requested) {
+    match crate::play::play_bag(
+        &bag,
+        &settings,
+        sink.as_mut(),
+        &crate::signals::stop_requested,
+    ) {
         Ok(r) => {
             drop(sink);
             eprintln!("ringbag: played {} messages", r.published);

@@ -180,12 +180,7 @@ pub fn check_output_path(output: &Path) -> Result<(), String> {
                     )
                 });
             }
-            Ok(_) => {
-                return Err(format!(
-                    "{shown}: {} is not a directory",
-                    anc.display()
-                ))
-            }
+            Ok(_) => return Err(format!("{shown}: {} is not a directory", anc.display())),
             Err(_) if link.is_ok_and(|l| l.file_type().is_symlink()) => {
                 return Err(format!(
                     "{shown}: {} is a symbolic link to a missing target",

@@ -113,7 +113,12 @@ pub fn parse_duration_ns(s: &str) -> Result<i64, String> {
             ))
         }
     };
-    let too_long = || format!("`{s}` is too long (at most {} days)", MAX_DURATION_NS / 86_400_000_000_000);
+    let too_long = || {
+        format!(
+            "`{s}` is too long (at most {} days)",
+            MAX_DURATION_NS / 86_400_000_000_000
+        )
+    };
     let (ns, _) = scale_decimal(num, ns_per_unit).map_err(|e| match e {
         ScaleError::NotANumber => {
             format!("`{s}` is not a duration (e.g. 30, 90s, 15m, 2h, 1d)")
@@ -164,7 +169,10 @@ mod tests {
     fn sizes_that_do_not_fit_are_refused_not_wrapped() {
         // 2^64 exactly: a float parser saturated this to u64::MAX.
         let e = parse_bytes("17179869184GiB").unwrap_err();
-        assert_eq!(e, "`17179869184GiB` is too large (at most 9223372036854775807 bytes, 8 EiB)");
+        assert_eq!(
+            e,
+            "`17179869184GiB` is too large (at most 9223372036854775807 bytes, 8 EiB)"
+        );
         for bad in [
             "18446744073709551615",
             "9223372036854775808",
@@ -176,13 +184,19 @@ mod tests {
         }
         // The largest accepted value keeps every digit (a float would round it).
         assert_eq!(parse_bytes("9223372036854775807").unwrap(), i64::MAX as u64);
-        assert_eq!(parse_bytes("9007199254740993").unwrap(), 9_007_199_254_740_993);
+        assert_eq!(
+            parse_bytes("9007199254740993").unwrap(),
+            9_007_199_254_740_993
+        );
         assert_eq!(parse_bytes("8388607TiB").unwrap(), 8_388_607u64 << 40);
     }
 
     #[test]
     fn negative_sizes_and_durations_are_named_as_such() {
-        assert_eq!(parse_bytes("-10").unwrap_err(), "`-10`: a size cannot be negative");
+        assert_eq!(
+            parse_bytes("-10").unwrap_err(),
+            "`-10`: a size cannot be negative"
+        );
         assert_eq!(
             parse_duration_ns("-1s").unwrap_err(),
             "`-1s`: a duration cannot be negative"
@@ -194,8 +208,13 @@ mod tests {
         for bad in ["106752d", "9223372037", "2562048h", "1e3", "1.2.3", "."] {
             assert!(parse_duration_ns(bad).is_err(), "{bad}");
         }
-        assert!(parse_duration_ns("106752d").unwrap_err().contains("too long"));
-        assert_eq!(parse_duration_ns("106751d").unwrap(), 106_751 * 86_400_000_000_000);
+        assert!(parse_duration_ns("106752d")
+            .unwrap_err()
+            .contains("too long"));
+        assert_eq!(
+            parse_duration_ns("106751d").unwrap(),
+            106_751 * 86_400_000_000_000
+        );
         assert_eq!(parse_duration_ns("9223372036.854775807").unwrap(), i64::MAX);
         assert_eq!(parse_duration_ns("1.5ms").unwrap(), 1_500_000);
         assert_eq!(parse_duration_ns(".5").unwrap(), 500_000_000);

@@ -365,15 +365,15 @@ fn open_phc(path: &Path) -> Result<(OwnedFd, ClockId, ReadMethod), ClockError> {
         Mode::empty(),
     )
     .map_err(|e| match e {
-            Errno::ENOENT | Errno::ENODEV | Errno::ENXIO => {
-                ClockError::DeviceMissing { device: device() }
-            }
-            Errno::EACCES | Errno::EPERM => ClockError::PermissionDenied { device: device() },
-            source => ClockError::Open {
-                device: device(),
-                source,
-            },
-        })?;
+        Errno::ENOENT | Errno::ENODEV | Errno::ENXIO => {
+            ClockError::DeviceMissing { device: device() }
+        }
+        Errno::EACCES | Errno::EPERM => ClockError::PermissionDenied { device: device() },
+        source => ClockError::Open {
+            device: device(),
+            source,
+        },
+    })?;
 
     // Only a character device can be a PHC: refuse anything else before any ioctl, so a
     // FIFO, a regular file or a directory gets a plain answer instead of an ioctl's.

@@ -728,7 +728,10 @@ tf_static:
             let e = load_qos_overrides(Some(p)).unwrap_err().to_string();
             assert_eq!(
                 e,
-                format!("cannot read QoS overrides {}: not a regular file", p.display())
+                format!(
+                    "cannot read QoS overrides {}: not a regular file",
+                    p.display()
+                )
             );
         }
     }

@@ -105,10 +105,7 @@ pub fn write_bag(
 
 /// Wait for `child` to end within `secs`; on a timeout kill it and return None (a hang).
 /// stdout/stderr must have been piped or nulled; they are read after the child ends.
-pub fn wait_deadline(
-    mut child: std::process::Child,
-    secs: u64,
-) -> Option<std::process::Output> {
+pub fn wait_deadline(mut child: std::process::Child, secs: u64) -> Option<std::process::Output> {
     let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     loop {
         match child.try_wait() {

@@ -320,12 +320,20 @@ fn an_invalid_log_level_is_refused_from_the_flag_and_from_the_environment() {
 
 #[test]
 fn help_and_version_still_print_normally_with_exit_zero() {
-    for args in [&["--help"][..], &["record", "--help"], &["--version"], &["help"]] {
+    for args in [
+        &["--help"][..],
+        &["record", "--help"],
+        &["--version"],
+        &["help"],
+    ] {
         let o = run(args);
         assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
         assert!(o.stderr.is_empty(), "{args:?}: {}", stderr(&o));
         let out = crate::common::stdout(&o);
-        assert!(out.starts_with("ringbag ") || out.contains("Usage: ringbag"), "{out}");
+        assert!(
+            out.starts_with("ringbag ") || out.contains("Usage: ringbag"),
+            "{out}"
+        );
     }
 }
 
@@ -655,14 +663,29 @@ fn a_fifo_as_ptp_device_is_refused_at_once_by_clock_and_record() {
     assert_one_error_line(&o, &format!("ringbag: error: {why}"));
     let never = tmp.path().join("never");
     let o = run_within_deadline(&[
-        "record", "-o", never.to_str().unwrap(), "--clock", "ptp", "--ptp-device", f,
-        "--synthetic-count", "5",
+        "record",
+        "-o",
+        never.to_str().unwrap(),
+        "--clock",
+        "ptp",
+        "--ptp-device",
+        f,
+        "--synthetic-count",
+        "5",
     ]);
     assert_one_error_line(&o, &format!("ringbag: error: {why}"));
     assert!(!never.exists());
 
     // --clock auto: the report says why it fell back, exit 0, nothing on stderr.
-    let o = run_within_deadline(&["clock", "--clock", "auto", "--ptp-device", f, "--samples", "2"]);
+    let o = run_within_deadline(&[
+        "clock",
+        "--clock",
+        "auto",
+        "--ptp-device",
+        f,
+        "--samples",
+        "2",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(o.stderr.is_empty(), "{}", stderr(&o));
     assert!(
@@ -673,9 +696,21 @@ fn a_fifo_as_ptp_device_is_refused_at_once_by_clock_and_record() {
     // record --clock auto: exactly one warning line, then a bag stamped by the system clock.
     let out = tmp.path().join("auto");
     let o = run_within_deadline(&[
-        "--log-level", "warn", "record", "-o", out.to_str().unwrap(), "--clock", "auto",
-        "--ptp-device", f, "--synthetic-count", "5", "--synthetic-rate", "max",
-        "--bag-format", "jazzy",
+        "--log-level",
+        "warn",
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "auto",
+        "--ptp-device",
+        f,
+        "--synthetic-count",
+        "5",
+        "--synthetic-rate",
+        "max",
+        "--bag-format",
+        "jazzy",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let warnings: Vec<String> = stderr(&o)
@@ -685,11 +720,16 @@ fn a_fifo_as_ptp_device_is_refused_at_once_by_clock_and_record() {
         .collect();
     assert_eq!(
         warnings,
-        [format!("ringbag: warn: {why}; --clock auto: stamping with the system clock")]
+        [format!(
+            "ringbag: warn: {why}; --clock auto: stamping with the system clock"
+        )]
     );
     let bag = ringbag::bag::reader::Bag::open(&out).unwrap();
     assert_eq!(
-        bag.metadata.custom_data.get("ringbag.clock").map(String::as_str),
+        bag.metadata
+            .custom_data
+            .get("ringbag.clock")
+            .map(String::as_str),
         Some("system")
     );
 }

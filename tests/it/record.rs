@@ -312,7 +312,8 @@ fn sigterm_ends_record_even_while_recovery_is_stuck_before_the_loop() {
     let pid = child.id();
     // Either stuck on the FIFO before the loop, or (once recovery skips FIFOs) recording.
     assert!(
-        wait_for(30, || wchan(pid) == "wait_for_partner" || sigterm_caught(pid)),
+        wait_for(30, || wchan(pid) == "wait_for_partner"
+            || sigterm_caught(pid)),
         "ringbag neither blocked nor started recording"
     );
     let in_loop = sigterm_caught(pid);
@@ -337,14 +338,18 @@ fn sigterm_ends_play_during_a_long_gap_between_messages() {
     let data = crate::common::cdr_string("x");
     let t0 = 1_700_000_000_000_000_000i64;
     // One hour between the two messages: play sleeps through it at rate 1.
-    w.write_batch([(t, t0, data.as_slice()), (t, t0 + 3_600_000_000_000, data.as_slice())])
-        .unwrap();
+    w.write_batch([
+        (t, t0, data.as_slice()),
+        (t, t0 + 3_600_000_000_000, data.as_slice()),
+    ])
+    .unwrap();
     w.finish().unwrap();
     let child = crate::common::spawn(&["play", bag.to_str().unwrap(), "--sink", "echo"]);
     let pid = child.id();
     // In the loop (handler installed) and sleeping: the first message is out, the gap began.
     assert!(
-        wait_for(30, || sigterm_caught(pid) && wchan(pid).contains("nanosleep")),
+        wait_for(30, || sigterm_caught(pid)
+            && wchan(pid).contains("nanosleep")),
         "play never reached the gap (wchan {})",
         wchan(pid)
     );
@@ -396,15 +401,24 @@ fn an_unwritable_status_file_warns_once_then_once_on_recovery_and_again_on_a_new
             .filter(|l| l.contains(needle))
             .count()
     };
-    let warning = format!("ringbag: warn: status file {}: cannot write it", status.display());
-    let recovered = format!("ringbag: info: status file {}: written again", status.display());
+    let warning = format!(
+        "ringbag: warn: status file {}: cannot write it",
+        status.display()
+    );
+    let recovered = format!(
+        "ringbag: info: status file {}: written again",
+        status.display()
+    );
     let committed = || {
         std::fs::read_to_string(&status)
             .ok()
             .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
             .and_then(|v| v["committed"].as_u64())
     };
-    assert!(wait_for(30, || committed().is_some_and(|n| n > 0)), "no status written");
+    assert!(
+        wait_for(30, || committed().is_some_and(|n| n > 0)),
+        "no status written"
+    );
 
     // Unwritable (its directory is gone) for about 1.5 s: ~15 failed writes, one warning.
     std::fs::remove_dir_all(&dir).unwrap();
