@@ -12,23 +12,51 @@
 //!   the same signal with its default action: the operator, or a supervisor, means it. Death by
 //!   the signal (a shell shows 130 / 143) is also what systemd expects of its stop signal.
 //!
-//! The handler only touches atomics and async-signal-safe calls.
+//! * [`install_with_grace`] adds a deadline to the clean stop: if the process still runs that
+//!   long after the first signal (`play` blocked writing to a full pipe), it ends by that
+//!   signal. `record` has none: finishing may legitimately take long on a slow card, and its
+//!   supervisor's stop timeout (systemd's TimeoutStopSec) bounds it.
+//!
+//! The handlers only touch atomics and async-signal-safe calls.
 
-use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::SeqCst};
+use std::time::Duration;
 
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
 static SIGNALS: AtomicU32 = AtomicU32::new(0);
+/// The first stop signal, re-raised when the grace period runs out.
+static FIRST: AtomicI32 = AtomicI32::new(0);
+/// Seconds a clean stop may take before the process ends anyway; 0 = no limit.
+static GRACE_S: AtomicU32 = AtomicU32::new(0);
+
+/// End the process by `sig` with its default action.
+fn die_by(sig: libc::c_int) {
+    // SAFETY: signal() and raise() are async-signal-safe. If `sig` is blocked (we are in its
+    // own handler) it is delivered on return, with its default action now.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
 
 extern "C" fn on_signal(sig: libc::c_int) {
     if SIGNALS.fetch_add(1, SeqCst) > 0 {
-        // SAFETY: signal() and raise() are async-signal-safe. `sig` is blocked while this
-        // handler runs, so the raised signal is delivered on return, with its default
-        // action now: the process ends by that signal.
-        unsafe {
-            libc::signal(sig, libc::SIG_DFL);
-            libc::raise(sig);
-        }
+        die_by(sig);
+        return;
+    }
+    FIRST.store(sig, SeqCst);
+    let grace = GRACE_S.load(SeqCst);
+    if grace > 0 {
+        // SAFETY: alarm() is async-signal-safe; SIGALRM's handler is `on_grace_over`.
+        unsafe { libc::alarm(grace) };
+    }
+}
+
+extern "C" fn on_grace_over(_: libc::c_int) {
+    match FIRST.load(SeqCst) {
+        0 => die_by(libc::SIGTERM),
+        sig => die_by(sig),
     }
 }
 
@@ -36,13 +64,32 @@ extern "C" fn on_signal(sig: libc::c_int) {
 /// second one ends the process. Call it right before the loop that polls [`stop_requested`].
 /// Safe to call more than once.
 pub fn install() -> Result<(), nix::Error> {
+    install_with_grace(Duration::ZERO)
+}
+
+/// [`install`], and if the clean stop has not ended the process `grace` (whole seconds,
+/// at least 1) after the first signal, end it by that signal. `Duration::ZERO`: no limit.
+pub fn install_with_grace(grace: Duration) -> Result<(), nix::Error> {
+    let secs = match grace.as_secs() {
+        0 if grace.is_zero() => 0,
+        s => u32::try_from(s.max(1)).unwrap_or(u32::MAX),
+    };
+    GRACE_S.store(secs, SeqCst);
     let action = SigAction::new(
         SigHandler::Handler(on_signal),
         SaFlags::SA_RESTART,
         SigSet::empty(),
     );
-    // SAFETY: the handler only performs async-signal-safe operations.
+    let alarm = SigAction::new(
+        SigHandler::Handler(on_grace_over),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    // SAFETY: the handlers only perform async-signal-safe operations.
     unsafe {
+        if secs > 0 {
+            sigaction(Signal::SIGALRM, &alarm)?;
+        }
         sigaction(Signal::SIGINT, &action)?;
         sigaction(Signal::SIGTERM, &action)?;
     }
@@ -112,6 +159,29 @@ mod tests {
         }
         let _ = nix::sys::signal::raise(second);
         3 // not reached
+    }
+
+    #[test]
+    fn with_a_grace_period_a_stop_that_does_not_finish_ends_by_the_signal() {
+        let status = in_child(|| {
+            if install_with_grace(Duration::from_secs(1)).is_err() {
+                return 1;
+            }
+            let _ = nix::sys::signal::raise(Signal::SIGTERM);
+            if !stop_requested() {
+                return 2;
+            }
+            // A stop that never completes (as if blocked in a write): pause() returns only
+            // when a handled signal arrives, which the grace alarm is.
+            loop {
+                // SAFETY: pause() is async-signal-safe.
+                unsafe { libc::pause() };
+            }
+        });
+        assert!(
+            matches!(status, WaitStatus::Signaled(_, Signal::SIGTERM, _)),
+            "{status:?}"
+        );
     }
 
     #[test]

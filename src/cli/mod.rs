@@ -185,7 +185,9 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
             Err(e) => return fail(EXIT_BAD_INPUT, e),
         },
     };
-    if let Err(e) = crate::signals::install() {
+    // Playing has nothing to save: a stop that takes longer than this (a sink blocked on a
+    // full pipe or a stuck transport) ends by the signal.
+    if let Err(e) = crate::signals::install_with_grace(PLAY_STOP_GRACE) {
         return fail(EXIT_FAILURE, format!("cannot install signal handlers: {e}"));
     }
     match crate::play::play_bag(
@@ -203,6 +205,9 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
         Err(e) => fail(EXIT_FAILURE, e),
     }
 }
+
+/// How long `play` may take to stop cleanly after SIGINT/SIGTERM before it ends anyway.
+const PLAY_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[cfg(not(feature = "ros"))]
 fn ros_sink() -> Result<Box<dyn crate::play::Sink>, String> {

@@ -553,3 +553,39 @@ fn a_bag_that_cannot_be_created_completely_is_removed_again() {
         assert!(!out.exists(), "k={k}: a half-created bag was left: {err}");
     }
 }
+
+#[test]
+fn sigterm_ends_play_even_while_its_output_pipe_is_full() {
+    use ringbag::bag::writer::{BagWriter, WriterOptions};
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("many");
+    let mut w = BagWriter::create(&bag, WriterOptions::new(ringbag::bag::Flavour::Humble)).unwrap();
+    let t = w
+        .add_topic(crate::common::topic("/a", "std_msgs/msg/String"), None)
+        .unwrap();
+    let data = crate::common::cdr_string("x");
+    let t0 = 1_700_000_000_000_000_000i64;
+    // All at one instant: play writes them as fast as it can, far more than a pipe holds.
+    w.write_batch((0..20_000).map(|_| (t, t0, data.as_slice())))
+        .unwrap();
+    w.finish().unwrap();
+    // stdout is a pipe nobody reads: the echo sink blocks in write(2) once it is full.
+    let child = crate::common::spawn(&["play", bag.to_str().unwrap(), "--sink", "echo"]);
+    let pid = child.id();
+    assert!(
+        wait_for(30, || sigterm_caught(pid) && wchan(pid).contains("pipe")),
+        "play never blocked on its output (wchan {})",
+        wchan(pid)
+    );
+    let sent = std::time::Instant::now();
+    sigterm(pid);
+    let o = crate::common::wait_deadline(child, 10).expect("SIGTERM did not end a blocked play");
+    // The clean stop cannot finish (the write never returns): after the grace period the
+    // process ends by the signal.
+    assert_eq!(o.status.signal(), Some(libc::SIGTERM), "{}", stderr(&o));
+    assert!(
+        sent.elapsed() >= std::time::Duration::from_secs(1),
+        "grace honoured"
+    );
+}
