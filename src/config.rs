@@ -34,6 +34,11 @@ pub enum Quantity {
 impl Quantity {
     fn bytes(&self) -> Result<u64, String> {
         match self {
+            // The same ceiling as a size written with units: a file size is signed 64-bit.
+            Quantity::Number(n) if *n > crate::cli::units::MAX_BYTES => Err(format!(
+                "{n} is too large (at most {} bytes, 8 EiB)",
+                crate::cli::units::MAX_BYTES
+            )),
             Quantity::Number(n) => Ok(*n),
             Quantity::Text(s) => parse_bytes(s),
         }
@@ -220,5 +225,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("sundial"), "{e}");
+    }
+
+    #[test]
+    fn sizes_and_durations_beyond_64_bits_are_refused_in_the_config_too() {
+        let p = Path::new("c.toml");
+        for text in [
+            "max_bag_size = 18446744073709551615\n",
+            "max_bag_size = \"17179869184GiB\"\n",
+            "max_bag_duration = 9223372037\n",
+        ] {
+            let c = ServiceConfig::parse(text, p).unwrap();
+            let e = c.budgets(p).unwrap_err().to_string();
+            assert!(
+                e.contains("too large") || e.contains("too long"),
+                "{text}: {e}"
+            );
+        }
     }
 }

@@ -118,6 +118,20 @@ pub fn play(
     stop: &dyn Fn() -> bool,
 ) -> Result<PlayReport, PlayError> {
     let bag = Bag::open(&settings.bag)?;
+    play_bag(&bag, settings, sink, stop)
+}
+
+/// Longest uninterrupted sleep while waiting for a message's time: `stop()` is checked at
+/// least this often, so a gap of hours in a bag never delays a stop.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+/// [`play`] on a bag that is already open (`settings.bag` is not read).
+pub fn play_bag(
+    bag: &Bag,
+    settings: &PlaySettings,
+    sink: &mut dyn Sink,
+    stop: &dyn Fn() -> bool,
+) -> Result<PlayReport, PlayError> {
     let start = bag
         .metadata
         .starting_time_ns
@@ -137,10 +151,17 @@ pub fn play(
             let m = m?;
             // Bag time → wall time; sleeping to an absolute target keeps errors from adding up.
             let offset = (m.timestamp.saturating_sub(start)).max(0) as f64 / settings.rate;
-            let target = wall0 + Duration::from_nanos(offset as u64);
-            let now = Instant::now();
-            if target > now {
-                std::thread::sleep(target - now);
+            let target = wall0.checked_add(Duration::from_nanos(offset as u64));
+            loop {
+                let now = Instant::now();
+                let left = target.map_or(STOP_POLL, |t| t.saturating_duration_since(now));
+                if left.is_zero() {
+                    break;
+                }
+                if stop() {
+                    return Ok(report);
+                }
+                std::thread::sleep(left.min(STOP_POLL));
             }
             sink.publish(&bag.topics[m.topic], m.timestamp, &m.data)
                 .map_err(PlayError::Sink)?;

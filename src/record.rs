@@ -47,6 +47,54 @@ pub enum RecordError {
     Clock(#[from] crate::clock::ClockError),
     #[error("cannot install signal handlers: {0}")]
     Signals(nix::Error),
+    /// The output directory cannot be created where it was asked for (exists, permission,
+    /// a parent that is not a directory, a pseudo filesystem): bad input, not a failure.
+    #[error(transparent)]
+    Output(BagError),
+    /// `--status-file` cannot be written at start: bad input.
+    #[error("{}: cannot write the status file: {reason}", path.display())]
+    StatusFile { path: PathBuf, reason: String },
+}
+
+impl RecordError {
+    /// True when the error is the user's input (exit 2), not a failure while working.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            RecordError::Output(_)
+                | RecordError::StatusFile { .. }
+                | RecordError::Clock(_)
+                | RecordError::Bag(BagError::AlreadyExists { .. })
+        )
+    }
+}
+
+/// Errors of `BagWriter::create` that say the output path itself is unusable. A full disk or
+/// an I/O error stays a failure (exit 1).
+fn create_error(e: BagError) -> RecordError {
+    let bad_path = match &e {
+        BagError::AlreadyExists { .. } | BagError::Invalid { .. } => true,
+        BagError::Io { source, .. } => matches!(
+            source.raw_os_error(),
+            Some(
+                libc::EACCES
+                    | libc::EPERM
+                    | libc::EROFS
+                    | libc::ENOTDIR
+                    | libc::ENOENT
+                    | libc::ELOOP
+                    | libc::ENAMETOOLONG
+                    | libc::EEXIST
+                    | libc::EISDIR
+            )
+        ),
+        _ => false,
+    };
+    if bad_path {
+        RecordError::Output(e)
+    } else {
+        RecordError::Bag(e)
+    }
 }
 
 pub struct RecordOutcome {
@@ -68,8 +116,25 @@ fn failure(error: RecordError, summary: Option<RecordSummary>) -> Box<RecordFail
 }
 
 pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>> {
-    signals::install().map_err(|e| failure(RecordError::Signals(e), None))?;
-    // The clock first: `--clock ptp` with an unreadable device must fail before any bag exists.
+    // Signals keep their default action (end the process) until the writer exists: nothing
+    // before it (PHC, recovery, creating the bag) may hold a SIGTERM back. See `signals`.
+    //
+    // The status file first: one that cannot be written is bad input, refused before the
+    // clock, recovery or the bag touch anything. It starts at 0, which is never more than
+    // the bag holds.
+    let mut status = settings.status_file.as_deref().map(StatusFile::new);
+    if let Some(st) = &status {
+        write_status_counts(st.path, 0, 0).map_err(|e| {
+            failure(
+                RecordError::StatusFile {
+                    path: st.path.to_path_buf(),
+                    reason: io_reason(&e),
+                },
+                None,
+            )
+        })?;
+    }
+    // The clock next: `--clock ptp` with an unreadable device must fail before any bag exists.
     let clock: Arc<dyn TimeSource> =
         Arc::new(crate::clock::start(&settings.clock).map_err(|e| failure(e.into(), None))?);
     let root = settings
@@ -100,7 +165,14 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
         Retention::new(settings.retention.clone())
     };
     let writer = BagWriter::create(&settings.output, settings.writer.clone())
-        .map_err(|e| failure(e.into(), None))?;
+        .map_err(|e| failure(create_error(e), None))?;
+    // From here a clean stop saves something: the first SIGINT/SIGTERM asks for it.
+    if let Err(e) = signals::install() {
+        if let Err(fe) = writer.finish() {
+            log::error!("{fe}");
+        }
+        return Err(failure(RecordError::Signals(e), None));
+    }
     log::info!("recording into {}", settings.output.display());
     let pipeline = Pipeline::start(writer, Some(retention), clock, settings.pipeline.clone());
     let producer = pipeline.producer();
@@ -140,12 +212,10 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
             log::info!("stop requested; writing what was accepted");
             break;
         }
-        if let Some(path) = &settings.status_file {
+        if let Some(st) = status.as_mut() {
             if last_status.elapsed() >= STATUS_INTERVAL {
                 last_status = std::time::Instant::now();
-                if let Err(e) = write_status(path, &progress) {
-                    log::warn!("status file: {e}");
-                }
+                st.update(&progress);
             }
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -155,10 +225,8 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
         .join()
         .unwrap_or_else(|_| Err("source thread panicked".to_string()));
     let (result, summary) = pipeline.finish();
-    if let Some(path) = &settings.status_file {
-        if let Err(e) = write_status(path, &progress) {
-            log::warn!("status file: {e}");
-        }
+    if let Some(st) = status.as_mut() {
+        st.update(&progress);
     }
     match (result, source_result) {
         (Err(e), _) => Err(failure(e.into(), Some(summary))),
@@ -169,10 +237,58 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
 
 const STATUS_INTERVAL: Duration = Duration::from_millis(100);
 
+/// `--status-file` and whether its last write failed: a failure is logged once, the return to
+/// normal once, and a new failure after that once again (not every 100 ms).
+struct StatusFile<'a> {
+    path: &'a std::path::Path,
+    failing: bool,
+}
+
+impl<'a> StatusFile<'a> {
+    fn new(path: &'a std::path::Path) -> Self {
+        StatusFile {
+            path,
+            failing: false,
+        }
+    }
+
+    fn update(&mut self, p: &crate::pipeline::Progress) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let r = write_status_counts(self.path, p.committed.load(Relaxed), p.splits.load(Relaxed));
+        match (r, self.failing) {
+            (Ok(()), true) => {
+                self.failing = false;
+                log::info!("status file {}: written again", self.path.display());
+            }
+            (Err(e), false) => {
+                self.failing = true;
+                log::warn!(
+                    "status file {}: cannot write it: {}; retrying quietly",
+                    self.path.display(),
+                    io_reason(&e)
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The problem without the path (the caller names the file the user gave, not a temp name).
+fn io_reason(e: &BagError) -> String {
+    match e {
+        BagError::Io { source, .. } => source.to_string(),
+        BagError::Invalid { message, .. } => message.clone(),
+        other => other.to_string(),
+    }
+}
+
 /// `--status-file`: replaced atomically, so a reader (or a test that kills us) always sees a
 /// complete object whose count is already in the bag.
-fn write_status(path: &std::path::Path, p: &crate::pipeline::Progress) -> Result<(), BagError> {
-    use std::sync::atomic::Ordering::Relaxed;
+fn write_status_counts(
+    path: &std::path::Path,
+    committed: u64,
+    splits: u64,
+) -> Result<(), BagError> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -180,11 +296,7 @@ fn write_status(path: &std::path::Path, p: &crate::pipeline::Progress) -> Result
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
-        .ok_or_else(|| BagError::invalid(path, "status file needs a file name"))?;
-    let text = format!(
-        "{{\"committed\": {}, \"splits\": {}}}\n",
-        p.committed.load(Relaxed),
-        p.splits.load(Relaxed)
-    );
+        .ok_or_else(|| BagError::invalid(path, "needs a file name in UTF-8"))?;
+    let text = format!("{{\"committed\": {committed}, \"splits\": {splits}}}\n");
     crate::bag::metadata::write_file_atomic(dir, name, text.as_bytes())
 }

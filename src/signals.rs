@@ -1,56 +1,102 @@
-//! SIGINT / SIGTERM: the first asks for a clean stop; a second SIGINT within 2 s exits at
-//! once (the operator means it). The handler only touches atomics and async-signal-safe calls.
+//! SIGINT / SIGTERM. The promise: a signal always ends the process, cleanly when it can.
+//!
+//! * Until [`install`] runs, the default disposition stays: a signal ends the process at once.
+//!   `record` and `play` call it only when their main loop is about to run (the bag writer
+//!   exists, or the bag to play is open). So a phase that can be slow or stuck before that
+//!   (opening a PHC, recovering sibling bags, reading a damaged bag, creating the output) can
+//!   never swallow a SIGTERM: there is nothing accepted yet that a clean stop would save, and
+//!   anything half-done there is what a crash leaves, which recovery handles anyway.
+//! * After [`install`], the first SIGINT or SIGTERM only asks for a clean stop: the loop polls
+//!   [`stop_requested`], writes what was accepted and finishes the bag.
+//! * A second SIGINT or SIGTERM (at any time after the first) ends the process at once, by
+//!   the same signal with its default action: the operator, or a supervisor, means it. Death by
+//!   the signal (a shell shows 130 / 143) is also what systemd expects of its stop signal.
+//!
+//! * [`install_with_grace`] adds a deadline to the clean stop: if the process still runs that
+//!   long after the first signal (`play` blocked writing to a full pipe), it ends by that
+//!   signal. `record` has none: finishing may legitimately take long on a slow card, and its
+//!   supervisor's stop timeout (systemd's TimeoutStopSec) bounds it.
+//!
+//! The handlers only touch atomics and async-signal-safe calls.
 
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering::SeqCst};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::SeqCst};
+use std::time::Duration;
 
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
 static SIGNALS: AtomicU32 = AtomicU32::new(0);
-static FIRST_SIGINT_MS: AtomicI64 = AtomicI64::new(-1);
-/// Exit status for the immediate exit, as a shell reports death by SIGINT.
-const IMMEDIATE_EXIT: i32 = 130;
+/// The first stop signal, re-raised when the grace period runs out.
+static FIRST: AtomicI32 = AtomicI32::new(0);
+/// Seconds a clean stop may take before the process ends anyway; 0 = no limit.
+static GRACE_S: AtomicU32 = AtomicU32::new(0);
 
-fn monotonic_ms() -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime is async-signal-safe and `ts` is a valid out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
-}
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    SIGNALS.fetch_add(1, SeqCst);
-    if sig == libc::SIGINT {
-        let now = monotonic_ms();
-        let first = FIRST_SIGINT_MS.load(SeqCst);
-        if first >= 0 && now - first <= 2000 {
-            // SAFETY: _exit is async-signal-safe.
-            unsafe { libc::_exit(IMMEDIATE_EXIT) };
-        }
-        if first < 0 {
-            FIRST_SIGINT_MS.store(now, SeqCst);
-        }
+/// End the process by `sig` with its default action.
+fn die_by(sig: libc::c_int) {
+    // SAFETY: signal() and raise() are async-signal-safe. If `sig` is blocked (we are in its
+    // own handler) it is delivered on return, with its default action now.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
     }
 }
 
-/// Install the handlers. Safe to call more than once.
+extern "C" fn on_signal(sig: libc::c_int) {
+    if SIGNALS.fetch_add(1, SeqCst) > 0 {
+        die_by(sig);
+        return;
+    }
+    FIRST.store(sig, SeqCst);
+    let grace = GRACE_S.load(SeqCst);
+    if grace > 0 {
+        // SAFETY: alarm() is async-signal-safe; SIGALRM's handler is `on_grace_over`.
+        unsafe { libc::alarm(grace) };
+    }
+}
+
+extern "C" fn on_grace_over(_: libc::c_int) {
+    match FIRST.load(SeqCst) {
+        0 => die_by(libc::SIGTERM),
+        sig => die_by(sig),
+    }
+}
+
+/// Install the handlers: from now on the first SIGINT/SIGTERM requests a clean stop and a
+/// second one ends the process. Call it right before the loop that polls [`stop_requested`].
+/// Safe to call more than once.
 pub fn install() -> Result<(), nix::Error> {
+    install_with_grace(Duration::ZERO)
+}
+
+/// [`install`], and if the clean stop has not ended the process `grace` (whole seconds,
+/// at least 1) after the first signal, end it by that signal. `Duration::ZERO`: no limit.
+pub fn install_with_grace(grace: Duration) -> Result<(), nix::Error> {
+    let secs = match grace.as_secs() {
+        0 if grace.is_zero() => 0,
+        s => u32::try_from(s.max(1)).unwrap_or(u32::MAX),
+    };
+    GRACE_S.store(secs, SeqCst);
     let action = SigAction::new(
         SigHandler::Handler(on_signal),
         SaFlags::SA_RESTART,
         SigSet::empty(),
     );
-    // SAFETY: the handler only performs async-signal-safe operations.
+    let alarm = SigAction::new(
+        SigHandler::Handler(on_grace_over),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    // SAFETY: the handlers only perform async-signal-safe operations.
     unsafe {
+        if secs > 0 {
+            sigaction(Signal::SIGALRM, &alarm)?;
+        }
         sigaction(Signal::SIGINT, &action)?;
         sigaction(Signal::SIGTERM, &action)?;
     }
     Ok(())
 }
 
-/// True once SIGINT or SIGTERM has arrived.
+/// True once SIGINT or SIGTERM has arrived (after [`install`]).
 pub fn stop_requested() -> bool {
     SIGNALS.load(SeqCst) > 0
 }
@@ -61,25 +107,34 @@ mod tests {
     use nix::sys::wait::{waitpid, WaitStatus};
     use nix::unistd::{fork, ForkResult};
 
-    /// Run `body` in a forked child (signal state is per process) and return its exit code.
+    /// Run `body` in a forked child (signal state is per process) and return how it ended.
     /// The child only makes async-signal-safe calls, so forking a threaded test is sound.
-    fn in_child(body: fn() -> i32) -> i32 {
+    fn in_child(body: fn() -> i32) -> WaitStatus {
         // SAFETY: the child runs only sigaction/raise/_exit before exiting.
         match unsafe { fork() }.expect("fork") {
             ForkResult::Child => {
                 let code = body();
                 unsafe { libc::_exit(code) }
             }
-            ForkResult::Parent { child } => match waitpid(child, None).expect("waitpid") {
-                WaitStatus::Exited(_, code) => code,
-                other => panic!("child ended with {other:?}"),
-            },
+            ForkResult::Parent { child } => waitpid(child, None).expect("waitpid"),
         }
     }
 
     #[test]
+    fn before_install_a_sigterm_ends_the_process_at_once() {
+        let status = in_child(|| {
+            let _ = nix::sys::signal::raise(Signal::SIGTERM);
+            3 // not reached: the default action ends the process
+        });
+        assert!(
+            matches!(status, WaitStatus::Signaled(_, Signal::SIGTERM, _)),
+            "{status:?}"
+        );
+    }
+
+    #[test]
     fn first_sigterm_only_requests_a_clean_stop() {
-        let code = in_child(|| {
+        let status = in_child(|| {
             if install().is_err() || stop_requested() {
                 return 1;
             }
@@ -90,22 +145,67 @@ mod tests {
                 2
             }
         });
-        assert_eq!(code, 0);
+        assert!(matches!(status, WaitStatus::Exited(_, 0)), "{status:?}");
+    }
+
+    /// Child body: install, `first` (must only request a stop), then `second` (must end us).
+    fn two_signals(first: Signal, second: Signal) -> i32 {
+        if install().is_err() {
+            return 1;
+        }
+        let _ = nix::sys::signal::raise(first);
+        if !stop_requested() {
+            return 2;
+        }
+        let _ = nix::sys::signal::raise(second);
+        3 // not reached
     }
 
     #[test]
-    fn a_second_sigint_within_two_seconds_exits_at_once_with_130() {
-        let code = in_child(|| {
-            if install().is_err() {
+    fn with_a_grace_period_a_stop_that_does_not_finish_ends_by_the_signal() {
+        let status = in_child(|| {
+            if install_with_grace(Duration::from_secs(1)).is_err() {
                 return 1;
             }
-            let _ = nix::sys::signal::raise(Signal::SIGINT);
+            let _ = nix::sys::signal::raise(Signal::SIGTERM);
             if !stop_requested() {
                 return 2;
             }
-            let _ = nix::sys::signal::raise(Signal::SIGINT);
-            3 // not reached: the handler exits
+            // A stop that never completes (as if blocked in a write): pause() returns only
+            // when a handled signal arrives, which the grace alarm is.
+            loop {
+                // SAFETY: pause() is async-signal-safe.
+                unsafe { libc::pause() };
+            }
         });
-        assert_eq!(code, IMMEDIATE_EXIT);
+        assert!(
+            matches!(status, WaitStatus::Signaled(_, Signal::SIGTERM, _)),
+            "{status:?}"
+        );
+    }
+
+    #[test]
+    fn a_second_signal_ends_the_process_by_that_signal() {
+        let cases: [(fn() -> i32, Signal); 3] = [
+            (
+                || two_signals(Signal::SIGINT, Signal::SIGINT),
+                Signal::SIGINT,
+            ),
+            (
+                || two_signals(Signal::SIGTERM, Signal::SIGTERM),
+                Signal::SIGTERM,
+            ),
+            (
+                || two_signals(Signal::SIGINT, Signal::SIGTERM),
+                Signal::SIGTERM,
+            ),
+        ];
+        for (body, second) in cases {
+            let status = in_child(body);
+            assert!(
+                matches!(status, WaitStatus::Signaled(_, s, _) if s == second),
+                "second {second:?}: {status:?}"
+            );
+        }
     }
 }

@@ -45,6 +45,34 @@ fn rejects_a_regular_file_as_not_a_phc() {
 }
 
 #[test]
+fn rejects_a_fifo_and_a_directory_without_blocking_or_ioctl() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("ptp-fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).expect("mkfifo");
+    // Opening a FIFO without O_NONBLOCK waits for a writer forever; this must return at once.
+    for (path, kind) in [(fifo.as_path(), "a FIFO"), (dir.path(), "a directory")] {
+        let err = PtpDevice::open(path).expect_err("opened as a PHC");
+        assert!(matches!(err, ClockError::NotAPhc { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{} is not a PTP hardware clock (not a character device but {kind})",
+                path.display()
+            )
+        );
+    }
+    // With --clock auto the recorder falls back to the system clock and says why.
+    let h = start(&settings(ClockKind::Auto, fifo.to_str().unwrap())).expect("auto starts");
+    assert!(
+        h.custom_data()
+            .iter()
+            .any(|(k, v)| k == "ringbag.clock.fallback_reason" && v.contains("a FIFO")),
+        "{:?}",
+        h.custom_data()
+    );
+}
+
+#[test]
 fn reports_a_missing_device_by_path() {
     let err = PtpDevice::open(Path::new("/dev/ptp-does-not-exist")).expect_err("opened");
     assert!(matches!(err, ClockError::DeviceMissing { .. }), "{err:?}");

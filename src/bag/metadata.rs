@@ -435,7 +435,11 @@ pub fn write_file_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), Bag
         let _ = fs::remove_file(&tmp);
         return Err(io(&tmp)(e));
     }
-    fs::rename(&tmp, &target).map_err(io(&target))?;
+    if let Err(e) = fs::rename(&tmp, &target) {
+        // The target is a directory, or the directory vanished: leave no temp file behind.
+        let _ = fs::remove_file(&tmp);
+        return Err(io(&target)(e));
+    }
     sync_dir(dir)
 }
 

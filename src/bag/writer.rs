@@ -160,8 +160,23 @@ pub type Row<'a> = (usize, i64, &'a [u8]);
 
 impl BagWriter {
     /// Create `dir` (it must not exist) and open split 0.
+    ///
+    /// All or nothing: a failure part-way (a full disk, no inodes left) removes what this
+    /// call created, so it never leaves a bag directory with an empty split and no metadata.
+    /// A partition without room for an empty bag is refused before anything is created.
     pub fn create(dir: &Path, opts: WriterOptions) -> Result<Self, BagError> {
-        if dir.exists() {
+        /// An empty split (24 KiB with 4 KiB pages), metadata.yaml, the lock file and the
+        /// directory blocks, with slack for a filesystem's allocation granularity.
+        const NEW_BAG_MIN_FREE_BYTES: u64 = 128 * 1024;
+        /// Directories this call made, deepest first; one that is not empty (someone else
+        /// wrote into it meanwhile) stays.
+        fn remove_created_dirs(dirs: &[PathBuf]) {
+            for d in dirs {
+                let _ = fs::remove_dir(d);
+            }
+        }
+        // symlink_metadata: a dangling symlink "exists" too (create_dir would fail on it).
+        if dir.symlink_metadata().is_ok() {
             return Err(BagError::AlreadyExists {
                 path: dir.to_path_buf(),
             });
@@ -172,32 +187,99 @@ impl BagWriter {
             .filter(|n| !n.is_empty())
             .ok_or_else(|| BagError::invalid(dir, "output path has no usable directory name"))?
             .to_string();
-        fs::create_dir_all(dir).map_err(BagError::io(dir))?;
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
+        // The directories this call creates (the bag and any missing parents), deepest first,
+        // to remove on failure; and the existing ancestor whose partition will hold the bag.
+        let mut created = Vec::new();
+        let mut base = None;
+        for a in dir.ancestors() {
+            let a = if a.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                a
+            };
+            if a.symlink_metadata().is_ok() {
+                base = Some(a);
+                break;
+            }
+            created.push(a.to_path_buf());
         }
-        // The lock (and unclean-finish marker) exists before any split does.
-        let lock = BagLock::acquire(dir)?;
-        let mut w = BagWriter {
-            ops: Box::new(RealStorage),
-            lock: Some(lock),
-            dir: dir.to_path_buf(),
-            name,
-            opts,
-            topics: Vec::new(),
-            split: None,
-            closed: VecDeque::new(),
-            newly_closed: Vec::new(),
-            next_index: 0,
-            failed: None,
-            split_limit: 0,
-            split_limit_reached: false,
-        };
-        w.open_split()?;
-        // A metadata.yaml from the first moment: a crash before the first split closes still
-        // leaves a bag that names its files (reindex refreshes the counts).
-        w.write_metadata()?;
-        Ok(w)
+        if let Some(base) = base {
+            if let Ok(st) = nix::sys::statvfs::statvfs(base) {
+                if st.blocks() == 0 {
+                    return Err(BagError::invalid(
+                        dir,
+                        "cannot create a bag on a filesystem without storage (such as /proc)",
+                    ));
+                }
+                #[allow(clippy::unnecessary_cast)] // fsblkcnt_t is 32-bit on some targets
+                let free = (st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64);
+                if free < NEW_BAG_MIN_FREE_BYTES {
+                    return Err(BagError::Io {
+                        path: dir.to_path_buf(),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::StorageFull,
+                            format!(
+                                "no space for a new bag: {free} bytes free on its partition, \
+                                 {NEW_BAG_MIN_FREE_BYTES} needed"
+                            ),
+                        ),
+                    });
+                }
+            }
+        }
+        if let Err(e) = fs::create_dir_all(dir) {
+            remove_created_dirs(&created);
+            return Err(match e.raw_os_error() {
+                // Space and device trouble is a failure while working; the rest says the
+                // path itself cannot hold a bag (permission, read-only, a file in the way,
+                // a pseudo filesystem such as /proc).
+                Some(libc::ENOSPC | libc::EDQUOT | libc::EIO) | None => BagError::io(dir)(e),
+                Some(_) => BagError::invalid(dir, format!("cannot create the bag directory: {e}")),
+            });
+        }
+        let built = (|| {
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                sync_dir(parent)?;
+            }
+            // The lock (and unclean-finish marker) exists before any split does.
+            let lock = BagLock::acquire(dir)?;
+            let mut w = BagWriter {
+                ops: Box::new(RealStorage),
+                lock: Some(lock),
+                dir: dir.to_path_buf(),
+                name,
+                opts,
+                topics: Vec::new(),
+                split: None,
+                closed: VecDeque::new(),
+                newly_closed: Vec::new(),
+                next_index: 0,
+                failed: None,
+                split_limit: 0,
+                split_limit_reached: false,
+            };
+            let r = w.open_split().and_then(|_| {
+                // A metadata.yaml from the first moment: a crash before the first split
+                // closes still leaves a bag that names its files (reindex refreshes counts).
+                w.write_metadata()
+            });
+            if let Err(e) = r {
+                // Close the split quietly: the directory is about to be removed, so Drop's
+                // "run reindex" warning would be wrong.
+                w.split = None;
+                return Err(e);
+            }
+            Ok(w)
+        })();
+        built.inspect_err(|_| {
+            if let Err(e) = fs::remove_dir_all(dir) {
+                log::warn!(
+                    "{}: cannot remove the unfinished bag directory: {e}",
+                    dir.display()
+                );
+            }
+            remove_created_dirs(created.get(1..).unwrap_or_default());
+        })
     }
 
     /// Route fsyncs and deletions of splits through `ops` (tests record their order).

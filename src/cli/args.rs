@@ -15,11 +15,35 @@ use crate::source::synthetic::SyntheticProfile;
     about = "Always-on ROS 2 bag recorder: rosbag2-compatible SQLite bags, circular logging, PTP time"
 )]
 pub struct Cli {
-    /// Log level: error, warn, info, debug, trace.
-    #[arg(long, global = true, default_value = "info", env = "RINGBAG_LOG")]
-    pub log_level: String,
+    /// Log level [default: info, or the environment variable RINGBAG_LOG when set].
+    // Not clap's `env`: an invalid RINGBAG_LOG must be named as such in the error, and clap
+    // would report it as if --log-level had been given. `cli::log_level` reads it.
+    #[arg(long, global = true, value_enum, ignore_case = true)]
+    pub log_level: Option<LogLevel>,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// `--log-level` / `RINGBAG_LOG`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn filter(self) -> log::LevelFilter {
+        match self {
+            LogLevel::Error => log::LevelFilter::Error,
+            LogLevel::Warn => log::LevelFilter::Warn,
+            LogLevel::Info => log::LevelFilter::Info,
+            LogLevel::Debug => log::LevelFilter::Debug,
+            LogLevel::Trace => log::LevelFilter::Trace,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -65,13 +89,13 @@ pub struct ClockArgs {
     #[arg(long, value_enum, default_value = "tai")]
     pub ptp_timescale: crate::clock::Timescale,
     /// TAI − UTC in seconds, subtracted when the PHC keeps TAI (37 since 2017).
-    #[arg(long, default_value_t = crate::clock::DEFAULT_TAI_UTC_OFFSET_S)]
+    #[arg(long, default_value_t = crate::clock::DEFAULT_TAI_UTC_OFFSET_S, allow_negative_numbers = true)]
     pub tai_utc_offset: i64,
     /// How often the PHC offset is measured, milliseconds (10 to 60000).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, allow_negative_numbers = true)]
     pub ptp_poll_interval: u64,
     /// A PHC offset jump larger than this is logged and counted as a step, microseconds.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, allow_negative_numbers = true)]
     pub ptp_step_threshold: u64,
 }
 
@@ -93,7 +117,7 @@ pub struct ClockCmdArgs {
     #[command(flatten)]
     pub clock: ClockArgs,
     /// Offset samples to take (100 ms apart).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
     pub samples: usize,
 }
 
@@ -113,10 +137,15 @@ pub struct PlayArgs {
     #[arg(long, num_args = 1..)]
     pub topics: Vec<String>,
     /// Speed factor (> 0): 2 plays twice as fast, 0.5 at half speed.
-    #[arg(short = 'r', long, default_value_t = 1.0)]
+    #[arg(
+        short = 'r',
+        long,
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub rate: f64,
     /// Start this far into the bag. Seconds, or with s/m/h/d.
-    #[arg(long, default_value = "0")]
+    #[arg(long, default_value = "0", allow_negative_numbers = true)]
     pub start_offset: String,
     /// Start again from the beginning at the end, until stopped.
     #[arg(short = 'l', long = "loop")]
@@ -174,7 +203,12 @@ pub struct RecordArgs {
     #[arg(long)]
     pub include_hidden_topics: bool,
     /// Topic discovery polling interval, milliseconds.
-    #[arg(short = 'p', long, default_value_t = 100)]
+    #[arg(
+        short = 'p',
+        long,
+        default_value_t = 100,
+        allow_negative_numbers = true
+    )]
     pub polling_interval: u64,
     /// Subscribe only to topics present at start.
     #[arg(long)]
@@ -194,7 +228,7 @@ pub struct RecordArgs {
     pub bag_format: Option<Flavour>,
     /// Byte budget of messages queued for the writer; beyond it messages are dropped and
     /// counted. Bytes, or with KiB/MiB/GiB/KB/MB/GB.
-    #[arg(long, default_value = "100MiB")]
+    #[arg(long, default_value = "100MiB", allow_negative_numbers = true)]
     pub max_cache_size: String,
     /// SQLite tuning and durability: write-optimized, resilient, none (rosbag2 default).
     #[arg(long, value_enum, default_value = "write-optimized")]
@@ -204,38 +238,38 @@ pub struct RecordArgs {
     pub custom_data: Vec<String>,
 
     /// Start a new split when the open one reaches this size. Bytes or with units; min 86016; 0 = off.
-    #[arg(short = 'b', long, default_value = "0")]
+    #[arg(short = 'b', long, default_value = "0", allow_negative_numbers = true)]
     pub max_bag_size: String,
     /// Start a new split when the open one spans this long. Seconds or with s/m/h/d; 0 = off.
-    #[arg(short = 'd', long, default_value = "0")]
+    #[arg(short = 'd', long, default_value = "0", allow_negative_numbers = true)]
     pub max_bag_duration: String,
     /// Stop recording (exit 0) once this many split files have been created; 0 = off.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub max_splits: u32,
 
     /// Circular logging: keep the total size of all split files at most this many bytes (or
     /// with units), deleting the oldest closed splits first; the bound holds at every batch
     /// commit. Needs -b, and must be at least 2 x --max-bag-size. [default: off]
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
     pub max_record_size: Option<String>,
     /// Circular logging: keep the span from the start of the oldest kept split to the newest
     /// message at most this long (seconds, or with s/m/h/d), deleting the oldest closed splits.
     /// Coverage is at least this minus one split duration, so choose -d well below it. Needs -b
     /// or -d; at least 2 x --max-bag-duration. [default: off]
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     pub max_record_duration: Option<String>,
     /// Circular logging: keep at most this many split files (the open one included), deleting
     /// the oldest. Needs -b or -d; at least 2. [default: off]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub max_bag_files: Option<u32>,
     /// Keep at least this many bytes (or with units) free on the bag's partition, deleting the
     /// oldest closed splits; when none is left and space is still short, recording stops with
     /// an error (exit 1) instead of filling the disk. [default: off]
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
     pub min_free_space: Option<String>,
     /// Like --min-free-space, as a percentage (0 < P < 100) of the partition's size; with both,
     /// the larger floor applies. [default: off]
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub min_free_space_percent: Option<String>,
 
     /// Where messages come from [default: ros in builds with the `ros` feature, else synthetic].
@@ -249,7 +283,7 @@ pub struct RecordArgs {
     #[arg(long, value_enum, default_value = "realtime")]
     pub synthetic_rate: SyntheticRate,
     /// Stop cleanly after this many synthetic messages in total; 0 = until stopped.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub synthetic_count: u64,
 
     /// Before recording, reindex unfinished bags (crashed recordings) in the output's parent

@@ -20,8 +20,7 @@ impl log::Log for StderrLogger {
 
 static LOGGER: StderrLogger = StderrLogger;
 
-pub fn init(level: &str) {
-    let filter = level.parse().unwrap_or(log::LevelFilter::Info);
+pub fn init(filter: log::LevelFilter) {
     // A second init (tests) keeps the first logger.
     let _ = log::set_logger(&LOGGER);
     log::set_max_level(filter);

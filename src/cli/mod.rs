@@ -11,7 +11,7 @@ use clap::Parser;
 
 use crate::bag::info::{info_json, info_text};
 use crate::bag::reader::Bag;
-use crate::record::{self, RecordError};
+use crate::record;
 use args::{Cli, Command};
 
 /// Exit codes.
@@ -22,13 +22,13 @@ pub const EXIT_BAD_INPUT: i32 = 2;
 pub fn main_entry() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
-        Err(e) => {
-            // clap prints help/version to stdout (exit 0) and usage errors to stderr (exit 2).
-            let _ = e.print();
-            return e.exit_code();
-        }
+        Err(e) => return clap_failure(&e),
     };
-    logger::init(&cli.log_level);
+    let level = match log_level(cli.log_level, std::env::var_os(LOG_ENV)) {
+        Ok(l) => l,
+        Err(e) => return fail(EXIT_BAD_INPUT, e),
+    };
+    logger::init(level.filter());
     match cli.command {
         Command::Info(a) => cmd_info(&a),
         Command::Record(a) => cmd_record(&a),
@@ -36,6 +36,89 @@ pub fn main_entry() -> i32 {
         Command::Clock(a) => cmd_clock(&a),
         Command::Reindex(a) => cmd_reindex(&a),
     }
+}
+
+/// Environment variable that sets the log level when `--log-level` is not given.
+pub const LOG_ENV: &str = "RINGBAG_LOG";
+
+/// `--log-level` wins; else `RINGBAG_LOG` (empty counts as unset); else info. An invalid
+/// `RINGBAG_LOG` is refused like an invalid flag, never silently replaced by a default.
+pub fn log_level(
+    flag: Option<args::LogLevel>,
+    env: Option<std::ffi::OsString>,
+) -> Result<args::LogLevel, String> {
+    use clap::ValueEnum;
+    if let Some(l) = flag {
+        return Ok(l);
+    }
+    let Some(raw) = env.filter(|v| !v.is_empty()) else {
+        return Ok(args::LogLevel::Info);
+    };
+    let valid = "valid levels: error, warn, info, debug, trace";
+    let text = raw.to_str().ok_or_else(|| {
+        format!(
+            "{LOG_ENV}={}: not a log level ({valid})",
+            raw.to_string_lossy()
+        )
+    })?;
+    args::LogLevel::from_str(text.trim(), true)
+        .map_err(|_| format!("{LOG_ENV}={text}: not a log level ({valid})"))
+}
+
+/// A clap error as this program reports errors: `--help` and `--version` print as clap
+/// renders them (stdout, exit 0); every real error becomes one `ringbag: error:` line on
+/// stderr with exit 2, keeping clap's reason, valid values and tip but not its usage block.
+fn clap_failure(e: &clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            e.exit_code()
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => fail(
+            EXIT_BAD_INPUT,
+            "a command is required: record, info, play, clock or reindex (see `ringbag --help`)",
+        ),
+        _ => fail(
+            EXIT_BAD_INPUT,
+            one_line_clap_message(&e.render().to_string()),
+        ),
+    }
+}
+
+/// Folds clap's rendered error into one line: `error: ` dropped, the usage block and the
+/// "For more information" hint dropped, detail lines (valid values, tips) joined with `; `.
+pub fn one_line_clap_message(rendered: &str) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut lines = rendered.lines().map(str::trim).peekable();
+    while let Some(line) = lines.next() {
+        if line.is_empty() || line.starts_with("For more information") {
+            continue;
+        }
+        if let Some(usage) = line.strip_prefix("Usage:") {
+            // A usage block may continue on indented lines; one line of it is enough.
+            parts.push(format!("usage: {}", usage.trim()));
+            while lines.peek().is_some_and(|l| !l.is_empty()) {
+                lines.next();
+            }
+            continue;
+        }
+        let line = line.strip_prefix("error:").map_or(line, str::trim);
+        // "[possible values: a, b]" reads as a clause of the sentence without its brackets.
+        let line = line
+            .strip_prefix('[')
+            .and_then(|l| l.strip_suffix(']'))
+            .unwrap_or(line);
+        match parts.last_mut() {
+            // "the following required arguments were not provided:" lists them below.
+            Some(prev) if prev.ends_with(':') => {
+                prev.push(' ');
+                prev.push_str(line);
+            }
+            _ => parts.push(line.to_string()),
+        }
+    }
+    parts.join("; ")
 }
 
 fn cmd_reindex(a: &args::ReindexArgs) -> i32 {
@@ -84,9 +167,12 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(EXIT_BAD_INPUT, e),
     };
-    if let Err(e) = crate::signals::install() {
-        return fail(EXIT_FAILURE, format!("cannot install signal handlers: {e}"));
-    }
+    // Opening the bag (and the sink) happens under the default signal disposition: a SIGTERM
+    // while a damaged bag is read ends the process at once. See `signals`.
+    let bag = match Bag::open(&settings.bag) {
+        Ok(b) => b,
+        Err(e) => return fail(EXIT_BAD_INPUT, e),
+    };
     let sink_kind = a.sink.unwrap_or(if cfg!(feature = "ros") {
         args::SinkKind::Ros
     } else {
@@ -102,7 +188,17 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
             Err(e) => return fail(EXIT_BAD_INPUT, e),
         },
     };
-    match crate::play::play(&settings, sink.as_mut(), &crate::signals::stop_requested) {
+    // Playing has nothing to save: a stop that takes longer than this (a sink blocked on a
+    // full pipe or a stuck transport) ends by the signal.
+    if let Err(e) = crate::signals::install_with_grace(PLAY_STOP_GRACE) {
+        return fail(EXIT_FAILURE, format!("cannot install signal handlers: {e}"));
+    }
+    match crate::play::play_bag(
+        &bag,
+        &settings,
+        sink.as_mut(),
+        &crate::signals::stop_requested,
+    ) {
         Ok(r) => {
             drop(sink);
             eprintln!("ringbag: played {} messages", r.published);
@@ -112,6 +208,9 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
         Err(e) => fail(EXIT_FAILURE, e),
     }
 }
+
+/// How long `play` may take to stop cleanly after SIGINT/SIGTERM before it ends anyway.
+const PLAY_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[cfg(not(feature = "ros"))]
 fn ros_sink() -> Result<Box<dyn crate::play::Sink>, String> {
@@ -165,10 +264,10 @@ fn cmd_record(a: &args::RecordArgs) -> i32 {
                 eprint!("{s}");
             }
             let e = f.error;
-            let code = match &e {
-                RecordError::Bag(crate::bag::BagError::AlreadyExists { .. })
-                | RecordError::Clock(_) => EXIT_BAD_INPUT,
-                _ => EXIT_FAILURE,
+            let code = if e.is_bad_input() {
+                EXIT_BAD_INPUT
+            } else {
+                EXIT_FAILURE
             };
             fail(code, e)
         }

@@ -2,7 +2,7 @@
 //! before any file is created, with a message that names the flag.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::args::{RecordArgs, SourceKind, SyntheticRate};
 use super::units::{parse_bytes, parse_duration_ns};
@@ -73,9 +73,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
     let clock = a.clock.settings();
     clock.validate().map_err(|e| e.to_string())?;
     let output = a.output.clone().unwrap_or_else(default_output_name);
-    if output.exists() {
-        return Err(crate::bag::BagError::AlreadyExists { path: output }.to_string());
-    }
+    check_output_path(&output)?;
     let retention = retention_policy(a, max_bag_size, max_bag_duration_ns)?;
     let mut pipeline = PipelineConfig {
         max_cache_size: usize::try_from(max_cache_size).unwrap_or(usize::MAX),
@@ -112,6 +110,89 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         recover: a.recover,
         status_file: a.status_file.clone(),
     })
+}
+
+/// The output path must be a new directory that this process can create: checked before the
+/// clock, recovery or anything else touches the disk, so a bad path is bad input (exit 2)
+/// with one line naming it. What only the attempt can tell (a pseudo filesystem such as
+/// /proc accepts the permission check) is classified when `BagWriter::create` fails.
+pub fn check_output_path(output: &Path) -> Result<(), String> {
+    use crate::bag::BagError;
+    let shown = output.display();
+    if output.as_os_str().is_empty() {
+        return Err("--output: empty path".into());
+    }
+    match output.file_name() {
+        Some(name) if name.to_str().is_none() => {
+            return Err(format!(
+                "{shown}: the bag name is not valid UTF-8 (rosbag2 stores file names as text)"
+            ))
+        }
+        _ => {}
+    }
+    match output.symlink_metadata() {
+        Ok(m) if m.file_type().is_symlink() && !output.exists() => {
+            return Err(format!(
+                "{shown}: is a symbolic link to a missing target; choose another output"
+            ))
+        }
+        Ok(_) => {
+            return Err(BagError::AlreadyExists {
+                path: output.to_path_buf(),
+            }
+            .to_string())
+        }
+        Err(_) => {} // absent (or unreachable: the ancestor walk below says why)
+    }
+    // The nearest existing ancestor must be a directory we may create entries in; missing
+    // ancestors in between are created (as `mkdir -p`).
+    for anc in output.ancestors().skip(1) {
+        let anc = if anc.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            anc
+        };
+        let link = anc.symlink_metadata();
+        match std::fs::metadata(anc) {
+            Ok(m) if m.is_dir() => {
+                use nix::unistd::{faccessat, AccessFlags};
+                // /proc, /sys and the like: no storage behind them (root passes the access
+                // check there, and mkdir fails with a misleading ENOENT).
+                if nix::sys::statvfs::statvfs(anc).is_ok_and(|st| st.blocks() == 0) {
+                    return Err(format!(
+                        "{shown}: {} is on a filesystem without storage (such as /proc or /sys)",
+                        anc.display()
+                    ));
+                }
+                // AT_EACCESS: the effective ids decide, as they will for mkdir. EROFS is
+                // reported here too.
+                return faccessat(
+                    nix::fcntl::AT_FDCWD,
+                    anc,
+                    AccessFlags::W_OK | AccessFlags::X_OK,
+                    nix::fcntl::AtFlags::AT_EACCESS,
+                )
+                .map_err(|e| {
+                    format!(
+                        "{shown}: cannot create the bag directory in {}: {}",
+                        anc.display(),
+                        std::io::Error::from(e)
+                    )
+                });
+            }
+            Ok(_) => return Err(format!("{shown}: {} is not a directory", anc.display())),
+            Err(_) if link.is_ok_and(|l| l.file_type().is_symlink()) => {
+                return Err(format!(
+                    "{shown}: {} is a symbolic link to a missing target",
+                    anc.display()
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => continue,
+            Err(e) => return Err(format!("{shown}: {}: {e}", anc.display())),
+        }
+    }
+    Ok(())
 }
 
 /// Smallest batch byte cap under a retention limit (a single larger message still goes).

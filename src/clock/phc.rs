@@ -358,17 +358,36 @@ impl PhcDevice for PtpDevice {
 /// Opens and validates a PHC, and probes the best measurement method it supports.
 fn open_phc(path: &Path) -> Result<(OwnedFd, ClockId, ReadMethod), ClockError> {
     let device = || path.to_path_buf();
-    let fd =
-        open(path, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty()).map_err(|e| match e {
-            Errno::ENOENT | Errno::ENODEV | Errno::ENXIO => {
-                ClockError::DeviceMissing { device: device() }
-            }
-            Errno::EACCES | Errno::EPERM => ClockError::PermissionDenied { device: device() },
-            source => ClockError::Open {
-                device: device(),
-                source,
-            },
-        })?;
+    // O_NONBLOCK: opening a FIFO (or a tty, a socket) must never wait; a PHC ignores it.
+    let fd = open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::ENOENT | Errno::ENODEV | Errno::ENXIO => {
+            ClockError::DeviceMissing { device: device() }
+        }
+        Errno::EACCES | Errno::EPERM => ClockError::PermissionDenied { device: device() },
+        source => ClockError::Open {
+            device: device(),
+            source,
+        },
+    })?;
+
+    // Only a character device can be a PHC: refuse anything else before any ioctl, so a
+    // FIFO, a regular file or a directory gets a plain answer instead of an ioctl's.
+    let st = nix::sys::stat::fstat(&fd).map_err(|source| ClockError::Open {
+        device: device(),
+        source,
+    })?;
+    let kind = st.st_mode & libc::S_IFMT;
+    if kind != libc::S_IFCHR {
+        return Err(ClockError::NotAPhc {
+            device: device(),
+            reason: format!("not a character device but {}", file_kind(kind)),
+        });
+    }
 
     let mut caps = PtpClockCaps::default();
     // SAFETY: `caps` is a live, properly sized repr(C) struct the kernel fills in.
@@ -399,6 +418,19 @@ fn open_phc(path: &Path) -> Result<(OwnedFd, ClockId, ReadMethod), ClockError> {
         device: device(),
         reason: "no offset measurement method works".into(),
     })
+}
+
+/// What a `st_mode & S_IFMT` value is, for the error message.
+fn file_kind(kind: libc::mode_t) -> &'static str {
+    match kind {
+        libc::S_IFREG => "a regular file",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFLNK => "a symbolic link",
+        _ => "an unknown file type",
+    }
 }
 
 fn measure_with(fd: &OwnedFd, clock: ClockId, method: ReadMethod) -> Result<PhcSample, Errno> {

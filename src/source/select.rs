@@ -433,7 +433,26 @@ pub fn load_qos_overrides(path: Option<&Path>) -> Result<QosOverrides, SelectErr
     let Some(path) = path else {
         return Ok(QosOverrides::new());
     };
-    let text = std::fs::read_to_string(path).map_err(|source| SelectError::OverridesRead {
+    let read = || -> std::io::Result<String> {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        // O_NONBLOCK: a FIFO given as the file must not block the start forever; only a
+        // regular file is read.
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)?;
+        if !f.metadata()?.is_file() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        let mut text = String::new();
+        f.read_to_string(&mut text)?;
+        Ok(text)
+    };
+    let text = read().map_err(|source| SelectError::OverridesRead {
         path: path.to_path_buf(),
         source,
     })?;
@@ -698,5 +717,22 @@ tf_static:
         assert!(duration_to_std(inf) >= Duration::from_secs(i64::MAX as u64));
         let d = Duration::new(3, 25);
         assert_eq!(duration_to_std(duration_from_std(d)), d);
+    }
+
+    #[test]
+    fn qos_overrides_that_are_not_a_regular_file_are_refused_without_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fifo = tmp.path().join("overrides.yaml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        for p in [fifo.as_path(), tmp.path()] {
+            let e = load_qos_overrides(Some(p)).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "cannot read QoS overrides {}: not a regular file",
+                    p.display()
+                )
+            );
+        }
     }
 }

@@ -102,3 +102,34 @@ pub fn write_bag(
     w.finish().expect("finish");
     written
 }
+
+/// Wait for `child` to end within `secs`; on a timeout kill it and return None (a hang).
+/// stdout/stderr must have been piped or nulled; they are read after the child ends.
+pub fn wait_deadline(mut child: std::process::Child, secs: u64) -> Option<std::process::Output> {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return child.wait_with_output().ok(),
+            Ok(None) if std::time::Instant::now() < end => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+}
+
+/// Spawn `ringbag args` with piped output and RINGBAG_LOG unset.
+pub fn spawn(args: &[&str]) -> std::process::Child {
+    ringbag()
+        .args(args)
+        .env_remove("RINGBAG_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("ringbag starts")
+}

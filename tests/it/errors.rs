@@ -187,11 +187,154 @@ fn record_refuses_an_existing_output_directory() {
     );
 }
 
+/// Assert exit 2 and that stderr is exactly `line` (one line) and stdout is empty.
+fn assert_exact_error(args: &[&str], env: &[(&str, &str)], line: &str) {
+    let o = crate::common::ringbag()
+        .args(args)
+        .env_remove("RINGBAG_LOG")
+        .envs(env.iter().copied())
+        .output()
+        .expect("ringbag runs");
+    assert_eq!(o.status.code(), Some(2), "args {args:?}: {}", stderr(&o));
+    assert_eq!(stderr(&o), format!("{line}\n"), "args {args:?}");
+    assert!(o.stdout.is_empty(), "args {args:?}");
+}
+
 #[test]
-fn unknown_flags_exit_two_through_clap() {
-    let o = run(&["record", "--no-such-flag"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("--no-such-flag"));
+fn flag_parser_errors_are_one_prefixed_line_with_exit_two() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never");
+    let o = out.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["record", "-o", o, "-b", "-10"],
+            "ringbag: error: --max-bag-size: `-10`: a size cannot be negative",
+        ),
+        (
+            &["record", "-o", o, "--bag-format", "bogus"],
+            "ringbag: error: invalid value 'bogus' for '--bag-format <BAG_FORMAT>'; possible values: humble, jazzy",
+        ),
+        (
+            &["info"],
+            "ringbag: error: the following required arguments were not provided: <BAG>; usage: ringbag info <BAG>",
+        ),
+        (
+            &["reindex", "--json"],
+            "ringbag: error: the following required arguments were not provided: <BAG>; usage: ringbag reindex --json <BAG>",
+        ),
+        (
+            &["record", "--no-such-flag"],
+            "ringbag: error: unexpected argument '--no-such-flag' found; tip: to pass '--no-such-flag' as a value, use '-- --no-such-flag'; usage: ringbag record [OPTIONS] [TOPICS]...",
+        ),
+        (
+            &[],
+            "ringbag: error: a command is required: record, info, play, clock or reindex (see `ringbag --help`)",
+        ),
+        (
+            &["bogus"],
+            "ringbag: error: unrecognized subcommand 'bogus'; usage: ringbag [OPTIONS] <COMMAND>",
+        ),
+        (
+            &["record", "-o", o, "--max-splits", "-1"],
+            "ringbag: error: invalid value '-1' for '--max-splits <MAX_SPLITS>': -1 is not in 0..=4294967295",
+        ),
+        (
+            &["play", "x", "-r", "fast"],
+            "ringbag: error: invalid value 'fast' for '--rate <RATE>': invalid float literal",
+        ),
+        (
+            &["play", "x", "--start-offset", "-5"],
+            "ringbag: error: --start-offset: `-5`: a duration cannot be negative",
+        ),
+        (
+            &["--log-level", "bogus", "info", "x"],
+            "ringbag: error: invalid value 'bogus' for '--log-level <LOG_LEVEL>'; possible values: error, warn, info, debug, trace",
+        ),
+    ];
+    for (args, line) in cases {
+        assert_exact_error(args, &[], line);
+    }
+    assert!(!out.exists(), "nothing may be created on bad input");
+}
+
+#[test]
+fn sizes_and_durations_that_overflow_are_refused_not_wrapped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never");
+    let o = out.to_str().unwrap();
+    // 17179869184 GiB is 2^64 bytes: it used to saturate silently to u64::MAX.
+    assert_exact_error(
+        &["record", "-o", o, "-b", "17179869184GiB"],
+        &[],
+        "ringbag: error: --max-bag-size: `17179869184GiB` is too large (at most 9223372036854775807 bytes, 8 EiB)",
+    );
+    assert_exact_error(
+        &["record", "-o", o, "--max-cache-size", "18446744073709551616"],
+        &[],
+        "ringbag: error: --max-cache-size: `18446744073709551616` is too large (at most 9223372036854775807 bytes, 8 EiB)",
+    );
+    assert_exact_error(
+        &["record", "-o", o, "-b", "1MiB", "--max-record-size", "9300000TB"],
+        &[],
+        "ringbag: error: --max-record-size: `9300000TB` is too large (at most 9223372036854775807 bytes, 8 EiB)",
+    );
+    assert_exact_error(
+        &["record", "-o", o, "-d", "106752d"],
+        &[],
+        "ringbag: error: --max-bag-duration: `106752d` is too long (at most 106751 days)",
+    );
+    assert_exact_error(
+        &["record", "-o", o, "--ptp-poll-interval", "18446744073709551615"],
+        &[],
+        "ringbag: error: invalid clock setting: poll interval 18446744073709551615 ms is outside 10..=60000 ms",
+    );
+    assert_exact_error(
+        &["play", "x", "--start-offset", "9223372037"],
+        &[],
+        "ringbag: error: --start-offset: `9223372037` is too long (at most 106751 days)",
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn an_invalid_log_level_is_refused_from_the_flag_and_from_the_environment() {
+    assert_exact_error(
+        &["info", "/nonexistent/x"],
+        &[("RINGBAG_LOG", "bogus")],
+        "ringbag: error: RINGBAG_LOG=bogus: not a log level (valid levels: error, warn, info, debug, trace)",
+    );
+    // A valid level (any case) is used; the flag overrides the environment.
+    for env in ["debug", "WARN", ""] {
+        assert_exact_error(
+            &["info", "/nonexistent/x"],
+            &[("RINGBAG_LOG", env)],
+            "ringbag: error: /nonexistent/x: no such file or directory",
+        );
+    }
+    assert_exact_error(
+        &["--log-level", "error", "info", "/nonexistent/x"],
+        &[("RINGBAG_LOG", "bogus")],
+        "ringbag: error: /nonexistent/x: no such file or directory",
+    );
+}
+
+#[test]
+fn help_and_version_still_print_normally_with_exit_zero() {
+    for args in [
+        &["--help"][..],
+        &["record", "--help"],
+        &["--version"],
+        &["help"],
+    ] {
+        let o = run(args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        assert!(o.stderr.is_empty(), "{args:?}: {}", stderr(&o));
+        let out = crate::common::stdout(&o);
+        assert!(
+            out.starts_with("ringbag ") || out.contains("Usage: ringbag"),
+            "{out}"
+        );
+    }
 }
 
 #[test]
@@ -312,5 +455,281 @@ fn record_stamps_with_the_tracked_stand_in_clock_and_records_it() {
     assert!(
         (now - bag.metadata.starting_time_ns).abs() < 30_000_000_000,
         "stamps are UTC, not TAI"
+    );
+}
+
+/// Run `ringbag` with OS-string arguments (non-UTF-8 names need them).
+fn run_os(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    crate::common::ringbag()
+        .args(args)
+        .env_remove("RINGBAG_LOG")
+        .output()
+        .expect("ringbag runs")
+}
+
+fn assert_one_error_line(o: &std::process::Output, line: &str) {
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(o));
+    assert_eq!(stderr(o), format!("{line}\n"));
+}
+
+/// Everything in `dir`, sorted, to prove a refusal created nothing.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn unusable_output_paths_are_bad_input_with_one_line_and_nothing_created() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    fs::write(t.join("file"), b"x").unwrap();
+    std::os::unix::fs::symlink(t.join("missing"), t.join("dangling")).unwrap();
+    let before = listing(t);
+    let record = |out: &OsStr| {
+        run_os(&[
+            OsStr::new("record"),
+            OsStr::new("-o"),
+            out,
+            OsStr::new("--clock"),
+            OsStr::new("system"),
+            OsStr::new("--synthetic-count"),
+            OsStr::new("5"),
+        ])
+    };
+    let d = t.display();
+    let cases: Vec<(std::path::PathBuf, String)> = vec![
+        (
+            t.join("dangling"),
+            format!("ringbag: error: {d}/dangling: is a symbolic link to a missing target; choose another output"),
+        ),
+        (
+            t.join("dangling/sub"),
+            format!("ringbag: error: {d}/dangling/sub: {d}/dangling is a symbolic link to a missing target"),
+        ),
+        (
+            t.join("file/sub"),
+            format!("ringbag: error: {d}/file/sub: {d}/file is not a directory"),
+        ),
+        (
+            t.join("file/a/b"),
+            format!("ringbag: error: {d}/file/a/b: {d}/file is not a directory"),
+        ),
+        (
+            "/proc/ringbag-test".into(),
+            "ringbag: error: /proc/ringbag-test: /proc is on a filesystem without storage (such as /proc or /sys)".into(),
+        ),
+        (
+            "/sys/ringbag-test/x".into(),
+            "ringbag: error: /sys/ringbag-test/x: /sys is on a filesystem without storage (such as /proc or /sys)".into(),
+        ),
+    ];
+    for (out, line) in &cases {
+        assert_one_error_line(&record(out.as_os_str()), line);
+    }
+    let bad_name = t.join(OsStr::from_bytes(b"bag\xff"));
+    assert_one_error_line(
+        &record(bad_name.as_os_str()),
+        &format!(
+            "ringbag: error: {d}/bag\u{fffd}: the bag name is not valid UTF-8 (rosbag2 stores file names as text)"
+        ),
+    );
+    assert_eq!(listing(t), before, "nothing may be created on bad input");
+    assert!(!Path::new("/proc/ringbag-test").exists());
+}
+
+#[test]
+fn an_output_directory_the_user_may_not_create_is_bad_input() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    // Reachable by everyone, writable by its owner only.
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let locked = tmp.path().join("locked");
+    fs::create_dir(&locked).unwrap();
+    fs::set_permissions(&locked, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = locked.join("bag");
+    let args = [
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "system",
+        "--synthetic-count",
+        "5",
+    ];
+    let o = if nix::unistd::geteuid().is_root() {
+        // Root ignores permission bits (CI runs as root): drop to nobody for this run.
+        let probe = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_ringbag"))
+            .arg("--version")
+            .output();
+        if !probe.is_ok_and(|p| p.status.success()) {
+            eprintln!("SKIP: cannot run ringbag as nobody through setpriv");
+            return;
+        }
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_ringbag"))
+            .args(args)
+            .env_remove("RINGBAG_LOG")
+            .output()
+            .unwrap()
+    } else {
+        run(&args)
+    };
+    assert_one_error_line(
+        &o,
+        &format!(
+            "ringbag: error: {}: cannot create the bag directory in {}: Permission denied (os error 13)",
+            out.display(),
+            locked.display()
+        ),
+    );
+    assert!(listing(&locked).is_empty());
+}
+
+#[test]
+fn an_unwritable_status_file_is_bad_input_before_the_bag_is_created() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    fs::write(t.join("file"), b"x").unwrap();
+    fs::create_dir(t.join("adir")).unwrap();
+    let out = t.join("bag");
+    let d = t.display();
+    let cases: Vec<(std::path::PathBuf, String)> = vec![
+        (
+            t.join("missing/status.json"),
+            format!("ringbag: error: {d}/missing/status.json: cannot write the status file: No such file or directory (os error 2)"),
+        ),
+        (
+            t.join("file/status.json"),
+            format!("ringbag: error: {d}/file/status.json: cannot write the status file: Not a directory (os error 20)"),
+        ),
+        (
+            t.join("adir"),
+            format!("ringbag: error: {d}/adir: cannot write the status file: Is a directory (os error 21)"),
+        ),
+        (
+            t.join(OsStr::from_bytes(b"s\xff.json")),
+            format!("ringbag: error: {d}/s\u{fffd}.json: cannot write the status file: needs a file name in UTF-8"),
+        ),
+        (
+            "/proc/ringbag-status.json".into(),
+            "ringbag: error: /proc/ringbag-status.json: cannot write the status file: No such file or directory (os error 2)".into(),
+        ),
+    ];
+    for (status, line) in &cases {
+        let o = run_os(&[
+            OsStr::new("record"),
+            OsStr::new("-o"),
+            out.as_os_str(),
+            OsStr::new("--clock"),
+            OsStr::new("system"),
+            OsStr::new("--synthetic-count"),
+            OsStr::new("5"),
+            OsStr::new("--status-file"),
+            status.as_os_str(),
+        ]);
+        assert_one_error_line(&o, line);
+    }
+    assert!(!out.exists(), "the bag is not created");
+    assert_eq!(listing(t), ["adir", "file"]);
+}
+
+/// Run `args` and require it to end within 10 s (a FIFO used to block `open` forever).
+fn run_within_deadline(args: &[&str]) -> std::process::Output {
+    crate::common::wait_deadline(crate::common::spawn(args), 10)
+        .unwrap_or_else(|| panic!("ringbag {args:?} hung (killed after 10 s)"))
+}
+
+#[test]
+fn a_fifo_as_ptp_device_is_refused_at_once_by_clock_and_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("ptp-fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let f = fifo.to_str().unwrap();
+    let why = format!("{f} is not a PTP hardware clock (not a character device but a FIFO)");
+
+    // --clock ptp: one error line, exit 2, no bag.
+    let o = run_within_deadline(&["clock", "--clock", "ptp", "--ptp-device", f]);
+    assert_one_error_line(&o, &format!("ringbag: error: {why}"));
+    let never = tmp.path().join("never");
+    let o = run_within_deadline(&[
+        "record",
+        "-o",
+        never.to_str().unwrap(),
+        "--clock",
+        "ptp",
+        "--ptp-device",
+        f,
+        "--synthetic-count",
+        "5",
+    ]);
+    assert_one_error_line(&o, &format!("ringbag: error: {why}"));
+    assert!(!never.exists());
+
+    // --clock auto: the report says why it fell back, exit 0, nothing on stderr.
+    let o = run_within_deadline(&[
+        "clock",
+        "--clock",
+        "auto",
+        "--ptp-device",
+        f,
+        "--samples",
+        "2",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(o.stderr.is_empty(), "{}", stderr(&o));
+    assert!(
+        crate::common::stdout(&o).contains(&format!("fallback:         {why}")),
+        "{}",
+        crate::common::stdout(&o)
+    );
+    // record --clock auto: exactly one warning line, then a bag stamped by the system clock.
+    let out = tmp.path().join("auto");
+    let o = run_within_deadline(&[
+        "--log-level",
+        "warn",
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "auto",
+        "--ptp-device",
+        f,
+        "--synthetic-count",
+        "5",
+        "--synthetic-rate",
+        "max",
+        "--bag-format",
+        "jazzy",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let warnings: Vec<String> = stderr(&o)
+        .lines()
+        .filter(|l| l.starts_with("ringbag: "))
+        .map(String::from)
+        .collect();
+    assert_eq!(
+        warnings,
+        [format!(
+            "ringbag: warn: {why}; --clock auto: stamping with the system clock"
+        )]
+    );
+    let bag = ringbag::bag::reader::Bag::open(&out).unwrap();
+    assert_eq!(
+        bag.metadata
+            .custom_data
+            .get("ringbag.clock")
+            .map(String::as_str),
+        Some("system")
     );
 }

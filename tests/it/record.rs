@@ -258,3 +258,334 @@ fn a_message_larger_than_the_split_size_gets_a_split_of_its_own() {
     let counts: Vec<u64> = bag.metadata.files.iter().map(|f| f.message_count).collect();
     assert!(counts[..6].iter().all(|&c| c == 1), "{counts:?}");
 }
+
+/// Whether `pid` has a handler for SIGTERM (from /proc: `SigCgt` bit 14). `record` and
+/// `play` install theirs right before their main loop.
+fn sigterm_caught(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        })
+        .is_some_and(|mask| mask & (1 << (libc::SIGTERM - 1)) != 0)
+}
+
+/// What the main thread of `pid` waits in (kernel function name), e.g. `wait_for_partner`
+/// while opening a FIFO nobody writes.
+fn wchan(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
+}
+
+fn sigterm(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+}
+
+#[test]
+fn sigterm_ends_record_even_while_recovery_is_stuck_before_the_loop() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(root.join("old")).unwrap();
+    // A FIFO where a split should be: opening it blocked `--recover` forever.
+    nix::unistd::mkfifo(
+        &root.join("old/old_0.db3"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let out = root.join("new");
+    let child = crate::common::spawn(&[
+        "record",
+        "--recover",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "system",
+        "--synthetic-rate",
+        "realtime",
+    ]);
+    let pid = child.id();
+    // Either stuck on the FIFO before the loop, or (once recovery skips FIFOs) recording.
+    assert!(
+        wait_for(30, || wchan(pid) == "wait_for_partner"
+            || sigterm_caught(pid)),
+        "ringbag neither blocked nor started recording"
+    );
+    let in_loop = sigterm_caught(pid);
+    sigterm(pid);
+    let o = crate::common::wait_deadline(child, 10).expect("SIGTERM did not end ringbag");
+    if in_loop {
+        assert_eq!(o.status.code(), Some(0), "clean stop: {}", stderr(&o));
+    } else {
+        assert_eq!(o.status.signal(), Some(libc::SIGTERM), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn sigterm_ends_play_during_a_long_gap_between_messages() {
+    use ringbag::bag::writer::{BagWriter, WriterOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("gap");
+    let mut w = BagWriter::create(&bag, WriterOptions::new(ringbag::bag::Flavour::Humble)).unwrap();
+    let t = w
+        .add_topic(crate::common::topic("/a", "std_msgs/msg/String"), None)
+        .unwrap();
+    let data = crate::common::cdr_string("x");
+    let t0 = 1_700_000_000_000_000_000i64;
+    // One hour between the two messages: play sleeps through it at rate 1.
+    w.write_batch([
+        (t, t0, data.as_slice()),
+        (t, t0 + 3_600_000_000_000, data.as_slice()),
+    ])
+    .unwrap();
+    w.finish().unwrap();
+    let child = crate::common::spawn(&["play", bag.to_str().unwrap(), "--sink", "echo"]);
+    let pid = child.id();
+    // In the loop (handler installed) and sleeping: the first message is out, the gap began.
+    assert!(
+        wait_for(30, || sigterm_caught(pid)
+            && wchan(pid).contains("nanosleep")),
+        "play never reached the gap (wchan {})",
+        wchan(pid)
+    );
+    sigterm(pid);
+    let o = crate::common::wait_deadline(child, 5).expect("SIGTERM did not end play in a gap");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "ringbag: played 1 messages\n");
+    assert_eq!(crate::common::stdout(&o).lines().count(), 1);
+}
+
+#[test]
+fn an_unwritable_status_file_warns_once_then_once_on_recovery_and_again_on_a_new_failure() {
+    use std::io::BufRead;
+    use std::sync::{Arc, Mutex};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    std::fs::create_dir(&dir).unwrap();
+    let status = dir.join("status.json");
+    let out = tmp.path().join("bag");
+    let mut child = crate::common::spawn(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "system",
+        "--synthetic-profile",
+        "small",
+        "--synthetic-rate",
+        "realtime",
+        "--status-file",
+        status.to_str().unwrap(),
+    ]);
+    let pid = child.id();
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let lines = lines.clone();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(l);
+            }
+        })
+    };
+    let count = |needle: &str| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    };
+    let warning = format!(
+        "ringbag: warn: status file {}: cannot write it",
+        status.display()
+    );
+    let recovered = format!(
+        "ringbag: info: status file {}: written again",
+        status.display()
+    );
+    let committed = || {
+        std::fs::read_to_string(&status)
+            .ok()
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+            .and_then(|v| v["committed"].as_u64())
+    };
+    assert!(
+        wait_for(30, || committed().is_some_and(|n| n > 0)),
+        "no status written"
+    );
+
+    // Unwritable (its directory is gone) for about 1.5 s: ~15 failed writes, one warning.
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(wait_for(30, || count(&warning) == 1), "no warning");
+    let failing_since = std::time::Instant::now();
+    while failing_since.elapsed() < std::time::Duration::from_millis(1500) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(count(&warning), 1, "{:?}", lines.lock().unwrap());
+
+    // Writable again: written, and said once.
+    std::fs::create_dir(&dir).unwrap();
+    assert!(wait_for(30, || committed().is_some() && count(&recovered) == 1));
+    // A new failure warns again, once.
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(wait_for(30, || count(&warning) == 2), "no second warning");
+    let since = std::time::Instant::now();
+    while since.elapsed() < std::time::Duration::from_millis(500) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    sigterm(pid);
+    let o = crate::common::wait_deadline(child, 30).expect("record ends on SIGTERM");
+    reader.join().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{:?}", lines.lock().unwrap());
+    assert_eq!(count(&warning), 2, "{:?}", lines.lock().unwrap());
+    assert_eq!(count(&recovered), 1, "{:?}", lines.lock().unwrap());
+    assert_eq!(count("status file"), 3, "{:?}", lines.lock().unwrap());
+}
+
+/// A size- or inode-limited tmpfs at `mnt`, unmounted on drop; None (test skipped) where
+/// mounting is not allowed (not root).
+struct Tmpfs(std::path::PathBuf);
+impl Tmpfs {
+    fn mount(mnt: &std::path::Path, opts: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(mnt).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs", mnt.to_str().unwrap()])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !ok {
+            eprintln!("SKIP: cannot mount a limited tmpfs here (needs root)");
+        }
+        ok.then(|| Tmpfs(mnt.to_path_buf()))
+    }
+}
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+fn record_five(out: &std::path::Path) -> std::process::Output {
+    run(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--clock",
+        "system",
+        "--synthetic-profile",
+        "small",
+        "--synthetic-rate",
+        "max",
+        "--synthetic-count",
+        "5",
+    ])
+}
+
+#[test]
+fn a_full_disk_at_start_creates_no_bag_directory() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("full");
+    let Some(_fs) = Tmpfs::mount(&mnt, "size=1m") else {
+        return;
+    };
+    // Fill it to the last byte.
+    let mut f = std::fs::File::create(mnt.join("filler")).unwrap();
+    let chunk = vec![0u8; 4096];
+    while f.write_all(&chunk).is_ok() {}
+    drop(f);
+    for out in [mnt.join("bag"), mnt.join("a/b/bag")] {
+        let o = record_five(&out);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert_eq!(
+            err,
+            format!(
+                "ringbag: error: {}: no space for a new bag: 0 bytes free on its partition, 131072 needed\n",
+                out.display()
+            )
+        );
+    }
+    let left: Vec<_> = std::fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["filler"], "nothing was created");
+}
+
+#[test]
+fn a_bag_that_cannot_be_created_completely_is_removed_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("few-inodes");
+    let Some(_fs) = Tmpfs::mount(&mnt, "size=64m,nr_inodes=64") else {
+        return;
+    };
+    // Use up every inode, then free `k` of them: enough for the directory and some of its
+    // files (lock, split, metadata), not all. Bytes are plentiful, so only the part-way
+    // cleanup can keep the partition clean.
+    let fill = mnt.join("fill");
+    std::fs::create_dir(&fill).unwrap();
+    let mut n = 0;
+    while std::fs::File::create(fill.join(n.to_string())).is_ok() {
+        n += 1;
+    }
+    // k = 1: the lock file fails; 2: the split; 3: the first metadata.yaml.
+    let mut freed = 0;
+    for k in 1..=3 {
+        while freed < k {
+            freed += 1;
+            std::fs::remove_file(fill.join((n - freed).to_string())).unwrap();
+        }
+        let out = mnt.join(format!("bag{k}"));
+        let o = record_five(&out);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "k={k}: {err}");
+        assert_eq!(err.lines().count(), 1, "k={k}: one line: {err}");
+        assert!(
+            err.starts_with(&format!("ringbag: error: {}", out.display())),
+            "k={k}: {err}"
+        );
+        assert!(!out.exists(), "k={k}: a half-created bag was left: {err}");
+    }
+}
+
+#[test]
+fn sigterm_ends_play_even_while_its_output_pipe_is_full() {
+    use ringbag::bag::writer::{BagWriter, WriterOptions};
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("many");
+    let mut w = BagWriter::create(&bag, WriterOptions::new(ringbag::bag::Flavour::Humble)).unwrap();
+    let t = w
+        .add_topic(crate::common::topic("/a", "std_msgs/msg/String"), None)
+        .unwrap();
+    let data = crate::common::cdr_string("x");
+    let t0 = 1_700_000_000_000_000_000i64;
+    // All at one instant: play writes them as fast as it can, far more than a pipe holds.
+    w.write_batch((0..20_000).map(|_| (t, t0, data.as_slice())))
+        .unwrap();
+    w.finish().unwrap();
+    // stdout is a pipe nobody reads: the echo sink blocks in write(2) once it is full.
+    let child = crate::common::spawn(&["play", bag.to_str().unwrap(), "--sink", "echo"]);
+    let pid = child.id();
+    assert!(
+        wait_for(30, || sigterm_caught(pid) && wchan(pid).contains("pipe")),
+        "play never blocked on its output (wchan {})",
+        wchan(pid)
+    );
+    let sent = std::time::Instant::now();
+    sigterm(pid);
+    let o = crate::common::wait_deadline(child, 10).expect("SIGTERM did not end a blocked play");
+    // The clean stop cannot finish (the write never returns): after the grace period the
+    // process ends by the signal.
+    assert_eq!(o.status.signal(), Some(libc::SIGTERM), "{}", stderr(&o));
+    assert!(
+        sent.elapsed() >= std::time::Duration::from_secs(1),
+        "grace honoured"
+    );
+}
