@@ -170,7 +170,7 @@ impl ServiceConfig {
 mod tests {
     use super::*;
 
-    const EXAMPLE: &str = include_str!("../systemd/ringbag.toml.example");
+    const EXAMPLE: &str = include_str!("../systemd/ringbag.toml");
 
     #[test]
     fn the_shipped_example_parses_with_the_documented_meaning() {

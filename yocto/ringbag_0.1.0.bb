@@ -46,7 +46,7 @@ do_install:append() {
 
     # The example becomes the live config; CONFFILES keeps local edits across upgrades.
     install -d ${D}${sysconfdir}/ringbag
-    install -m 0644 ${S}/systemd/ringbag.toml.example ${D}${sysconfdir}/ringbag/ringbag.toml
+    install -m 0644 ${S}/systemd/ringbag.toml ${D}${sysconfdir}/ringbag/ringbag.toml
 
     # Recording root. systemd's StateDirectory= would create it too, but a read-only rootfs
     # image needs it to exist (and be owned correctly) at build time.
