@@ -255,6 +255,30 @@ run_powercut() {
     return "$rc"
 }
 
+# The service under a real systemd (scripts/systemd-test.sh): boots systemd in a
+# systemd-nspawn container; skips with the reason only where nspawn is impossible.
+SYSTEMD_APT=(systemd-container)
+run_systemd() {
+    local missing=() p
+    for p in "${SYSTEMD_APT[@]}"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    if [[ ${#missing[@]} -gt 0 && $EUID -eq 0 ]]; then
+        [[ $INSTALL -eq 1 ]] || { echo "missing Debian packages: ${missing[*]}" >&2; return 1; }
+        echo "apt: installing ${missing[*]}"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+            { as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+                as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; }
+    fi
+    cargo_n build --bin ringbag
+    local rc=0
+    RINGBAG_BIN="$TARGET_DIR/debug/ringbag" bash scripts/systemd-test.sh 2>&1 |
+        tee "$LOGS/systemd.log" || rc=$?
+    COUNTS+=("systemd $(awk '/^systemd: [0-9]+ passed/ { print $2, $4, 0 }
+        /^systemd: SKIPPED/ { print 0, 0, 1 }' "$LOGS/systemd.log" | tail -n1)")
+    return "$rc"
+}
+
 run_cross() {
     local rc=0
     RINGBAG_NICE="${RINGBAG_NICE:-10}" bash scripts/cross-test.sh 2>&1 | tee "$LOGS/cross.log" || rc=$?
@@ -273,6 +297,8 @@ stage "check-ros" cargo_n clippy --all-targets --features ros,r2r/doc-only -- -D
 stage "interop" run_interop
 # Power cuts on a loop-mounted ext4 (about a minute).
 stage "powercut" run_powercut
+# ringbag daemon under systemd 252 in a container (about a minute).
+stage "systemd" run_systemd
 if [[ $QUICK -eq 0 ]]; then
     stage "cross-aarch64" run_cross
 else

@@ -34,8 +34,9 @@ export AMENT_PREFIX_PATH = "${@bb.utils.contains('PACKAGECONFIG', 'ros', '${STAG
 # Unprivileged service user; `ptp` owns /dev/ptp0 (see the udev rule below).
 USERADD_PACKAGES = "${PN}"
 GROUPADD_PARAM:${PN} = "--system ptp"
+# The same accounts as systemd/ringbag.sysusers (installed too, for images that run sysusers).
 USERADD_PARAM:${PN} = "--system --home-dir /var/lib/ringbag --no-create-home \
-                       --shell /sbin/nologin --user-group ringbag"
+                       --shell /sbin/nologin --user-group --groups ptp ringbag"
 
 SYSTEMD_SERVICE:${PN} = "ringbag.service"
 SYSTEMD_AUTO_ENABLE:${PN} = "enable"
@@ -52,16 +53,21 @@ do_install:append() {
     # image needs it to exist (and be owned correctly) at build time.
     install -d -m 0750 -o ringbag -g ringbag ${D}${localstatedir}/lib/ringbag
 
-    # Let the `ptp` group read the PTP hardware clock.
-    install -d ${D}${nonarch_base_libdir}/udev/rules.d
-    echo 'SUBSYSTEM=="ptp", GROUP="ptp", MODE="0640"' \
-        > ${D}${nonarch_base_libdir}/udev/rules.d/60-ringbag-ptp.rules
+    install -d -m 0750 -o ringbag -g ringbag ${D}${localstatedir}/lib/ringbag/bags
+    install -D -m 0644 ${S}/systemd/ringbag.sysusers ${D}${nonarch_libdir}/sysusers.d/ringbag.conf
+    install -D -m 0644 ${S}/systemd/ringbag.tmpfiles ${D}${nonarch_libdir}/tmpfiles.d/ringbag.conf
+
+    # Let the `ptp` group read the PTP hardware clocks.
+    install -D -m 0644 ${S}/systemd/60-ringbag-ptp.rules \
+        ${D}${nonarch_base_libdir}/udev/rules.d/60-ringbag-ptp.rules
 }
 
 FILES:${PN} += " \
     ${systemd_system_unitdir}/ringbag.service \
     ${sysconfdir}/ringbag \
     ${localstatedir}/lib/ringbag \
+    ${nonarch_libdir}/sysusers.d/ringbag.conf \
+    ${nonarch_libdir}/tmpfiles.d/ringbag.conf \
     ${nonarch_base_libdir}/udev/rules.d/60-ringbag-ptp.rules \
 "
 CONFFILES:${PN} = "${sysconfdir}/ringbag/ringbag.toml"
