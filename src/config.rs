@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use crate::bag::schema::StoragePreset;
 use crate::bag::Flavour;
-use crate::cli::units::{parse_bytes, parse_duration_ns};
+use crate::units::{parse_bytes, parse_duration_ns};
 use crate::clock::{ClockKind, ClockSettings, Timescale};
 
 #[derive(Debug, thiserror::Error)]
@@ -35,9 +35,9 @@ impl Quantity {
     fn bytes(&self) -> Result<u64, String> {
         match self {
             // The same ceiling as a size written with units: a file size is signed 64-bit.
-            Quantity::Number(n) if *n > crate::cli::units::MAX_BYTES => Err(format!(
+            Quantity::Number(n) if *n > crate::units::MAX_BYTES => Err(format!(
                 "{n} is too large (at most {} bytes, 8 EiB)",
-                crate::cli::units::MAX_BYTES
+                crate::units::MAX_BYTES
             )),
             Quantity::Number(n) => Ok(*n),
             Quantity::Text(s) => parse_bytes(s),

@@ -14,3 +14,4 @@ pub mod record;
 pub mod retention;
 pub mod signals;
 pub mod source;
+pub mod units;

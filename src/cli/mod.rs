@@ -5,7 +5,8 @@
 pub mod args;
 mod logger;
 pub mod resolve;
-pub mod units;
+/// Sizes and durations live below both the CLI and the config; re-exported for old paths.
+pub use crate::units;
 
 use clap::Parser;
 

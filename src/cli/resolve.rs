@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::args::{RecordArgs, SourceKind, SyntheticRate};
-use super::units::{parse_bytes, parse_duration_ns};
+use crate::units::{parse_bytes, parse_duration_ns};
 use crate::bag::writer::WriterOptions;
 use crate::bag::Flavour;
 use crate::pipeline::PipelineConfig;
