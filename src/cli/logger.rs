@@ -7,6 +7,9 @@ impl log::Log for StderrLogger {
         m.level() <= log::max_level()
     }
     fn log(&self, r: &log::Record) {
+        if r.level() <= log::Level::Warn {
+            crate::service::remember_problem(r.level(), &r.args().to_string());
+        }
         if self.enabled(r.metadata()) {
             eprintln!(
                 "ringbag: {}: {}",
