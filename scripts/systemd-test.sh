@@ -84,6 +84,7 @@ trap 'exit 143' TERM
 cp "$RB" "$WORK/ringbag"
 cp "$ROOT/systemd/ringbag.service" "$ROOT/systemd/ringbag.sysusers" "$ROOT/scripts/systemd-dds-probe.py" \
     "$ROOT/systemd/ringbag.tmpfiles" "$ROOT/systemd/60-ringbag-ptp.rules" "$WORK/"
+cp "$ROOT/systemd/ringbag.toml" "$WORK/shipped.toml"
 # The only test-specific part of the unit: the binary's path.
 cat >"$WORK/10-test-binary.conf" <<EOF
 [Service]
@@ -193,6 +194,19 @@ check_install() {
     C systemd-analyze security ringbag.service | tail -n1 | sed 's/^/    /'
 }
 
+# The exposure score the README quotes, from the unit file as shipped (offline: no systemd
+# needed, so this runs on the host).
+MAX_EXPOSURE=2.0
+check_exposure() {
+    local line score
+    line="$(systemd-analyze security --offline=true "$ROOT/systemd/ringbag.service" 2>&1 | tail -n1)"
+    score="$(sed -n 's/.*ringbag.service: \([0-9.]*\).*/\1/p' <<<"$line")"
+    [[ -n "$score" ]] || die "no score in: $line"
+    metric "exposure: $score (systemd-analyze security --offline=true, at most $MAX_EXPOSURE)"
+    python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) <= float(sys.argv[2]) else 1)' "$score" "$MAX_EXPOSURE" ||
+        die "exposure $score above $MAX_EXPOSURE"
+}
+
 # The unit's sandbox (same hardening, user, groups) with a probe of what DDS needs as its
 # ExecStart: netlink, UDP unicast and multicast (looped back), a /dev/shm segment.
 check_sandbox_dds() {
@@ -230,6 +244,22 @@ sys.exit(0 if any(a in ipaddress.ip_network(n) for n in allowed) else 1)' "$addr
     fi
 }
 
+# systemd/ringbag.toml as shipped is valid once the root exists (tmpfiles). A binary built
+# without the `ros` feature refuses only its `source = "ros"`, and accepts it as "synthetic".
+check_shipped_config() {
+    local rc=0 out
+    out="$(C "$IN/ringbag" daemon --config "$IN/shipped.toml" --check-config 2>&1)" || rc=$?
+    note "$out"
+    if [[ $rc -eq 2 && "$out" == *"shipped.toml:"*"source"*"without the \`ros\` feature"* ]]; then
+        sed 's/^source = "ros"$/source = "synthetic"/' "$WORK/shipped.toml" >"$WORK/shipped-synthetic.toml"
+        out="$(C "$IN/ringbag" daemon --config "$IN/shipped-synthetic.toml" --check-config 2>&1)" ||
+            die "shipped config with source = \"synthetic\": $out"
+        note "$out"
+    elif [[ $rc -ne 0 ]]; then
+        die "the shipped ringbag.toml is refused (exit $rc)"
+    fi
+}
+
 check_config() {
     C "$IN/ringbag" daemon --config "$CONFIG" --check-config || die "--check-config refuses the test config"
     local rc=0 out
@@ -254,6 +284,12 @@ check_start_ready() {
     local exec_us ready_us
     exec_us="$(prop ExecMainStartTimestampMonotonic)"
     ready_us="$(prop ActiveEnterTimestampMonotonic)"
+    # The unit's identity and priorities reached the process.
+    local pid ident
+    pid="$(prop MainPID)"
+    ident="$(C ps -o user=,group=,supgrp=,nice= -p "$pid" | xargs)"
+    note "main process $pid: user group supplementary nice = $ident"
+    [[ "$ident" == "ringbag ringbag ringbag,ptp -5" ]] || die "main process runs as '$ident', want 'ringbag ringbag ringbag,ptp -5'"
     metric "timing: systemctl start -> READY $(elapsed "$t0" "$t1") s (exec -> READY $(((ready_us - exec_us) / 1000)) ms), bag $bag"
 }
 
@@ -378,6 +414,19 @@ check_kill_restart() {
     metric "budget: largest sample of the root over the restarts $(cat "$WORK/budget_max") of $BUDGET_BYTES bytes"
 }
 
+# ExecReload: SIGHUP re-reads the config and starts a new bag; the service stays up.
+check_reload() {
+    running || die "service not running"
+    local pid0 bag0
+    pid0="$(prop MainPID)"
+    bag0="$(newest_bag)"
+    C systemctl reload ringbag
+    wait_for 10 "a new bag after systemctl reload" differs "$bag0" newest_bag
+    running || die "not running after reload"
+    [[ "$(prop MainPID)" == "$pid0" ]] || die "reload restarted the process"
+    metric "reload: bag $bag0 -> $(newest_bag), same process"
+}
+
 check_watchdog() {
     C install -D -m 0644 /dev/stdin /etc/systemd/system/ringbag.service.d/20-test-watchdog.conf <<EOF
 [Service]
@@ -500,14 +549,17 @@ run_check() {
     fi
 }
 
+run_check exposure
 run_check boot
 run_check install
 run_check sandbox_dds
+run_check shipped_config
 run_check config
 run_check start_ready
 run_check status
 run_check ptp_warning
 run_check kill_restart
+run_check reload
 run_check watchdog
 run_check stop_clean
 run_check bad_config
