@@ -464,12 +464,15 @@ check_stop_clean() {
     local bag
     bag="$(newest_bag)"
     sleep 2
+    local t0 t1
+    t0="$(now)"
     C systemctl stop ringbag
+    t1="$(now)"
     [[ "$(prop ActiveState)" == inactive ]] || die "after stop: $(prop ActiveState)/$(prop SubState)"
     [[ "$(prop ExecMainStatus)" == 0 ]] || die "exit status $(prop ExecMainStatus) after stop"
     [[ "$(prop Result)" == success ]] || die "Result=$(prop Result) after stop"
     bag_complete "$bag"
-    metric "stop: exit 0, bag $bag complete with $(messages_in "$bag") messages"
+    metric "stop: systemctl stop took $(elapsed "$t0" "$t1") s; exit 0, bag $bag complete with $(messages_in "$bag") messages"
     C "$IN/ringbag" info "$BAGS/$bag" | grep -E '^(Duration|Messages|Bag size|Files)' | sed 's/^/    info: /'
     budget_holds >/dev/null
 }
@@ -477,7 +480,7 @@ check_stop_clean() {
 check_bad_config() {
     C install -m 0644 "$IN/bad.toml" "$CONFIG"
     C systemctl reset-failed ringbag 2>/dev/null || true
-    local n0 t0
+    local n0 t0 rc
     n0="$(prop NRestarts)"
     t0="$(date +%s)"
     if C systemctl start ringbag 2>/dev/null; then
@@ -495,6 +498,12 @@ check_bad_config() {
     [[ "$(prop ActiveState)" == failed ]] || die "no longer failed: $(prop ActiveState)"
     [[ "$(prop NRestarts)" == "$n0" ]] || die "restarted with a bad config (NRestarts $n0 -> $(prop NRestarts))"
     metric "bad config: failed, exit 2, NRestarts stays $n0"
+    # The last status file stays (RuntimeDirectoryPreserve=yes) and, older than 5 s now, says
+    # the service is not recording: exit 3.
+    rc=0
+    C "$IN/ringbag" status --file "$STATUS_FILE" >/dev/null 2>&1 || rc=$?
+    [[ $rc -eq 3 ]] || die "ringbag status on the stopped service's status file exits $rc, want 3"
+    note "ringbag status after the stop: exit 3 (stale)"
     C install -m 0644 "$IN/ringbag.toml" "$CONFIG"
     C systemctl reset-failed ringbag
 }
@@ -568,5 +577,6 @@ echo
 echo "systemd: summary"
 [[ -f "$WORK/metrics" ]] && sed 's/^/    /' "$WORK/metrics"
 [[ $FAILED -eq 0 ]] || echo "    failed: ${FAILED_NAMES[*]}"
+echo "systemd: took $SECONDS s"
 echo "systemd: $PASSED passed, $FAILED failed"
 [[ $FAILED -eq 0 ]]
