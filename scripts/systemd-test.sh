@@ -182,6 +182,8 @@ check_install() {
     C install -D -m 0644 "$IN/ringbag.tmpfiles" /etc/tmpfiles.d/ringbag.conf
     C install -D -m 0644 "$IN/60-ringbag-ptp.rules" /etc/udev/rules.d/60-ringbag-ptp.rules
     C install -D -m 0644 "$IN/ringbag.toml" "$CONFIG"
+    # The optional ROS 2 environment file (EnvironmentFile=-/etc/ringbag/ros.env).
+    echo "ROS_DOMAIN_ID=42" | C install -D -m 0644 /dev/stdin /etc/ringbag/ros.env
     C systemd-sysusers /etc/sysusers.d/ringbag.conf
     C systemd-tmpfiles --create /etc/tmpfiles.d/ringbag.conf
     C systemctl daemon-reload
@@ -290,6 +292,8 @@ check_start_ready() {
     ident="$(C ps -o user=,group=,supgrp=,nice= -p "$pid" | xargs)"
     note "main process $pid: user group supplementary nice = $ident"
     [[ "$ident" == "ringbag ringbag ringbag,ptp -5" ]] || die "main process runs as '$ident', want 'ringbag ringbag ringbag,ptp -5'"
+    C cat "/proc/$pid/environ" | tr '\0' '\n' | grep -qx 'ROS_DOMAIN_ID=42' ||
+        die "ROS_DOMAIN_ID from /etc/ringbag/ros.env is not in the main process's environment"
     metric "timing: systemctl start -> READY $(elapsed "$t0" "$t1") s (exec -> READY $(((ready_us - exec_us) / 1000)) ms), bag $bag"
 }
 
