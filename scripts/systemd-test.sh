@@ -114,7 +114,9 @@ max_bag_sise = "1MiB"
 EOF
 
 # ---------------------------------------------------------------- helpers
-C() { nsenter -t "$CPID" -a "$@"; }
+# Every command in the container is bounded (a start waits for READY at most TimeoutStartSec=90),
+# so a hung daemon or container fails the check instead of hanging CI.
+C() { timeout 120 nsenter -t "$CPID" -a "$@"; }
 prop() { C systemctl show -p "$1" --value ringbag; }
 now() { date +%s.%N; }
 elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$1" "$2"; }
