@@ -148,14 +148,32 @@ newest_bag() { bags | tail -n1; }
 root_bytes() { C du -sb "$BAGS" | cut -f1; }
 journal_since() { C journalctl -q --no-pager -u ringbag --since "@$1" "${@:2}"; }
 # A bag not being written: no lock file left behind, metadata.yaml present, `info` reads it.
+# (A bag retention removed meanwhile is not a failure: see info_json.)
 bag_complete() {
     local bag="$BAGS/$1"
-    C test ! -e "$bag/.ringbag.lock" || die "$1: .ringbag.lock left behind"
-    C test -s "$bag/metadata.yaml" || die "$1: no metadata.yaml"
-    C "$IN/ringbag" info "$bag" >/dev/null || die "$1: ringbag info fails"
+    C test ! -e "$bag/.ringbag.lock" || gone "$1" || die "$1: .ringbag.lock left behind"
+    C test -s "$bag/metadata.yaml" || gone "$1" || die "$1: no metadata.yaml"
+    info_json "$1" >/dev/null || die "$1: ringbag info fails: $(C "$IN/ringbag" info "$bag" 2>&1 | tail -n1)"
+}
+gone() { ! C test -d "$BAGS/$1"; }
+# info_json BAG: `ringbag info --json`. The running daemon's retention deletes the oldest splits
+# of older bags (a file, then metadata.yaml rewritten); `info` reading between the two sees a
+# listed file missing. So retry a few times: a bag that stays unreadable fails, one that
+# retention removed entirely prints {"deleted": true}.
+info_json() {
+    local i out
+    for i in 1 2 3 4 5; do
+        if out="$(C "$IN/ringbag" info "$BAGS/$1" --json 2>/dev/null)"; then
+            echo "$out"
+            return 0
+        fi
+        C test -d "$BAGS/$1" || { echo '{"deleted": true, "message_count": 0}'; return 0; }
+        sleep 0.1
+    done
+    return 1
 }
 messages_in() {
-    C "$IN/ringbag" info "$BAGS/$1" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["message_count"])'
+    info_json "$1" | python3 -c 'import json,sys; d = json.load(sys.stdin); print("deleted by retention" if d.get("deleted") else d["message_count"])'
 }
 budget_holds() {
     local used
