@@ -310,8 +310,11 @@ check_start_ready() {
     local pid ident
     pid="$(prop MainPID)"
     ident="$(C ps -o user=,group=,supgrp=,nice= -p "$pid" | xargs)"
-    note "main process $pid: user group supplementary nice = $ident"
-    [[ "$ident" == "ringbag ringbag ringbag,ptp -5" ]] || die "main process runs as '$ident', want 'ringbag ringbag ringbag,ptp -5'"
+    note "main process $pid: user group supplementary nice = $ident; I/O $(C ionice -p "$pid")"
+    [[ "$ident" == "ringbag ringbag ringbag,ptp 5" ]] || die "main process runs as '$ident', want 'ringbag ringbag ringbag,ptp 5'"
+    local io
+    io="$(C ionice -p "$pid")"
+    [[ "$io" == "best-effort: prio 7" ]] || die "main process I/O class '$io', want 'best-effort: prio 7'"
     C cat "/proc/$pid/environ" | tr '\0' '\n' | grep -qx 'ROS_DOMAIN_ID=42' ||
         die "ROS_DOMAIN_ID from /etc/ringbag/ros.env is not in the main process's environment"
     metric "timing: systemctl start -> READY $(elapsed "$t0" "$t1") s (exec -> READY $(((ready_us - exec_us) / 1000)) ms), bag $bag"
