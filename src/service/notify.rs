@@ -183,8 +183,11 @@ mod tests {
         let clock: Arc<dyn crate::clock::TimeSource> = Arc::new(crate::clock::SystemClock);
 
         // Healthy: the writer loop turns, pings arrive.
-        let w = BagWriter::create(&tmp.path().join("healthy"), WriterOptions::new(Flavour::Jazzy))
-            .expect("create");
+        let w = BagWriter::create(
+            &tmp.path().join("healthy"),
+            WriterOptions::new(Flavour::Jazzy),
+        )
+        .expect("create");
         let p = Pipeline::start(w, None, clock.clone(), PipelineConfig::default());
         let healthy = watch(&p, &sock, Duration::from_millis(300));
         let _ = p.finish();
@@ -192,9 +195,11 @@ mod tests {
 
         // Stalled: closing the split blocks in fsync; the loop counter stops, so do pings.
         let gate = Arc::new((Mutex::new(false), Condvar::new()));
-        let mut w =
-            BagWriter::create(&tmp.path().join("stalled"), WriterOptions::new(Flavour::Jazzy))
-                .expect("create");
+        let mut w = BagWriter::create(
+            &tmp.path().join("stalled"),
+            WriterOptions::new(Flavour::Jazzy),
+        )
+        .expect("create");
         w.set_storage_ops(Box::new(Gate(gate.clone())));
         let p = Pipeline::start(w, None, clock, PipelineConfig::default());
         p.request_rotate();

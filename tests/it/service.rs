@@ -186,7 +186,12 @@ fn write_config(tmp: &Path, extra: &str) -> (PathBuf, PathBuf, PathBuf) {
 
 fn bags(root: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(root)
-        .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -239,7 +244,10 @@ fn daemon_is_ready_only_after_the_first_split_exists_then_reports_status_and_sto
         line.contains("MB/s") && line.contains("dropped") && line.contains("budget"),
         "{line}"
     );
-    assert!(line.contains("of 16.0 MiB") && line.contains("clock system"), "{line}");
+    assert!(
+        line.contains("of 16.0 MiB") && line.contains("clock system"),
+        "{line}"
+    );
     assert!(status.is_file(), "status file written");
     // No watchdog without WATCHDOG_USEC.
     assert!(d.lines_with("WATCHDOG=1").is_empty());
@@ -247,7 +255,9 @@ fn daemon_is_ready_only_after_the_first_split_exists_then_reports_status_and_sto
     let (st, err, notes) = d.wait();
     assert_eq!(st.code(), Some(0), "{err}");
     assert!(
-        notes.iter().any(|n| n.text.lines().any(|l| l == "STOPPING=1")),
+        notes
+            .iter()
+            .any(|n| n.text.lines().any(|l| l == "STOPPING=1")),
         "no STOPPING=1: {notes:?}"
     );
     assert_eq!(bags(&root).len(), 1);
@@ -259,7 +269,9 @@ fn with_watchdog_usec_the_daemon_pings_while_the_writer_runs() {
     let tmp = tempfile::tempdir().unwrap();
     let (config, root, _) = write_config(tmp.path(), "");
     let mut d = Daemon::start(tmp.path(), &config, &root, &[("WATCHDOG_USEC", "200000")]);
-    d.wait_for("three WATCHDOG=1", |d| d.lines_with("WATCHDOG=1").len() >= 3);
+    d.wait_for("three WATCHDOG=1", |d| {
+        d.lines_with("WATCHDOG=1").len() >= 3
+    });
     d.signal(Signal::SIGINT);
     let (st, err, _) = d.wait();
     assert_eq!(st.code(), Some(0), "{err}");
@@ -294,7 +306,10 @@ fn sigusr1_closes_the_split_at_once_and_sighup_starts_a_new_bag() {
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
-    assert!(names[0].ends_with("_0001") && names[1].ends_with("_0002"), "{names:?}");
+    assert!(
+        names[0].ends_with("_0001") && names[1].ends_with("_0002"),
+        "{names:?}"
+    );
     assert_eq!(splits(&all[0]), 2, "the first bag keeps both splits");
     assert_complete(&root);
 }
@@ -337,7 +352,10 @@ fn status_prints_the_file_and_exits_3_when_it_is_stale_and_2_when_missing() {
     let human = run(&["status", "--file", file]);
     assert_eq!(human.status.code(), Some(0), "{}", stderr(&human));
     let text = stdout(&human);
-    assert!(text.contains("/synthetic/small") && text.contains("bag:"), "{text}");
+    assert!(
+        text.contains("/synthetic/small") && text.contains("bag:"),
+        "{text}"
+    );
     let json = run(&["status", "--json", "--file", file]);
     assert_eq!(json.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_str(&stdout(&json)).expect("json");
@@ -364,7 +382,11 @@ fn status_prints_the_file_and_exits_3_when_it_is_stale_and_2_when_missing() {
     let stale = run(&["status", "--file", file]);
     assert_eq!(stale.status.code(), Some(3), "{}", stderr(&stale));
     assert!(stderr(&stale).contains("not recording"));
-    let missing = run(&["status", "--file", tmp.path().join("nope.json").to_str().unwrap()]);
+    let missing = run(&[
+        "status",
+        "--file",
+        tmp.path().join("nope.json").to_str().unwrap(),
+    ]);
     assert_eq!(missing.status.code(), Some(2));
     assert_eq!(stderr(&missing).lines().count(), 1);
 }
@@ -405,7 +427,10 @@ fn check_config_names_file_line_column_key_and_problem_for_each_class_of_mistake
     let root = tmp.path().join("root");
     let a_file = tmp.path().join("plain-file");
     std::fs::write(&a_file, "x").unwrap();
-    let head = format!("output_root = \"{}\"\nsource = \"synthetic\"\n", root.display());
+    let head = format!(
+        "output_root = \"{}\"\nsource = \"synthetic\"\n",
+        root.display()
+    );
     let cases: Vec<(String, String)> = vec![
         (
             format!("{head}max_bag_sise = \"1MiB\"\n"),
@@ -455,7 +480,12 @@ fn check_config_names_file_line_column_key_and_problem_for_each_class_of_mistake
         }
         let path = tmp.path().join(format!("c{i}.toml"));
         std::fs::write(&path, text).unwrap();
-        let o = run(&["daemon", "--config", path.to_str().unwrap(), "--check-config"]);
+        let o = run(&[
+            "daemon",
+            "--config",
+            path.to_str().unwrap(),
+            "--check-config",
+        ]);
         assert_eq!(o.status.code(), Some(2), "{text}: {}", stderr(&o));
         let expected = format!("ringbag: error: {}:{want}\n", path.display());
         if stderr(&o) != expected {
@@ -470,7 +500,12 @@ fn check_config_names_file_line_column_key_and_problem_for_each_class_of_mistake
         format!("output_root = \"{}\"\nsource = \"synthetic\"\nmax_bag_size = \"1MiB\"\nmax_record_size = \"8MiB\"\n", root.display()),
     )
     .unwrap();
-    let o = run(&["daemon", "--config", good.to_str().unwrap(), "--check-config"]);
+    let o = run(&[
+        "daemon",
+        "--config",
+        good.to_str().unwrap(),
+        "--check-config",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(!root.exists());
 }
@@ -483,6 +518,9 @@ fn the_daemon_with_a_bad_config_exits_2_with_one_line_and_records_nothing() {
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
     assert_eq!(e.lines().count(), 1, "{e}");
-    assert!(e.contains(":8:17: max_bag_files: max_bag_files 1: must be at least 2"), "{e}");
+    assert!(
+        e.contains(":8:17: max_bag_files: max_bag_files 1: must be at least 2"),
+        "{e}"
+    );
     assert!(!root.exists());
 }
