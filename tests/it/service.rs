@@ -524,3 +524,128 @@ fn the_daemon_with_a_bad_config_exits_2_with_one_line_and_records_nothing() {
     );
     assert!(!root.exists());
 }
+
+/// Receives journald's native protocol on `/run/systemd/journal/socket` (inside a private
+/// mount namespace with its own /run), runs the command with stderr in a file whose
+/// device:inode is `JOURNAL_STREAM`, prints each datagram followed by `--`.
+const FAKE_JOURNALD: &str = r#"
+import os, socket, subprocess, sys
+os.makedirs('/run/systemd/journal', exist_ok=True)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind('/run/systemd/journal/socket')
+s.settimeout(0.2)
+err = open(sys.argv[1], 'w+')
+st = os.fstat(err.fileno())
+env = dict(os.environ, JOURNAL_STREAM='%d:%d' % (st.st_dev, st.st_ino))
+p = subprocess.Popen(sys.argv[2:], stderr=err, env=env)
+while True:
+    try:
+        d = s.recv(1 << 16)
+        sys.stdout.buffer.write(d + b'\n--\n')
+    except socket.timeout:
+        if p.poll() is not None:
+            break
+sys.exit(p.returncode)
+"#;
+
+#[test]
+fn when_stderr_is_the_journal_entries_carry_priority_and_ringbag_fields() {
+    let skip = |why: &str| eprintln!("SKIP journal test: {why}");
+    if std::env::var("RINGBAG_TEST_RUNNER").is_ok_and(|r| !r.trim().is_empty()) {
+        return skip("cross runner");
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return skip("needs root for a private mount namespace");
+    }
+    let probe = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "true"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        return skip("unshare --mount is not possible here");
+    }
+    let python = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .output();
+    if !python.is_ok_and(|o| o.status.success()) {
+        return skip("python3 is missing");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("journald.py");
+    std::fs::write(&script, FAKE_JOURNALD).unwrap();
+    let err_file = tmp.path().join("stderr");
+    let bag = tmp.path().join("bag");
+    let o = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs tmpfs /run && exec python3 \"$@\"")
+        .arg("sh")
+        .arg(&script)
+        .arg(&err_file)
+        .arg(env!("CARGO_BIN_EXE_ringbag"))
+        .args(["record", "--source", "synthetic", "--synthetic-profile", "small"])
+        .args(["--synthetic-count", "50", "--clock", "auto"])
+        .args(["--ptp-device", "/nonexistent/ptp9", "-o"])
+        .arg(&bag)
+        .output()
+        .expect("unshare runs");
+    let err = std::fs::read_to_string(&err_file).unwrap_or_default();
+    assert!(o.status.success(), "{}\n{err}", stderr(&o));
+    let entries = journal_entries(&o.stdout);
+    let field = |e: &Vec<(String, String)>, k: &str| {
+        e.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone())
+    };
+    let with_message = |needle: &str| {
+        entries
+            .iter()
+            .find(|e| field(e, "MESSAGE").is_some_and(|m| m.contains(needle)))
+            .unwrap_or_else(|| panic!("no entry with {needle:?} in {entries:?}"))
+    };
+    let fallback = with_message("stamping with the system clock");
+    assert_eq!(field(fallback, "PRIORITY").as_deref(), Some("4"), "{fallback:?}");
+    let recording = with_message("recording into");
+    // systemd-journal-logger maps info to notice (5), warn to warning (4).
+    assert_eq!(field(recording, "PRIORITY").as_deref(), Some("5"));
+    assert_eq!(
+        field(recording, "RINGBAG_BAG"),
+        Some(bag.display().to_string())
+    );
+    // They went to the journal, not to the stderr stream.
+    assert!(!err.contains("recording into"), "{err}");
+}
+
+/// Datagrams as the fake journald printed them (each followed by `\n--\n`), parsed as the
+/// native protocol: `KEY=value` lines, or `KEY`, a 64-bit little-endian length, the bytes.
+fn journal_entries(out: &[u8]) -> Vec<Vec<(String, String)>> {
+    let mut entries = Vec::new();
+    let mut fields = Vec::new();
+    let mut i = 0;
+    while i < out.len() {
+        let nl = out[i..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(out.len(), |p| i + p);
+        let line = &out[i..nl];
+        if line.is_empty() {
+            i = nl + 1; // the datagram's own final newline before `--`
+        } else if line == b"--" {
+            entries.push(std::mem::take(&mut fields));
+            i = nl + 1;
+        } else if let Some(eq) = line.iter().position(|&b| b == b'=') {
+            fields.push((
+                String::from_utf8_lossy(&line[..eq]).into_owned(),
+                String::from_utf8_lossy(&line[eq + 1..]).into_owned(),
+            ));
+            i = nl + 1;
+        } else {
+            let len_at = nl + 1;
+            let len = u64::from_le_bytes(out[len_at..len_at + 8].try_into().unwrap()) as usize;
+            let value = &out[len_at + 8..len_at + 8 + len];
+            fields.push((
+                String::from_utf8_lossy(line).into_owned(),
+                String::from_utf8_lossy(value).into_owned(),
+            ));
+            i = len_at + 8 + len + 1;
+        }
+    }
+    entries
+}
