@@ -8,10 +8,10 @@ use serde::Deserialize;
 
 use crate::bag::schema::StoragePreset;
 use crate::bag::Flavour;
+use crate::clock::{ClockKind, ClockSettings, Timescale};
 use crate::retention::RetentionPolicy;
 use crate::source::synthetic::SyntheticProfile;
 use crate::units::{parse_bytes, parse_duration_ns};
-use crate::clock::{ClockKind, ClockSettings, Timescale};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -178,7 +178,10 @@ impl Spans {
     }
     /// The value's span of `key`, if the file sets it.
     fn value(&self, key: &str) -> Option<std::ops::Range<usize>> {
-        self.0.iter().find(|(k, _, _)| k == key).map(|(_, _, v)| v.clone())
+        self.0
+            .iter()
+            .find(|(k, _, _)| k == key)
+            .map(|(_, _, v)| v.clone())
     }
     /// The key whose key or value contains byte `at`.
     fn key_at(&self, at: usize) -> Option<&str> {
@@ -475,7 +478,11 @@ pub fn check_root(root: &Path) -> Result<(), String> {
                 )
                 .map_err(|e| {
                     if dir == root {
-                        format!("{} is not writable: {}", root.display(), std::io::Error::from(e))
+                        format!(
+                            "{} is not writable: {}",
+                            root.display(),
+                            std::io::Error::from(e)
+                        )
                     } else {
                         format!(
                             "{}: cannot be created in {}: {}",

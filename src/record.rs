@@ -170,8 +170,7 @@ pub fn run_with(
         })?;
     }
     // The clock next: `--clock ptp` with an unreadable device must fail before any bag exists.
-    let clock_handle =
-        crate::clock::start(&settings.clock).map_err(|e| failure(e.into(), None))?;
+    let clock_handle = crate::clock::start(&settings.clock).map_err(|e| failure(e.into(), None))?;
     let clock: Arc<dyn TimeSource> = Arc::new(clock_handle.clone());
     let root = settings
         .output
@@ -187,6 +186,7 @@ pub fn run_with(
         hooks.recovering(false);
         for r in &recovery.reports {
             log::warn!(
+                ringbag_bag:% = r.bag.display();
                 "recovered {}: {} messages kept, {}",
                 r.bag.display(),
                 r.message_count,
@@ -211,7 +211,11 @@ pub fn run_with(
         }
         return Err(failure(RecordError::Signals(e), None));
     }
-    log::info!("recording into {}", settings.output.display());
+    log::info!(
+        ringbag_bag:% = settings.output.display();
+        "recording into {}",
+        settings.output.display()
+    );
     let pipeline = Pipeline::start(writer, Some(retention), clock, settings.pipeline.clone());
     let producer = pipeline.producer();
     let source = {

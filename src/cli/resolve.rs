@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::args::{RecordArgs, SourceKind, SyntheticRate};
-use crate::units::{parse_bytes, parse_duration_ns};
 use crate::bag::writer::WriterOptions;
 use crate::bag::Flavour;
 use crate::pipeline::PipelineConfig;
 use crate::record::{RecordSettings, SourceSettings};
 use crate::retention::RetentionPolicy;
 use crate::source::generator::{GeneratorConfig, Pace};
+use crate::units::{parse_bytes, parse_duration_ns};
 
 /// rosbag2's smallest split size (21 pages of 4 KiB).
 pub const MIN_MAX_BAG_SIZE: u64 = 86016;

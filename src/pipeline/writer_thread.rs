@@ -543,6 +543,7 @@ impl WriterCtx {
         if let Some(Some(stats)) = self.topic_stats.get(item.topic as usize) {
             if stats.oversize.fetch_add(1, Relaxed) == 0 {
                 log::warn!(
+                    ringbag_topic = stats.name.as_str();
                     "{}: a {} byte message cannot fit under --max-record-size {} even with every \
                      older split deleted; dropping such messages (counted as oversize)",
                     stats.name,

@@ -198,6 +198,7 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
         let reload = hooks.reload.take();
         match result {
             Ok(out) => log::info!(
+                ringbag_bag:% = bag.display();
                 "bag {} finished: {} messages written, {} dropped",
                 bag.display(),
                 out.summary.written,
@@ -289,7 +290,20 @@ impl Supervisor for Hooks<'_> {
             wd.poll(progress.loops.load(Relaxed));
         }
         if signals::take_rotate() {
-            log::info!("SIGUSR1: closing the current split");
+            let p = run.pipeline.progress();
+            let bag = &run.settings.output;
+            let split = bag.join(format!(
+                "{}_{}.db3",
+                bag.file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default(),
+                p.splits.load(Relaxed).saturating_sub(1)
+            ));
+            log::info!(
+                ringbag_bag:% = bag.display(), ringbag_split:% = split.display();
+                "SIGUSR1: closing the current split {}",
+                split.display()
+            );
             run.pipeline.request_rotate();
         }
         if signals::take_reload() {
@@ -335,6 +349,9 @@ mod tests {
         assert_eq!(b, "1970-01-01T00-00-09Z_0002");
         std::fs::create_dir(tmp.path().join(&b)).unwrap();
         // The same second twice: still distinct.
-        assert_eq!(next_bag_name(tmp.path(), early), "1970-01-01T00-00-09Z_0003");
+        assert_eq!(
+            next_bag_name(tmp.path(), early),
+            "1970-01-01T00-00-09Z_0003"
+        );
     }
 }

@@ -146,32 +146,28 @@ mod tests {
         }
     }
 
-    /// Datagrams received within `window`.
-    fn received(sock: &UnixDatagram, window: Duration) -> Vec<String> {
-        let mut out = Vec::new();
-        let end = Instant::now() + window;
+    /// Everything queued on `sock` now (the queue of a datagram socket is short: a sender
+    /// blocks when it is full, so the test drains it as it goes).
+    fn drain(sock: &UnixDatagram, into: &mut Vec<String>) {
         let mut buf = [0u8; 4096];
-        sock.set_read_timeout(Some(Duration::from_millis(10)))
-            .expect("timeout");
-        while Instant::now() < end {
-            if let Ok(n) = sock.recv(&mut buf) {
-                out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
-            }
+        while let Ok(n) = sock.recv(&mut buf) {
+            into.push(String::from_utf8_lossy(&buf[..n]).into_owned());
         }
-        out
     }
 
-    /// Drive a watchdog over a real pipeline for `window`, pinging into `sock`.
+    /// Drive a watchdog over a real pipeline for `window`; count the WATCHDOG=1 received.
     fn watch(pipeline: &Pipeline, sock: &UnixDatagram, window: Duration) -> usize {
         let progress = pipeline.progress();
         let mut wd = Watchdog::new(Duration::from_millis(20), progress.loops.load(Relaxed));
+        let mut got = Vec::new();
         let end = Instant::now() + window;
         while Instant::now() < end {
             wd.poll(progress.loops.load(Relaxed));
+            drain(sock, &mut got);
             std::thread::sleep(Duration::from_millis(5));
         }
-        received(sock, Duration::from_millis(50))
-            .iter()
+        drain(sock, &mut got);
+        got.iter()
             .filter(|m| m.lines().any(|l| l == "WATCHDOG=1"))
             .count()
     }
@@ -181,13 +177,17 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tmp");
         let sock_path = tmp.path().join("notify.sock");
         let sock = UnixDatagram::bind(&sock_path).expect("bind");
+        sock.set_nonblocking(true).expect("nonblocking");
         // The only test in this binary that sets NOTIFY_SOCKET (process-wide).
         std::env::set_var("NOTIFY_SOCKET", &sock_path);
         let clock: Arc<dyn crate::clock::TimeSource> = Arc::new(crate::clock::SystemClock);
 
         // Healthy: the writer loop turns, pings arrive.
-        let w = BagWriter::create(&tmp.path().join("healthy"), WriterOptions::new(Flavour::Jazzy))
-            .expect("create");
+        let w = BagWriter::create(
+            &tmp.path().join("healthy"),
+            WriterOptions::new(Flavour::Jazzy),
+        )
+        .expect("create");
         let p = Pipeline::start(w, None, clock.clone(), PipelineConfig::default());
         let healthy = watch(&p, &sock, Duration::from_millis(300));
         let _ = p.finish();
@@ -195,9 +195,11 @@ mod tests {
 
         // Stalled: closing the split blocks in fsync; the loop counter stops, so do pings.
         let gate = Arc::new((Mutex::new(false), Condvar::new()));
-        let mut w =
-            BagWriter::create(&tmp.path().join("stalled"), WriterOptions::new(Flavour::Jazzy))
-                .expect("create");
+        let mut w = BagWriter::create(
+            &tmp.path().join("stalled"),
+            WriterOptions::new(Flavour::Jazzy),
+        )
+        .expect("create");
         w.set_storage_ops(Box::new(Gate(gate.clone())));
         let p = Pipeline::start(w, None, clock, PipelineConfig::default());
         p.request_rotate();
@@ -214,7 +216,7 @@ mod tests {
             last = now;
             assert!(Instant::now() < deadline, "writer never stalled");
         }
-        let _ = received(&sock, Duration::from_millis(20)); // discard anything earlier
+        drain(&sock, &mut Vec::new()); // anything earlier
         let stalled = watch(&p, &sock, Duration::from_millis(300));
         // Release the writer and let it finish.
         *gate.0.lock().expect("gate") = true;

@@ -53,6 +53,9 @@ pub struct ClockStatus {
     pub fallback_reason: Option<String>,
     /// PHC time − UTC applied (time scale), seconds; null for the system clock.
     pub phc_minus_utc_s: Option<i64>,
+    /// Stamping clock − the system's wall clock (CLOCK_REALTIME) now, ns: how far the
+    /// bag's timestamps are from the host's idea of UTC.
+    pub offset_ns: i64,
     pub uncertainty_ns: Option<f64>,
     pub drift_ppb: Option<f64>,
     pub steps: u64,
@@ -158,9 +161,10 @@ impl Status {
         let c = &self.clock;
         let _ = writeln!(
             s,
-            "clock: {} (requested {}), uncertainty {}, steps {}{}",
+            "clock: {} (requested {}), offset from system {} ns, uncertainty {}, steps {}{}",
             c.source,
             c.requested,
+            c.offset_ns,
             c.uncertainty_ns
                 .map(|u| format!("{u:.0} ns"))
                 .unwrap_or_else(|| "n/a".into()),
@@ -202,11 +206,14 @@ pub fn unix_ms_now() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The counts of the previous snapshot: when, messages and bytes accepted, per topic.
+type Previous = (Instant, u64, u64, Vec<(String, u64)>);
+
 /// Builds successive [`Status`] snapshots; remembers the previous counts for rates.
 pub struct Collector {
     pub config: PathBuf,
     pub started: Instant,
-    prev: Option<(Instant, u64, u64, Vec<(String, u64)>)>,
+    prev: Option<Previous>,
 }
 
 impl Collector {
@@ -230,12 +237,7 @@ impl Collector {
         let accepted: u64 = topics.iter().map(|t| t.accepted()).sum();
         let bytes: u64 = topics.iter().map(|t| t.bytes()).sum();
         let (dt, prev_acc, prev_bytes, prev_topics) = match &self.prev {
-            Some((t, a, b, per)) => (
-                now.duration_since(*t).as_secs_f64(),
-                *a,
-                *b,
-                per.clone(),
-            ),
+            Some((t, a, b, per)) => (now.duration_since(*t).as_secs_f64(), *a, *b, per.clone()),
             None => (0.0, accepted, bytes, Vec::new()),
         };
         let rate = |now: u64, before: u64| {
@@ -271,12 +273,18 @@ impl Collector {
             now,
             accepted,
             bytes,
-            topics.iter().map(|t| (t.name.clone(), t.accepted())).collect(),
+            topics
+                .iter()
+                .map(|t| (t.name.clone(), t.accepted()))
+                .collect(),
         ));
         let s = run.settings;
         let policy = &s.retention;
         let oldest = progress.budget_oldest_ns.load(Relaxed);
         let now_ns = crate::clock::TimeSource::now_ns(run.clock);
+        let wall_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
         let span_s = if oldest >= 0 && now_ns > oldest {
             (now_ns - oldest) as f64 / 1e9
         } else {
@@ -335,6 +343,7 @@ impl Collector {
             clock: ClockStatus {
                 phc_minus_utc_s: (source == "ptp")
                     .then(|| clock_settings.phc_minus_utc_ns() / 1_000_000_000),
+                offset_ns: now_ns.saturating_sub(wall_ns),
                 source,
                 requested: clock_settings.kind.as_str().to_string(),
                 fallback_reason: run.clock.fallback_reason().map(str::to_string),
