@@ -400,8 +400,9 @@ kill_and_restart() {
         count="$(messages_in "$killed") messages on disk now"
     fi
     local rec
-    rec="$(journal_since "$t_kill" -o cat | grep -i 'recover' | grep -F "$killed" || true)"
-    [[ -n "$rec" ]] || die "the restarted daemon logged no recovery of $killed"
+    # Found by the entry's structured field, as an operator would filter for one bag.
+    rec="$(journal_since "$t_kill" -o cat "RINGBAG_BAG=$BAGS/$killed" | grep -i 'recover' || true)"
+    [[ -n "$rec" ]] || die "the restarted daemon logged no recovery of $killed (journalctl RINGBAG_BAG=$BAGS/$killed)"
     local exec_us ready_us
     exec_us="$(prop ExecMainStartTimestampMonotonic)"
     ready_us="$(prop ActiveEnterTimestampMonotonic)"
