@@ -9,7 +9,8 @@
 # `nsenter -t <container PID 1> -a`. The test installs the files as a package would (unit,
 # sysusers.d, tmpfiles.d, /etc/ringbag/ringbag.toml with the synthetic source and a small
 # budget); the only test-specific change to the unit is a drop-in pointing ExecStart at the
-# bound binary (the container's /usr is the host's, read-only).
+# bound binary (the container's /usr is the host's, read-only), plus, for the watchdog check
+# alone, WatchdogSec=3 and LimitCORE=0.
 #
 # Each check is a function; a check that needs a daemon feature still missing fails with what
 # it did not see. The container is always powered off and the work directory removed (trap).
