@@ -394,10 +394,14 @@ fn status_prints_the_file_and_exits_3_when_it_is_stale_and_2_when_missing() {
 #[test]
 fn a_killed_daemon_is_recovered_at_the_next_start_before_ready() {
     let tmp = tempfile::tempdir().unwrap();
-    let (config, root, _) = write_config(tmp.path(), "");
+    let (config, root, status) = write_config(tmp.path(), "");
     let mut d = Daemon::start(tmp.path(), &config, &root, &[]);
-    d.wait_for("some messages committed", |d| {
-        d.lines_with("STATUS=").len() >= 2
+    d.wait_for("100 messages committed", |_| {
+        std::fs::read_to_string(&status)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["committed"].as_u64())
+            .is_some_and(|n| n >= 100)
     });
     d.signal(Signal::SIGKILL);
     let _ = d.wait();
@@ -413,6 +417,15 @@ fn a_killed_daemon_is_recovered_at_the_next_start_before_ready() {
         ringbag::bag::lock::state(&killed),
         ringbag::bag::lock::LockState::Clean
     );
+    // While recovering it asked systemd for more start time, before READY.
+    let notes = d.notes();
+    let at = |prefix: &str| {
+        notes
+            .iter()
+            .position(|n| n.text.lines().any(|l| l.starts_with(prefix)))
+    };
+    let extend = at("EXTEND_TIMEOUT_USEC=").expect("EXTEND_TIMEOUT_USEC sent");
+    assert!(extend < at("READY=1").unwrap(), "{notes:?}");
     d.signal(Signal::SIGTERM);
     let (st, err, _) = d.wait();
     assert_eq!(st.code(), Some(0), "{err}");
@@ -582,7 +595,13 @@ fn when_stderr_is_the_journal_entries_carry_priority_and_ringbag_fields() {
         .arg(&script)
         .arg(&err_file)
         .arg(env!("CARGO_BIN_EXE_ringbag"))
-        .args(["record", "--source", "synthetic", "--synthetic-profile", "small"])
+        .args([
+            "record",
+            "--source",
+            "synthetic",
+            "--synthetic-profile",
+            "small",
+        ])
         .args(["--synthetic-count", "50", "--clock", "auto"])
         .args(["--ptp-device", "/nonexistent/ptp9", "-o"])
         .arg(&bag)
@@ -601,7 +620,11 @@ fn when_stderr_is_the_journal_entries_carry_priority_and_ringbag_fields() {
             .unwrap_or_else(|| panic!("no entry with {needle:?} in {entries:?}"))
     };
     let fallback = with_message("stamping with the system clock");
-    assert_eq!(field(fallback, "PRIORITY").as_deref(), Some("4"), "{fallback:?}");
+    assert_eq!(
+        field(fallback, "PRIORITY").as_deref(),
+        Some("4"),
+        "{fallback:?}"
+    );
     let recording = with_message("recording into");
     // systemd-journal-logger maps info to notice (5), warn to warning (4).
     assert_eq!(field(recording, "PRIORITY").as_deref(), Some("5"));
