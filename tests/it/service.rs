@@ -470,6 +470,14 @@ fn check_config_names_file_line_column_key_and_problem_for_each_class_of_mistake
             ),
         ),
         (
+            "source = \"synthetic\"\noutput_root = \"/proc/ringbag\"\n".into(),
+            "2:15: output_root: /proc/ringbag: on a filesystem without storage (such as /proc or /sys)".into(),
+        ),
+        (
+            "output_root = \"bags\"\n".into(),
+            "1:15: output_root: bags: must be an absolute path".into(),
+        ),
+        (
             format!("{head}clock = \"sundial\"\n"),
             "3:9: clock: unknown variant `sundial`, expected one of `system`, `ptp`, `auto`".into(),
         ),
@@ -671,4 +679,66 @@ fn journal_entries(out: &[u8]) -> Vec<Vec<(String, String)>> {
         }
     }
     entries
+}
+
+/// Bytes of every split file (with `-wal`/`-shm`) under the root.
+fn root_split_bytes(root: &Path) -> u64 {
+    bags(root)
+        .iter()
+        .flat_map(|b| {
+            ringbag::bag::reader::find_split_files(b)
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |f| ringbag::bag::writer::split_size_on_disk(&b.join(f)))
+        })
+        .sum()
+}
+
+#[test]
+fn the_budget_spans_every_bag_in_the_root_across_reloads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let status = tmp.path().join("status.json");
+    let config = tmp.path().join("ringbag.toml");
+    let budget: u64 = 3 << 20;
+    // 100 × 64 KiB messages a second: the 3 MiB budget fills within a second.
+    std::fs::write(
+        &config,
+        format!(
+            "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
+             synthetic_profile = \"medium\"\nclock = \"system\"\nmax_bag_size = \"512KiB\"\n\
+             max_record_size = \"3MiB\"\n",
+            root.display(),
+            status.display()
+        ),
+    )
+    .unwrap();
+    let mut d = Daemon::start(tmp.path(), &config, &root, &[]);
+    d.wait_for("READY=1", |d| !d.lines_with("READY=1").is_empty());
+    let first = bags(&root).pop().unwrap();
+    let first_split = first.join(format!(
+        "{}_0.db3",
+        first.file_name().unwrap().to_string_lossy()
+    ));
+    d.wait_for("retention to delete the first split", |_| {
+        !first_split.exists()
+    });
+    d.signal(Signal::SIGHUP);
+    d.wait_for("a second bag", |_| bags(&root).len() == 2);
+    let second = bags(&root).pop().unwrap();
+    // The second bag alone outgrows the budget: the first bag's splits must make room.
+    d.wait_for("the first bag to be emptied or removed", |_| {
+        splits(&first) == 0 || !first.exists()
+    });
+    assert!(root_split_bytes(&root) <= budget);
+    d.signal(Signal::SIGTERM);
+    let (st, err, _) = d.wait();
+    assert_eq!(st.code(), Some(0), "{err}");
+    let total = root_split_bytes(&root);
+    assert!(
+        total <= budget,
+        "{total} bytes of splits over a {budget} budget"
+    );
+    let info = run(&["info", second.to_str().unwrap()]);
+    assert!(info.status.success(), "{}", stderr(&info));
 }
