@@ -8,8 +8,10 @@ use serde::Deserialize;
 
 use crate::bag::schema::StoragePreset;
 use crate::bag::Flavour;
-use crate::cli::units::{parse_bytes, parse_duration_ns};
 use crate::clock::{ClockKind, ClockSettings, Timescale};
+use crate::retention::RetentionPolicy;
+use crate::source::synthetic::SyntheticProfile;
+use crate::units::{parse_bytes, parse_duration_ns};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -21,6 +23,15 @@ pub enum ConfigError {
     },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
+    /// A mistake at a place in the file: `file:line:column: key: problem`.
+    #[error("{}:{line}:{column}: {key}: {message}", path.display())]
+    At {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        key: String,
+        message: String,
+    },
 }
 
 /// A size or duration written as a number or as a string with a unit.
@@ -35,9 +46,9 @@ impl Quantity {
     fn bytes(&self) -> Result<u64, String> {
         match self {
             // The same ceiling as a size written with units: a file size is signed 64-bit.
-            Quantity::Number(n) if *n > crate::cli::units::MAX_BYTES => Err(format!(
+            Quantity::Number(n) if *n > crate::units::MAX_BYTES => Err(format!(
                 "{n} is too large (at most {} bytes, 8 EiB)",
-                crate::cli::units::MAX_BYTES
+                crate::units::MAX_BYTES
             )),
             Quantity::Number(n) => Ok(*n),
             Quantity::Text(s) => parse_bytes(s),
@@ -86,6 +97,109 @@ pub struct ServiceConfig {
     pub ptp_poll_interval: Option<u64>,
     /// Microseconds.
     pub ptp_step_threshold: Option<u64>,
+    /// Where messages come from: "ros" (needs a build with the `ros` feature) or "synthetic".
+    pub source: Option<SourceChoice>,
+    pub synthetic_profile: Option<SyntheticProfile>,
+    pub synthetic_rate: Option<SyntheticRate>,
+    /// Stop cleanly after this many synthetic messages; 0 = until stopped.
+    pub synthetic_count: Option<u64>,
+    /// The service's status file, rewritten atomically every second.
+    pub status_file: Option<PathBuf>,
+}
+
+/// `source = "ros" | "synthetic"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceChoice {
+    Ros,
+    Synthetic,
+}
+
+/// `synthetic_rate = "realtime" | "max"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyntheticRate {
+    Realtime,
+    Max,
+}
+
+/// Default recording root (systemd's `StateDirectory=ringbag` plus `bags`).
+pub const DEFAULT_OUTPUT_ROOT: &str = "/var/lib/ringbag/bags";
+/// Default status file (systemd's `RuntimeDirectory=ringbag`).
+pub const DEFAULT_STATUS_FILE: &str = "/run/ringbag/status.json";
+/// rosbag2's smallest split size (21 pages of 4 KiB).
+pub const MIN_MAX_BAG_SIZE: u64 = 86016;
+/// Default `max_cache_size`, as on the command line.
+pub const DEFAULT_MAX_CACHE_SIZE: u64 = 100 << 20;
+
+/// A config checked from end to end: every value resolved, every combination possible.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub config: ServiceConfig,
+    pub budgets: Budgets,
+    pub retention: RetentionPolicy,
+    pub clock: ClockSettings,
+    pub output_root: PathBuf,
+    pub status_file: PathBuf,
+    pub source: SourceChoice,
+    pub synthetic_profile: SyntheticProfile,
+    pub synthetic_rate: SyntheticRate,
+    pub synthetic_count: u64,
+    pub max_cache_size: u64,
+}
+
+/// 1-based line and column (in characters) of byte `offset` in `text`.
+pub fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let mut at = offset.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    let before = &text[..at];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+/// Top-level keys with the byte spans of the key and of its value.
+struct Spans(Vec<(String, std::ops::Range<usize>, std::ops::Range<usize>)>);
+
+impl Spans {
+    fn of(text: &str) -> Self {
+        let Ok(table) = toml::de::DeTable::parse(text) else {
+            return Spans(Vec::new());
+        };
+        Spans(
+            table
+                .get_ref()
+                .iter()
+                .map(|(k, v)| (k.get_ref().to_string(), k.span(), v.span()))
+                .collect(),
+        )
+    }
+    /// The value's span of `key`, if the file sets it.
+    fn value(&self, key: &str) -> Option<std::ops::Range<usize>> {
+        self.0
+            .iter()
+            .find(|(k, _, _)| k == key)
+            .map(|(_, _, v)| v.clone())
+    }
+    /// The key whose key or value contains byte `at`.
+    fn key_at(&self, at: usize) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(_, k, v)| k.contains(&at) || v.contains(&at) || v.end == at)
+            .map(|(k, _, _)| k.as_str())
+    }
+}
+
+/// Rewrites `--max-bag-size` / `-b/--max-bag-size` in a shared validation message as the
+/// config's key `max_bag_size`.
+fn flags_as_keys(message: &str) -> String {
+    let short = regex::Regex::new(r"-[a-z]/--").expect("static regex");
+    let long = regex::Regex::new(r"--([a-z][a-z-]*)").expect("static regex");
+    let m = short.replace_all(message, "--");
+    long.replace_all(&m, |c: &regex::Captures| c[1].replace('-', "_"))
+        .into_owned()
 }
 
 /// Sizes and durations resolved to bytes and nanoseconds.
@@ -118,6 +232,179 @@ impl ServiceConfig {
                 .next()
                 .unwrap_or("invalid TOML")
                 .to_string(),
+        })
+    }
+
+    /// Read and check `path` from end to end (`ringbag daemon --check-config`).
+    pub fn load_checked(path: &Path) -> Result<Checked, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::check(&text, path)
+    }
+
+    /// Parse and check `text` (read from `path`): every mistake is one [`ConfigError::At`]
+    /// naming the line and column, the key and the problem. Checks what can be known before
+    /// recording: syntax, unknown keys, types, units, bounds, combinations of limits, the
+    /// source, and that the recording root can be written.
+    pub fn check(text: &str, path: &Path) -> Result<Checked, ConfigError> {
+        let spans = Spans::of(text);
+        let at = |span: Option<std::ops::Range<usize>>, key: &str, message: String| {
+            let (line, column) = span.map_or((1, 1), |s| line_column(text, s.start));
+            ConfigError::At {
+                path: path.to_path_buf(),
+                line,
+                column,
+                key: key.to_string(),
+                message,
+            }
+        };
+        let config: ServiceConfig = toml::from_str(text).map_err(|e| {
+            let key = e
+                .span()
+                .and_then(|s| spans.key_at(s.start))
+                .unwrap_or("(file)")
+                .to_string();
+            let first = e.message().lines().next().unwrap_or("invalid TOML");
+            let message = if first.starts_with("unknown field") {
+                "unknown key".to_string()
+            } else {
+                first.to_string()
+            };
+            at(e.span(), &key, message)
+        })?;
+        let err = |key: &str, message: String| at(spans.value(key), key, message);
+        let bytes = |key: &str, q: &Option<Quantity>| {
+            q.as_ref()
+                .map(|q| q.bytes().map_err(|e| err(key, e)))
+                .transpose()
+        };
+        let dur = |key: &str, q: &Option<Quantity>| {
+            q.as_ref()
+                .map(|q| q.duration_ns().map_err(|e| err(key, e)))
+                .transpose()
+        };
+        let budgets = Budgets {
+            max_bag_size: bytes("max_bag_size", &config.max_bag_size)?.unwrap_or(0),
+            max_bag_duration_ns: dur("max_bag_duration", &config.max_bag_duration)?.unwrap_or(0),
+            max_record_size: bytes("max_record_size", &config.max_record_size)?,
+            max_record_duration_ns: dur("max_record_duration", &config.max_record_duration)?,
+            min_free_space: bytes("min_free_space", &config.min_free_space)?,
+            max_cache_size: bytes("max_cache_size", &config.max_cache_size)?,
+        };
+        if budgets.max_bag_size > 0 && budgets.max_bag_size < MIN_MAX_BAG_SIZE {
+            return Err(err(
+                "max_bag_size",
+                format!(
+                    "{} bytes is below the minimum of {MIN_MAX_BAG_SIZE} bytes (as in rosbag2)",
+                    budgets.max_bag_size
+                ),
+            ));
+        }
+        let max_cache_size = budgets.max_cache_size.unwrap_or(DEFAULT_MAX_CACHE_SIZE);
+        if max_cache_size == 0 {
+            return Err(err("max_cache_size", "must be greater than 0".into()));
+        }
+        let retention = RetentionPolicy {
+            max_record_size: budgets.max_record_size,
+            max_record_duration_ns: budgets.max_record_duration_ns,
+            max_bag_files: config.max_bag_files,
+            min_free_space: budgets.min_free_space,
+            min_free_space_percent: config.min_free_space_percent,
+            max_splits: 0,
+        };
+        if let Err(m) = retention.validate(budgets.max_bag_size, budgets.max_bag_duration_ns) {
+            let m = flags_as_keys(&m);
+            // Blame the first limit the message names (the one the combination is about).
+            let key = [
+                "max_record_size",
+                "max_record_duration",
+                "max_bag_files",
+                "min_free_space_percent",
+                "min_free_space",
+            ]
+            .into_iter()
+            .find(|k| m.starts_with(k))
+            .or_else(|| {
+                ["max_record_size", "max_record_duration", "max_bag_files"]
+                    .into_iter()
+                    .find(|k| spans.value(k).is_some())
+            })
+            .unwrap_or("max_record_size");
+            return Err(err(key, m));
+        }
+        let clock = config.clock_settings();
+        if let Err(e) = clock.validate() {
+            let m = e.to_string();
+            let key = if m.contains("poll interval") {
+                "ptp_poll_interval"
+            } else if m.contains("tai-utc-offset") {
+                "tai_utc_offset"
+            } else {
+                "ptp_step_threshold"
+            };
+            return Err(err(key, flags_as_keys(&m)));
+        }
+        let source = config.source.unwrap_or(if cfg!(feature = "ros") {
+            SourceChoice::Ros
+        } else {
+            SourceChoice::Synthetic
+        });
+        if source == SourceChoice::Ros {
+            if !cfg!(feature = "ros") {
+                return Err(err(
+                    "source",
+                    "\"ros\": this ringbag was built without the `ros` feature (use \"synthetic\", or rebuild with --features ros)".into(),
+                ));
+            }
+            for key in ["synthetic_profile", "synthetic_rate", "synthetic_count"] {
+                if spans.value(key).is_some() {
+                    return Err(err(key, "only applies with source = \"synthetic\"".into()));
+                }
+            }
+        }
+        for (key, re) in [
+            ("regex", &config.regex),
+            ("exclude_regex", &config.exclude_regex),
+        ] {
+            if let Some(re) = re {
+                if let Err(e) = regex::Regex::new(re) {
+                    let first = e.to_string();
+                    let first = first.lines().last().unwrap_or("invalid").trim().to_string();
+                    return Err(err(key, format!("not a valid regular expression: {first}")));
+                }
+            }
+        }
+        let output_root = config
+            .output_root
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUT_ROOT));
+        if let Err(m) = check_root(&output_root) {
+            return Err(err("output_root", m));
+        }
+        let status_file = config
+            .status_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATUS_FILE));
+        if status_file.file_name().is_none() || status_file.is_dir() {
+            return Err(err(
+                "status_file",
+                format!("{}: needs a file name", status_file.display()),
+            ));
+        }
+        Ok(Checked {
+            budgets,
+            retention,
+            clock,
+            output_root,
+            status_file,
+            source,
+            synthetic_profile: config.synthetic_profile.unwrap_or(SyntheticProfile::Robot),
+            synthetic_rate: config.synthetic_rate.unwrap_or(SyntheticRate::Realtime),
+            synthetic_count: config.synthetic_count.unwrap_or(0),
+            max_cache_size,
+            config,
         })
     }
 
@@ -166,6 +453,59 @@ impl ServiceConfig {
     }
 }
 
+/// The recording root must be a directory this process can create bags in, or be creatable
+/// (its nearest existing ancestor writable).
+pub fn check_root(root: &Path) -> Result<(), String> {
+    use nix::unistd::{faccessat, AccessFlags};
+    if !root.is_absolute() {
+        return Err(format!("{}: must be an absolute path", root.display()));
+    }
+    for dir in root.ancestors() {
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {
+                if nix::sys::statvfs::statvfs(dir).is_ok_and(|st| st.blocks() == 0) {
+                    return Err(format!(
+                        "{}: on a filesystem without storage (such as /proc or /sys)",
+                        root.display()
+                    ));
+                }
+                // AT_EACCESS: the effective ids decide, as they will for mkdir/create.
+                return faccessat(
+                    nix::fcntl::AT_FDCWD,
+                    dir,
+                    AccessFlags::W_OK | AccessFlags::X_OK,
+                    nix::fcntl::AtFlags::AT_EACCESS,
+                )
+                .map_err(|e| {
+                    if dir == root {
+                        format!(
+                            "{} is not writable: {}",
+                            root.display(),
+                            std::io::Error::from(e)
+                        )
+                    } else {
+                        format!(
+                            "{}: cannot be created in {}: {}",
+                            root.display(),
+                            dir.display(),
+                            std::io::Error::from(e)
+                        )
+                    }
+                });
+            }
+            Ok(_) => {
+                return Err(format!(
+                    "{}: {} is not a directory",
+                    root.display(),
+                    dir.display()
+                ))
+            }
+            Err(_) => continue,
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,6 +533,25 @@ mod tests {
         assert_eq!(
             c.storage_preset_profile,
             Some(StoragePreset::WriteOptimized)
+        );
+    }
+
+    #[test]
+    fn byte_offsets_become_one_based_lines_and_columns_in_characters() {
+        let t = "a = 1\nµs = \"x\"\n";
+        assert_eq!(line_column(t, 0), (1, 1));
+        assert_eq!(line_column(t, 4), (1, 5));
+        assert_eq!(line_column(t, 6), (2, 1));
+        // After the two-byte µ: column 3, not 4.
+        assert_eq!(line_column(t, 9), (2, 3));
+        assert_eq!(line_column(t, 999), (3, 1));
+    }
+
+    #[test]
+    fn shared_validation_messages_name_config_keys_not_flags() {
+        assert_eq!(
+            flags_as_keys("--max-record-size needs -b/--max-bag-size or -d/--max-bag-duration"),
+            "max_record_size needs max_bag_size or max_bag_duration"
         );
     }
 

@@ -12,5 +12,7 @@ pub mod pipeline;
 pub mod play;
 pub mod record;
 pub mod retention;
+pub mod service;
 pub mod signals;
 pub mod source;
+pub mod units;

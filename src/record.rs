@@ -115,7 +115,42 @@ fn failure(error: RecordError, summary: Option<RecordSummary>) -> Box<RecordFail
     Box::new(RecordFailure { error, summary })
 }
 
+/// What a recording shows its supervisor while it runs (the daemon: notify, status file,
+/// SIGUSR1 / SIGHUP).
+pub struct Running<'a> {
+    pub pipeline: &'a Pipeline,
+    pub clock: &'a crate::clock::ClockHandle,
+    pub settings: &'a RecordSettings,
+}
+
+/// Hooks into [`run_with`]: `record` has none; the service uses them to drive systemd's
+/// notify protocol and its status file from the same recording code path.
+pub trait Supervisor {
+    /// Recovery of unfinished bags in the root starts (`true`) or ends (`false`).
+    fn recovering(&mut self, _active: bool) {}
+    /// The first split is open and the pipeline runs.
+    fn started(&mut self, _run: &Running<'_>) {}
+    /// Every turn of the main loop (~20 ms). Return true to end this recording cleanly.
+    fn tick(&mut self, _run: &Running<'_>) -> bool {
+        false
+    }
+    /// The recording is about to be finished (queue flushed, split committed).
+    fn finishing(&mut self, _run: &Running<'_>) {}
+}
+
+/// No hooks: plain `ringbag record`.
+pub struct Unsupervised;
+impl Supervisor for Unsupervised {}
+
 pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>> {
+    run_with(settings, &mut Unsupervised)
+}
+
+/// [`run`] with a supervisor's hooks.
+pub fn run_with(
+    settings: RecordSettings,
+    hooks: &mut dyn Supervisor,
+) -> Result<RecordOutcome, Box<RecordFailure>> {
     // Signals keep their default action (end the process) until the writer exists: nothing
     // before it (PHC, recovery, creating the bag) may hold a SIGTERM back. See `signals`.
     //
@@ -135,8 +170,8 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
         })?;
     }
     // The clock next: `--clock ptp` with an unreadable device must fail before any bag exists.
-    let clock: Arc<dyn TimeSource> =
-        Arc::new(crate::clock::start(&settings.clock).map_err(|e| failure(e.into(), None))?);
+    let clock_handle = crate::clock::start(&settings.clock).map_err(|e| failure(e.into(), None))?;
+    let clock: Arc<dyn TimeSource> = Arc::new(clock_handle.clone());
     let root = settings
         .output
         .parent()
@@ -146,9 +181,12 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
     if settings.recover {
         let root = root.as_path();
         // Best effort: bags it cannot recover are logged and skipped; recording goes on.
+        hooks.recovering(true);
         let recovery = crate::bag::reindex::recover_root(root);
+        hooks.recovering(false);
         for r in &recovery.reports {
             log::warn!(
+                ringbag_bag:% = r.bag.display();
                 "recovered {}: {} messages kept, {}",
                 r.bag.display(),
                 r.message_count,
@@ -173,7 +211,11 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
         }
         return Err(failure(RecordError::Signals(e), None));
     }
-    log::info!("recording into {}", settings.output.display());
+    log::info!(
+        ringbag_bag:% = settings.output.display();
+        "recording into {}",
+        settings.output.display()
+    );
     let pipeline = Pipeline::start(writer, Some(retention), clock, settings.pipeline.clone());
     let producer = pipeline.producer();
     let source = {
@@ -207,9 +249,18 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
     // The main thread only watches: signals, the source ending, the writer stopping itself.
     let progress = pipeline.progress();
     let mut last_status = std::time::Instant::now() - STATUS_INTERVAL;
+    let running = Running {
+        pipeline: &pipeline,
+        clock: &clock_handle,
+        settings: &settings,
+    };
+    hooks.started(&running);
     while !source.is_finished() && !pipeline.stopping() {
         if signals::stop_requested() {
             log::info!("stop requested; writing what was accepted");
+            break;
+        }
+        if hooks.tick(&running) {
             break;
         }
         if let Some(st) = status.as_mut() {
@@ -220,6 +271,7 @@ pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    hooks.finishing(&running);
     producer.request_stop();
     let source_result = source
         .join()

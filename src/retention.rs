@@ -295,6 +295,14 @@ struct OldBag {
     meta_bytes: u64,
 }
 
+/// What the budget holds, for status reports ([`Retention::usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub bytes: u64,
+    pub files: u64,
+    pub oldest_start_ns: Option<i64>,
+}
+
 /// The circular budget.
 #[derive(Debug)]
 pub struct Retention {
@@ -412,6 +420,22 @@ impl Retention {
     /// Older bags still under the root.
     pub fn older_bags(&self) -> Vec<PathBuf> {
         self.old.iter().map(|b| b.dir.clone()).collect()
+    }
+    /// What the budget holds now (for status reports): bytes of every split on it (closed,
+    /// older bags' metadata, the open split), split files (the open one included), and the
+    /// start of the oldest kept message.
+    pub fn usage<B: CurrentBag + ?Sized>(&self, w: &B) -> Usage {
+        let open = u64::from(w.has_open_split());
+        Usage {
+            bytes: self.fifo_bytes + self.old_meta_bytes + w.open_split_footprint(),
+            files: self.fifo.len() as u64 + open,
+            oldest_start_ns: self
+                .fifo
+                .iter()
+                .map(|e| e.start_ns)
+                .find(|&s| s != NO_START)
+                .or_else(|| w.open_split_span().map(|(s, _)| s)),
+        }
     }
     /// Splits deleted so far.
     pub fn deleted(&self) -> u64 {

@@ -96,6 +96,45 @@ pub fn install_with_grace(grace: Duration) -> Result<(), nix::Error> {
     Ok(())
 }
 
+/// SIGHUP (reload) and SIGUSR1 (close the split) arrived and were not yet taken.
+static RELOAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static ROTATE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_service_signal(sig: libc::c_int) {
+    match sig {
+        libc::SIGHUP => RELOAD.store(true, SeqCst),
+        libc::SIGUSR1 => ROTATE.store(true, SeqCst),
+        _ => {}
+    }
+}
+
+/// The daemon's requests: from now on SIGHUP and SIGUSR1 only set flags that
+/// [`take_reload`] and [`take_rotate`] read (their default action would end the process).
+/// Installed first thing in the daemon, so an early SIGHUP cannot kill it.
+pub fn install_service_requests() -> Result<(), nix::Error> {
+    let action = SigAction::new(
+        SigHandler::Handler(on_service_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    // SAFETY: the handler only stores to atomics.
+    unsafe {
+        sigaction(Signal::SIGHUP, &action)?;
+        sigaction(Signal::SIGUSR1, &action)?;
+    }
+    Ok(())
+}
+
+/// True once for each SIGHUP burst since the last call.
+pub fn take_reload() -> bool {
+    RELOAD.swap(false, SeqCst)
+}
+
+/// True once for each SIGUSR1 burst since the last call.
+pub fn take_rotate() -> bool {
+    ROTATE.swap(false, SeqCst)
+}
+
 /// True once SIGINT or SIGTERM has arrived (after [`install`]).
 pub fn stop_requested() -> bool {
     SIGNALS.load(SeqCst) > 0

@@ -58,6 +58,30 @@ pub enum Command {
     Clock(ClockCmdArgs),
     /// Rebuild metadata.yaml from the .db3 files, salvaging damaged splits (after a crash).
     Reindex(ReindexArgs),
+    /// Run the recording service from a TOML config (what systemd starts).
+    Daemon(DaemonArgs),
+    /// Show the running service's status file (exit 3 when it is older than 5 s).
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// The service's TOML config.
+    #[arg(long, value_name = "FILE", default_value = "/etc/ringbag/ringbag.toml")]
+    pub config: PathBuf,
+    /// Check the config (syntax, keys, types, units, combinations, the recording root) and exit.
+    #[arg(long)]
+    pub check_config: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print the status file as JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// The status file [default: /run/ringbag/status.json].
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -5,7 +5,8 @@
 pub mod args;
 mod logger;
 pub mod resolve;
-pub mod units;
+/// Sizes and durations live below both the CLI and the config; re-exported for old paths.
+pub use crate::units;
 
 use clap::Parser;
 
@@ -35,7 +36,64 @@ pub fn main_entry() -> i32 {
         Command::Play(a) => cmd_play(&a),
         Command::Clock(a) => cmd_clock(&a),
         Command::Reindex(a) => cmd_reindex(&a),
+        Command::Daemon(a) => cmd_daemon(&a),
+        Command::Status(a) => cmd_status(&a),
     }
+}
+
+/// `ringbag status`: the service is not recording (status file older than 5 s).
+pub const EXIT_STALE: i32 = 3;
+
+fn cmd_daemon(a: &args::DaemonArgs) -> i32 {
+    if a.check_config {
+        return match crate::service::check_config(&a.config) {
+            Ok(c) => {
+                eprintln!(
+                    "ringbag: {}: valid; recording root {}, status file {}",
+                    a.config.display(),
+                    c.output_root.display(),
+                    c.status_file.display()
+                );
+                EXIT_OK
+            }
+            Err(e) => fail(EXIT_BAD_INPUT, e),
+        };
+    }
+    match crate::service::run(&a.config) {
+        Ok(()) => EXIT_OK,
+        Err(e) if e.is_bad_input() => fail(EXIT_BAD_INPUT, e),
+        Err(e) => fail(EXIT_FAILURE, e),
+    }
+}
+
+fn cmd_status(a: &args::StatusArgs) -> i32 {
+    use crate::service::status::{read, Read};
+    let path = a
+        .file
+        .clone()
+        .unwrap_or_else(|| crate::config::DEFAULT_STATUS_FILE.into());
+    let (status, age, stale) = match read(&path) {
+        Ok(Read::Fresh(s, age)) => (s, age, false),
+        Ok(Read::Stale(s, age)) => (s, age, true),
+        Err(e) => return fail(EXIT_BAD_INPUT, e),
+    };
+    if a.json {
+        match serde_json::to_string_pretty(&status) {
+            Ok(s) => println!("{s}"),
+            Err(e) => return fail(EXIT_FAILURE, e),
+        }
+    } else {
+        print!("{}", status.human(age));
+    }
+    if stale {
+        eprintln!(
+            "ringbag: warning: {}: written {:.0} s ago; the service is not recording",
+            path.display(),
+            age.as_secs_f64()
+        );
+        return EXIT_STALE;
+    }
+    EXIT_OK
 }
 
 /// Environment variable that sets the log level when `--log-level` is not given.
@@ -77,7 +135,7 @@ fn clap_failure(e: &clap::Error) -> i32 {
         }
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => fail(
             EXIT_BAD_INPUT,
-            "a command is required: record, info, play, clock or reindex (see `ringbag --help`)",
+            "a command is required: record, info, play, clock, reindex, daemon or status (see `ringbag --help`)",
         ),
         _ => fail(
             EXIT_BAD_INPUT,

@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::args::{RecordArgs, SourceKind, SyntheticRate};
-use super::units::{parse_bytes, parse_duration_ns};
 use crate::bag::writer::WriterOptions;
 use crate::bag::Flavour;
 use crate::pipeline::PipelineConfig;
 use crate::record::{RecordSettings, SourceSettings};
 use crate::retention::RetentionPolicy;
 use crate::source::generator::{GeneratorConfig, Pace};
+use crate::units::{parse_bytes, parse_duration_ns};
 
 /// rosbag2's smallest split size (21 pages of 4 KiB).
 pub const MIN_MAX_BAG_SIZE: u64 = 86016;
@@ -75,25 +75,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
     let output = a.output.clone().unwrap_or_else(default_output_name);
     check_output_path(&output)?;
     let retention = retention_policy(a, max_bag_size, max_bag_duration_ns)?;
-    let mut pipeline = PipelineConfig {
-        max_cache_size: usize::try_from(max_cache_size).unwrap_or(usize::MAX),
-        ..PipelineConfig::default()
-    };
-    if retention.is_circular()
-        || retention.min_free_space.is_some()
-        || retention.min_free_space_percent.is_some()
-    {
-        // Retention runs between batches, so a batch must be small next to a split and the
-        // budget for the bound to hold within one batch.
-        let mut cap = pipeline.batch_max_bytes as u64;
-        if max_bag_size > 0 {
-            cap = cap.min(max_bag_size / 4);
-        }
-        if let Some(size) = retention.max_record_size {
-            cap = cap.min(size / 8);
-        }
-        pipeline.batch_max_bytes = usize::try_from(cap.max(MIN_BATCH_BYTES)).unwrap_or(usize::MAX);
-    }
+    let pipeline = PipelineConfig::for_limits(max_cache_size, max_bag_size, &retention);
     Ok(RecordSettings {
         output,
         writer: WriterOptions {
@@ -194,9 +176,6 @@ pub fn check_output_path(output: &Path) -> Result<(), String> {
     }
     Ok(())
 }
-
-/// Smallest batch byte cap under a retention limit (a single larger message still goes).
-const MIN_BATCH_BYTES: u64 = 64 * 1024;
 
 fn retention_policy(
     a: &RecordArgs,

@@ -98,7 +98,17 @@ impl Producer {
     /// Register a topic with the writer. Not for the hot path (it allocates and locks once).
     pub fn add_topic(&self, info: TopicInfo, definition: Option<MessageDefinition>) -> TopicHandle {
         let id = self.shared.next_topic.fetch_add(1, Relaxed);
-        let stats = Arc::new(TopicStats::new(&info.name, &info.type_name));
+        let mut stats = TopicStats::new(&info.name, &info.type_name);
+        if let Some(q) = info.offered_qos_profiles.first() {
+            stats.qos = format!(
+                "{}/{}/{}({})",
+                q.reliability.as_str(),
+                q.durability.as_str(),
+                q.history.as_str(),
+                q.depth
+            );
+        }
+        let stats = Arc::new(stats);
         if let Ok(mut t) = self.shared.topics.lock() {
             t.push(stats.clone());
         }

@@ -12,6 +12,8 @@ use std::time::Duration;
 pub struct TopicStats {
     pub name: String,
     pub type_name: String,
+    /// The first offered QoS profile, short (`reliable/volatile/keep_last(10)`); for status.
+    pub qos: String,
     /// Entered the queue.
     pub accepted: AtomicU64,
     /// Refused at the queue: byte budget or slots full (`--max-cache-size`).

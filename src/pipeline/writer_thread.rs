@@ -44,6 +44,40 @@ impl Default for PipelineConfig {
     }
 }
 
+/// Smallest batch byte cap under a retention limit (a single larger message still goes).
+const MIN_BATCH_BYTES: u64 = 64 * 1024;
+
+impl PipelineConfig {
+    /// Defaults with `max_cache_size`, and batches capped under a retention limit: retention
+    /// runs between batches, so a batch must be small next to a split and the budget for
+    /// the bound to hold within one batch. Shared by `record` and the service.
+    pub fn for_limits(
+        max_cache_size: u64,
+        max_bag_size: u64,
+        retention: &crate::retention::RetentionPolicy,
+    ) -> Self {
+        let mut pipeline = PipelineConfig {
+            max_cache_size: usize::try_from(max_cache_size).unwrap_or(usize::MAX),
+            ..PipelineConfig::default()
+        };
+        if retention.is_circular()
+            || retention.min_free_space.is_some()
+            || retention.min_free_space_percent.is_some()
+        {
+            let mut cap = pipeline.batch_max_bytes as u64;
+            if max_bag_size > 0 {
+                cap = cap.min(max_bag_size / 4);
+            }
+            if let Some(size) = retention.max_record_size {
+                cap = cap.min(size / 8);
+            }
+            pipeline.batch_max_bytes =
+                usize::try_from(cap.max(MIN_BATCH_BYTES)).unwrap_or(usize::MAX);
+        }
+        pipeline
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     #[error(transparent)]
@@ -76,6 +110,17 @@ pub struct Progress {
     pub committed: std::sync::atomic::AtomicU64,
     /// Split files created so far, the open one included.
     pub splits: std::sync::atomic::AtomicU64,
+    /// Iterations of the writer loop. The loop turns at least every 5 ms even when idle, so
+    /// a counter that stops moving means the writer is stuck (in I/O, a lock, a bug): the
+    /// service's watchdog pings only while it moves.
+    pub loops: std::sync::atomic::AtomicU64,
+    /// Set by [`Pipeline::request_rotate`]; the writer closes the open split at its next turn.
+    pub rotate_requested: AtomicBool,
+    /// What the retention budget holds, published after each batch and rotation (0 / -1
+    /// without retention): bytes, split files, start of the oldest kept message (ns).
+    pub budget_bytes: std::sync::atomic::AtomicU64,
+    pub budget_files: std::sync::atomic::AtomicU64,
+    pub budget_oldest_ns: std::sync::atomic::AtomicI64,
 }
 
 pub struct Pipeline {
@@ -158,6 +203,15 @@ impl Pipeline {
             p.shared.stop.store(true, Relaxed);
         }
         p
+    }
+
+    /// Ask the writer to close the open split now and open the next (through retention, as
+    /// a size or time split does). Returns at once; the writer acts at its next turn.
+    pub fn request_rotate(&self) {
+        self.progress.rotate_requested.store(true, Relaxed);
+        if let Some(h) = &self.handle {
+            h.thread().unpark();
+        }
     }
 
     /// Committed-message and split counters, updated by the writer thread.
@@ -288,13 +342,37 @@ impl WriterCtx {
             // Learn the empty split's real size before any message is judged against it.
             ret.sync(w);
         }
+        // Enforce the budget over the whole root before the first message: older bags (a
+        // restart, a smaller budget after a reload) may already exceed it.
+        if let Some(reason) = self.after_batch()? {
+            return Ok(reason);
+        }
         let mut batch: Vec<Item> = Vec::with_capacity(self.cfg.batch_max_messages);
         let mut batch_bytes = 0usize;
         let mut batch_started = Instant::now();
         let mut last_drop_report = Instant::now();
         let mut reported_drops = 0u64;
         loop {
+            self.progress.loops.fetch_add(1, Relaxed);
             let stopping = self.shared.stop.load(Relaxed);
+            if self.progress.rotate_requested.swap(false, Relaxed) && !stopping {
+                // Write what is batched into the split being closed first, so the closed
+                // split holds everything accepted before the request.
+                if !batch.is_empty() {
+                    let stop = self.write(&mut batch)?;
+                    batch_bytes = 0;
+                    if let Some(reason) = stop {
+                        return Ok(reason);
+                    }
+                }
+                if let Some(reason) = self.rotate()? {
+                    return Ok(reason);
+                }
+                if let Some(reason) = self.after_batch()? {
+                    return Ok(reason);
+                }
+                continue;
+            }
             self.drain_registrations()?;
             let mut disconnected = false;
             while batch.len() < self.cfg.batch_max_messages
@@ -465,6 +543,7 @@ impl WriterCtx {
         if let Some(Some(stats)) = self.topic_stats.get(item.topic as usize) {
             if stats.oversize.fetch_add(1, Relaxed) == 0 {
                 log::warn!(
+                    ringbag_topic = stats.name.as_str();
                     "{}: a {} byte message cannot fit under --max-record-size {} even with every \
                      older split deleted; dropping such messages (counted as oversize)",
                     stats.name,
@@ -547,6 +626,12 @@ impl WriterCtx {
         let w = self.writer.as_mut().expect("writer present");
         let (verdict, deleted) = ret.after_batch(w)?;
         self.splits_deleted.fetch_add(deleted, Relaxed);
+        let usage = ret.usage(w);
+        let p = &self.progress;
+        p.budget_bytes.store(usage.bytes, Relaxed);
+        p.budget_files.store(usage.files, Relaxed);
+        p.budget_oldest_ns
+            .store(usage.oldest_start_ns.unwrap_or(-1), Relaxed);
         Ok(match verdict {
             Verdict::Continue => None,
             Verdict::StopMaxSplits(n) => Some(StopReason::MaxSplits(n)),

@@ -18,7 +18,10 @@ use crate::bag::{MessageDefinition, TopicInfo};
 use crate::source::cdr::{self, CdrWriter, HEADER_LEN};
 
 /// A set of topics to generate, chosen with `--synthetic-profile`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize, serde::Serialize,
+)]
+#[serde(rename_all = "kebab-case")]
 pub enum SyntheticProfile {
     /// IMU 400 Hz, tf 100 Hz, two 1280x720 rgb8 cameras at 30 Hz, a ~1 MB point cloud at 10 Hz.
     Robot,

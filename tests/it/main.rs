@@ -12,3 +12,4 @@ mod reader;
 mod record;
 mod recovery;
 mod retention;
+mod service;

@@ -1,4 +1,5 @@
-//! Byte sizes and durations as the command line and the config file spell them.
+//! Byte sizes and durations as the command line and the config file spell them. Below both
+//! `cli` and `config`, so that the config does not import the CLI.
 //!
 //! Numbers are parsed as exact decimals (integer arithmetic, never floats), so a large value
 //! keeps every digit and a value that does not fit is refused instead of wrapping or

@@ -1,0 +1,359 @@
+//! `ringbag daemon`: the always-on service. One bag per start (and per SIGHUP) in the
+//! recording root, the budget over every bag in it, systemd's notify protocol (READY,
+//! STOPPING, STATUS, EXTEND_TIMEOUT_USEC, a progress-gated WATCHDOG), SIGUSR1 to close the
+//! split at once, SIGHUP to reload, and the status file.
+//!
+//! It records through `record::run_with`, the same code path as `ringbag record`, with
+//! [`Hooks`] for everything the service adds.
+
+pub mod notify;
+pub mod status;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sd_notify::NotifyState;
+
+use crate::bag::schema::StoragePreset;
+use crate::bag::writer::WriterOptions;
+use crate::bag::Flavour;
+use crate::config::{Checked, ConfigError, ServiceConfig, SourceChoice, SyntheticRate};
+use crate::pipeline::PipelineConfig;
+use crate::record::{self, RecordError, RecordSettings, Running, SourceSettings, Supervisor};
+use crate::signals;
+use crate::source::generator::{GeneratorConfig, Pace};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{}: cannot create the recording root: {source}", path.display())]
+    Root {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot install signal handlers: {0}")]
+    Signals(nix::Error),
+    #[error("{0}")]
+    Record(RecordError),
+}
+
+impl ServiceError {
+    /// Bad input (exit 2, and systemd's RestartPreventExitStatus=2 stops a restart loop).
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            ServiceError::Config(_) => true,
+            ServiceError::Record(e) => e.is_bad_input(),
+            _ => false,
+        }
+    }
+}
+
+/// The last warning or error logged, for the status file.
+static LAST_PROBLEM: Mutex<Option<String>> = Mutex::new(None);
+
+/// Called by the logger for every warning and error.
+pub fn remember_problem(level: log::Level, message: &str) {
+    if let Ok(mut last) = LAST_PROBLEM.lock() {
+        *last = Some(format!(
+            "{} {}: {message}",
+            chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ"),
+            level.as_str().to_lowercase()
+        ));
+    }
+}
+
+fn last_problem() -> Option<String> {
+    LAST_PROBLEM.lock().ok().and_then(|l| l.clone())
+}
+
+/// `2026-12-02T03-04-05Z_0007`: UTC start time, then a sequence number one above the highest
+/// in the root, so names never collide and sort by start even when the clock jumps back
+/// (a cold boot without RTC).
+pub fn next_bag_name(root: &Path, now: chrono::DateTime<chrono::Utc>) -> String {
+    let highest = std::fs::read_dir(root)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(bag_sequence))
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0);
+    format!(
+        "{}_{:04}",
+        now.format("%Y-%m-%dT%H-%M-%SZ"),
+        highest.saturating_add(1)
+    )
+}
+
+/// The sequence number of a name [`next_bag_name`] made.
+fn bag_sequence(name: &str) -> Option<u64> {
+    let (stamp, seq) = name.rsplit_once('_')?;
+    let ours = stamp.len() == 20
+        && stamp.ends_with('Z')
+        && stamp.as_bytes().get(10) == Some(&b'T')
+        && !seq.is_empty()
+        && seq.bytes().all(|b| b.is_ascii_digit());
+    ours.then(|| seq.parse().ok()).flatten()
+}
+
+/// The recording settings for one bag of a checked config.
+pub fn record_settings(c: &Checked, bag: PathBuf) -> RecordSettings {
+    let source = match c.source {
+        SourceChoice::Synthetic => SourceSettings::Synthetic(GeneratorConfig {
+            profile: c.synthetic_profile,
+            pace: match c.synthetic_rate {
+                SyntheticRate::Realtime => Pace::Realtime,
+                SyntheticRate::Max => Pace::Max,
+            },
+            count: c.synthetic_count,
+        }),
+        #[cfg(feature = "ros")]
+        SourceChoice::Ros => SourceSettings::Ros(crate::source::select::RosSourceOptions {
+            topics: c.config.topics.clone(),
+            all: c.config.all,
+            regex: c.config.regex.clone(),
+            exclude_regex: c.config.exclude_regex.clone(),
+            exclude_topics: c.config.exclude_topics.clone(),
+            polling_interval: Duration::from_millis(100),
+            no_discovery: false,
+            include_hidden_topics: c.config.include_hidden_topics,
+            qos_profile_overrides_path: None,
+        }),
+        // `ServiceConfig::check` refuses "ros" in a build without it.
+        #[cfg(not(feature = "ros"))]
+        SourceChoice::Ros => SourceSettings::Synthetic(GeneratorConfig {
+            profile: c.synthetic_profile,
+            pace: Pace::Realtime,
+            count: c.synthetic_count,
+        }),
+    };
+    RecordSettings {
+        output: bag,
+        writer: WriterOptions {
+            flavour: c.config.bag_format.unwrap_or_else(Flavour::from_env),
+            preset: c
+                .config
+                .storage_preset_profile
+                .unwrap_or(StoragePreset::WriteOptimized),
+            max_bag_size: c.budgets.max_bag_size,
+            max_bag_duration_ns: c.budgets.max_bag_duration_ns,
+            custom_data: BTreeMap::new(),
+        },
+        pipeline: PipelineConfig::for_limits(
+            c.max_cache_size,
+            c.budgets.max_bag_size,
+            &c.retention,
+        ),
+        retention: c.retention.clone(),
+        source,
+        clock: c.clock.clone(),
+        // The root is a recording root: recover what a crash left, budget over every bag.
+        recover: true,
+        status_file: None,
+    }
+}
+
+/// `ringbag daemon --config FILE --check-config`.
+pub fn check_config(path: &Path) -> Result<Checked, ConfigError> {
+    ServiceConfig::load_checked(path)
+}
+
+/// How often STATUS= and the status file are refreshed.
+const STATUS_EVERY: Duration = Duration::from_secs(1);
+
+/// `ringbag daemon --config FILE`: record until SIGTERM/SIGINT (Ok), or until the writer
+/// fails (Err: exit 1, and systemd restarts the service).
+pub fn run(config_path: &Path) -> Result<(), ServiceError> {
+    // First: SIGHUP and SIGUSR1 must not end the process at their default action.
+    signals::install_service_requests().map_err(ServiceError::Signals)?;
+    let mut checked = ServiceConfig::load_checked(config_path)?;
+    let started = Instant::now();
+    let mut collector = status::Collector::new(config_path.to_path_buf(), started);
+    let mut ready_sent = false;
+    loop {
+        let root = checked.output_root.clone();
+        std::fs::create_dir_all(&root).map_err(|source| ServiceError::Root {
+            path: root.clone(),
+            source,
+        })?;
+        let bag = root.join(next_bag_name(&root, chrono::Utc::now()));
+        let settings = record_settings(&checked, bag.clone());
+        collector.reset_rates();
+        let mut hooks = Hooks {
+            config_path,
+            status_file: checked.status_file.clone(),
+            collector: &mut collector,
+            ready_sent: &mut ready_sent,
+            extender: None,
+            watchdog: None,
+            last_status: None,
+            status_failing: false,
+            reload: None,
+        };
+        let result = record::run_with(settings, &mut hooks);
+        let reload = hooks.reload.take();
+        match result {
+            Ok(out) => log::info!(
+                ringbag_bag:% = bag.display();
+                "bag {} finished: {} messages written, {} dropped",
+                bag.display(),
+                out.summary.written,
+                out.summary.dropped_total()
+            ),
+            Err(f) => {
+                if let Some(s) = &f.summary {
+                    log::info!(
+                        "bag {}: {} messages written before the error",
+                        bag.display(),
+                        s.written
+                    );
+                }
+                return Err(ServiceError::Record(f.error));
+            }
+        }
+        match reload {
+            Some(new) if !signals::stop_requested() => {
+                checked = *new;
+                log::info!("configuration reloaded; starting a new bag");
+            }
+            _ => break,
+        }
+    }
+    Ok(())
+}
+
+/// The service's side of a recording.
+struct Hooks<'a> {
+    config_path: &'a Path,
+    status_file: PathBuf,
+    collector: &'a mut status::Collector,
+    ready_sent: &'a mut bool,
+    extender: Option<notify::Extender>,
+    watchdog: Option<notify::Watchdog>,
+    last_status: Option<Instant>,
+    status_failing: bool,
+    /// A valid new config read on SIGHUP: end this bag, start the next with it.
+    reload: Option<Box<Checked>>,
+}
+
+impl Hooks<'_> {
+    fn publish_status(&mut self, run: &Running<'_>) {
+        let st = self.collector.collect(run, last_problem());
+        notify::send(&[NotifyState::Status(&st.line())]);
+        match (status::write(&self.status_file, &st), self.status_failing) {
+            (Ok(()), true) => {
+                self.status_failing = false;
+                log::info!("status file {}: written again", self.status_file.display());
+            }
+            (Err(e), false) => {
+                self.status_failing = true;
+                log::warn!(
+                    "status file {}: cannot write it: {e}; retrying quietly",
+                    self.status_file.display()
+                );
+            }
+            _ => {}
+        }
+        self.last_status = Some(Instant::now());
+    }
+}
+
+impl Supervisor for Hooks<'_> {
+    fn recovering(&mut self, active: bool) {
+        if active && !*self.ready_sent {
+            self.extender = Some(notify::Extender::start());
+        } else if let Some(e) = self.extender.take() {
+            e.stop();
+        }
+    }
+
+    fn started(&mut self, run: &Running<'_>) {
+        // READY only once the writer has turned once: the first split is open and the
+        // budget over the root has been enforced (the writer does that before any message).
+        let progress = run.pipeline.progress();
+        while progress.loops.load(Relaxed) == 0 && !run.pipeline.stopping() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // A SIGUSR1 while starting has nothing to close: the previous bag was finished.
+        let _ = signals::take_rotate();
+        self.publish_status(run);
+        notify::send(&[NotifyState::Ready]);
+        *self.ready_sent = true;
+        self.watchdog = notify::Watchdog::from_env(progress.loops.load(Relaxed));
+    }
+
+    fn tick(&mut self, run: &Running<'_>) -> bool {
+        let progress = run.pipeline.progress();
+        if let Some(wd) = self.watchdog.as_mut() {
+            wd.poll(progress.loops.load(Relaxed));
+        }
+        if signals::take_rotate() {
+            let p = run.pipeline.progress();
+            let bag = &run.settings.output;
+            let split = bag.join(format!(
+                "{}_{}.db3",
+                bag.file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default(),
+                p.splits.load(Relaxed).saturating_sub(1)
+            ));
+            log::info!(
+                ringbag_bag:% = bag.display(), ringbag_split:% = split.display();
+                "SIGUSR1: closing the current split {}",
+                split.display()
+            );
+            run.pipeline.request_rotate();
+        }
+        if signals::take_reload() {
+            match ServiceConfig::load_checked(self.config_path) {
+                Ok(c) => {
+                    log::info!("SIGHUP: configuration valid; finishing this bag");
+                    notify::send(&[NotifyState::Reloading]);
+                    self.reload = Some(Box::new(c));
+                    return true;
+                }
+                Err(e) => log::error!("SIGHUP: {e}; keeping the running configuration"),
+            }
+        }
+        if self.last_status.is_none_or(|t| t.elapsed() >= STATUS_EVERY) {
+            self.publish_status(run);
+        }
+        false
+    }
+
+    fn finishing(&mut self, run: &Running<'_>) {
+        if signals::stop_requested() {
+            notify::send(&[NotifyState::Stopping]);
+        }
+        self.publish_status(run);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn bag_names_never_collide_when_the_clock_jumps_back() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let late = chrono::Utc.with_ymd_and_hms(2026, 12, 2, 3, 4, 5).unwrap();
+        let early = chrono::Utc.with_ymd_and_hms(1970, 1, 1, 0, 0, 9).unwrap();
+        let a = next_bag_name(tmp.path(), late);
+        assert_eq!(a, "2026-12-02T03-04-05Z_0001");
+        std::fs::create_dir(tmp.path().join(&a)).unwrap();
+        std::fs::create_dir(tmp.path().join("not-a-bag_9999")).unwrap();
+        let b = next_bag_name(tmp.path(), early);
+        assert_eq!(b, "1970-01-01T00-00-09Z_0002");
+        std::fs::create_dir(tmp.path().join(&b)).unwrap();
+        // The same second twice: still distinct.
+        assert_eq!(
+            next_bag_name(tmp.path(), early),
+            "1970-01-01T00-00-09Z_0003"
+        );
+    }
+}

@@ -1,0 +1,403 @@
+//! The status file (`/run/ringbag/status.json`), rewritten atomically every second, and
+//! `ringbag status`, which reads it.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::record::Running;
+
+/// The status file is stale (the service is not recording) when older than this.
+pub const STALE_AFTER: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct TopicStatus {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub type_name: String,
+    pub qos: String,
+    /// Messages accepted per second over the last interval.
+    pub rate_hz: f64,
+    /// Payload bytes accepted so far (this bag).
+    pub bytes: u64,
+    pub accepted: u64,
+    pub written: u64,
+    pub dropped_queue_full: u64,
+    pub dropped_oversize: u64,
+    pub dropped_after_stop: u64,
+    pub unwritten: u64,
+}
+
+/// Use of the budget against each limit (`null` = limit off).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct BudgetStatus {
+    pub bytes: u64,
+    pub max_record_size: Option<u64>,
+    pub files: u64,
+    pub max_bag_files: Option<u32>,
+    pub span_s: f64,
+    pub max_record_duration_s: Option<f64>,
+    pub free_bytes: Option<u64>,
+    pub partition_bytes: Option<u64>,
+    pub min_free_space: Option<u64>,
+    pub min_free_space_percent: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ClockStatus {
+    /// "ptp" or "system": what stamps.
+    pub source: String,
+    pub requested: String,
+    pub fallback_reason: Option<String>,
+    /// PHC time − UTC applied (time scale), seconds; null for the system clock.
+    pub phc_minus_utc_s: Option<i64>,
+    /// Stamping clock − the system's wall clock (CLOCK_REALTIME) now, ns: how far the
+    /// bag's timestamps are from the host's idea of UTC.
+    pub offset_ns: i64,
+    pub uncertainty_ns: Option<f64>,
+    pub drift_ppb: Option<f64>,
+    pub steps: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    pub pid: u32,
+    /// Wall-clock time of this write, ms since the Unix epoch.
+    pub updated_unix_ms: u64,
+    pub uptime_s: f64,
+    pub config: PathBuf,
+    pub bag: PathBuf,
+    pub split: Option<PathBuf>,
+    pub splits_created: u64,
+    pub messages_per_s: f64,
+    pub mb_per_s: f64,
+    pub committed: u64,
+    pub dropped: u64,
+    pub budget: BudgetStatus,
+    pub clock: ClockStatus,
+    pub topics: Vec<TopicStatus>,
+    pub last_error: Option<String>,
+}
+
+impl Status {
+    /// One line for systemd's STATUS= (`systemctl status` shows it).
+    pub fn line(&self) -> String {
+        let b = &self.budget;
+        let mut parts = vec![format!(
+            "{:.0} msg/s, {:.2} MB/s, {} dropped",
+            self.messages_per_s, self.mb_per_s, self.dropped
+        )];
+        let mut budget = vec![match b.max_record_size {
+            Some(m) => format!("{} of {}", mib(b.bytes), mib(m)),
+            None => mib(b.bytes),
+        }];
+        if let Some(m) = b.max_bag_files {
+            budget.push(format!("{} of {m} files", b.files));
+        }
+        if let Some(m) = b.max_record_duration_s {
+            budget.push(format!("{:.0} of {m:.0} s", b.span_s));
+        }
+        if let (Some(free), true) = (
+            b.free_bytes,
+            b.min_free_space.is_some() || b.min_free_space_percent.is_some(),
+        ) {
+            budget.push(format!("{} free", mib(free)));
+        }
+        parts.push(format!("budget {}", budget.join(", ")));
+        let clock = match self.clock.uncertainty_ns {
+            Some(u) => format!("clock {} ±{:.0} ns", self.clock.source, u),
+            None => format!("clock {}", self.clock.source),
+        };
+        parts.push(clock);
+        parts.join("; ")
+    }
+
+    /// For a person (`ringbag status`).
+    pub fn human(&self, age: Duration) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(s, "{}", self.line());
+        let _ = writeln!(
+            s,
+            "pid {}, up {:.0} s, status written {:.1} s ago",
+            self.pid,
+            self.uptime_s,
+            age.as_secs_f64()
+        );
+        let _ = writeln!(s, "bag:   {}", self.bag.display());
+        if let Some(split) = &self.split {
+            let _ = writeln!(
+                s,
+                "split: {} ({} created)",
+                split.display(),
+                self.splits_created
+            );
+        }
+        let b = &self.budget;
+        let lim = |v: Option<String>| v.unwrap_or_else(|| "off".into());
+        let _ = writeln!(
+            s,
+            "budget: {} of {}; {} files of {}; {:.0} s of {}",
+            mib(b.bytes),
+            lim(b.max_record_size.map(mib)),
+            b.files,
+            lim(b.max_bag_files.map(|n| n.to_string())),
+            b.span_s,
+            lim(b.max_record_duration_s.map(|d| format!("{d:.0} s")))
+        );
+        if let Some(free) = b.free_bytes {
+            let _ = writeln!(
+                s,
+                "free space: {} (floor {}{})",
+                mib(free),
+                lim(b.min_free_space.map(mib)),
+                b.min_free_space_percent
+                    .map(|p| format!(", {p}%"))
+                    .unwrap_or_default()
+            );
+        }
+        let c = &self.clock;
+        let _ = writeln!(
+            s,
+            "clock: {} (requested {}), offset from system {} ns, uncertainty {}, steps {}{}",
+            c.source,
+            c.requested,
+            c.offset_ns,
+            c.uncertainty_ns
+                .map(|u| format!("{u:.0} ns"))
+                .unwrap_or_else(|| "n/a".into()),
+            c.steps,
+            c.fallback_reason
+                .as_deref()
+                .map(|r| format!("; fallback: {r}"))
+                .unwrap_or_default()
+        );
+        for t in &self.topics {
+            let _ = writeln!(
+                s,
+                "  {:<32} {:>8.1} Hz {:>12} B  written {:>9}  dropped {} (queue {}, oversize {}, after stop {})  {}",
+                t.name,
+                t.rate_hz,
+                t.bytes,
+                t.written,
+                t.dropped_queue_full + t.dropped_oversize + t.dropped_after_stop,
+                t.dropped_queue_full,
+                t.dropped_oversize,
+                t.dropped_after_stop,
+                t.qos
+            );
+        }
+        if let Some(e) = &self.last_error {
+            let _ = writeln!(s, "last error: {e}");
+        }
+        s
+    }
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+pub fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The counts of the previous snapshot: when, messages and bytes accepted, per topic.
+type Previous = (Instant, u64, u64, Vec<(String, u64)>);
+
+/// Builds successive [`Status`] snapshots; remembers the previous counts for rates.
+pub struct Collector {
+    pub config: PathBuf,
+    pub started: Instant,
+    prev: Option<Previous>,
+}
+
+impl Collector {
+    pub fn new(config: PathBuf, started: Instant) -> Self {
+        Collector {
+            config,
+            started,
+            prev: None,
+        }
+    }
+
+    /// Forget rates (a new bag starts its counters at zero).
+    pub fn reset_rates(&mut self) {
+        self.prev = None;
+    }
+
+    pub fn collect(&mut self, run: &Running<'_>, last_error: Option<String>) -> Status {
+        let now = Instant::now();
+        let progress = run.pipeline.progress();
+        let topics = run.pipeline.topic_stats();
+        let accepted: u64 = topics.iter().map(|t| t.accepted()).sum();
+        let bytes: u64 = topics.iter().map(|t| t.bytes()).sum();
+        let (dt, prev_acc, prev_bytes, prev_topics) = match &self.prev {
+            Some((t, a, b, per)) => (now.duration_since(*t).as_secs_f64(), *a, *b, per.clone()),
+            None => (0.0, accepted, bytes, Vec::new()),
+        };
+        let rate = |now: u64, before: u64| {
+            if dt > 0.0 {
+                now.saturating_sub(before) as f64 / dt
+            } else {
+                0.0
+            }
+        };
+        let topic_status: Vec<TopicStatus> = topics
+            .iter()
+            .map(|t| {
+                let before = prev_topics
+                    .iter()
+                    .find(|(n, _)| *n == t.name)
+                    .map_or(t.accepted(), |(_, a)| *a);
+                TopicStatus {
+                    name: t.name.clone(),
+                    type_name: t.type_name.clone(),
+                    qos: t.qos.clone(),
+                    rate_hz: rate(t.accepted(), before),
+                    bytes: t.bytes(),
+                    accepted: t.accepted(),
+                    written: t.written(),
+                    dropped_queue_full: t.dropped(),
+                    dropped_oversize: t.oversize(),
+                    dropped_after_stop: t.dropped_after_stop(),
+                    unwritten: t.unwritten(),
+                }
+            })
+            .collect();
+        self.prev = Some((
+            now,
+            accepted,
+            bytes,
+            topics
+                .iter()
+                .map(|t| (t.name.clone(), t.accepted()))
+                .collect(),
+        ));
+        let s = run.settings;
+        let policy = &s.retention;
+        let oldest = progress.budget_oldest_ns.load(Relaxed);
+        let now_ns = crate::clock::TimeSource::now_ns(run.clock);
+        let wall_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        let span_s = if oldest >= 0 && now_ns > oldest {
+            (now_ns - oldest) as f64 / 1e9
+        } else {
+            0.0
+        };
+        let root = s.output.parent().unwrap_or(Path::new("/"));
+        let fs = nix::sys::statvfs::statvfs(root).ok();
+        #[allow(clippy::unnecessary_cast)] // fsblkcnt_t is 32-bit on some targets
+        let (free, total) = match fs {
+            Some(st) => (
+                Some(st.blocks_available() as u64 * st.fragment_size() as u64),
+                Some(st.blocks() as u64 * st.fragment_size() as u64),
+            ),
+            None => (None, None),
+        };
+        let tracker = run.clock.status();
+        let clock_settings = &s.clock;
+        let source = run.clock.source_name().to_string();
+        let dropped = topic_status
+            .iter()
+            .map(|t| t.dropped_queue_full + t.dropped_oversize + t.dropped_after_stop)
+            .sum();
+        let bag = s.output.clone();
+        let split_index = progress.splits.load(Relaxed);
+        let split = (split_index > 0).then(|| {
+            let name = bag
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            bag.join(format!("{name}_{}.db3", split_index - 1))
+        });
+        Status {
+            pid: std::process::id(),
+            updated_unix_ms: unix_ms_now(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            config: self.config.clone(),
+            bag,
+            split,
+            splits_created: split_index,
+            messages_per_s: rate(accepted, prev_acc),
+            mb_per_s: rate(bytes, prev_bytes) / 1e6,
+            committed: progress.committed.load(Relaxed),
+            dropped,
+            budget: BudgetStatus {
+                bytes: progress.budget_bytes.load(Relaxed),
+                max_record_size: policy.max_record_size,
+                files: progress.budget_files.load(Relaxed),
+                max_bag_files: policy.max_bag_files,
+                span_s,
+                max_record_duration_s: policy.max_record_duration_ns.map(|d| d as f64 / 1e9),
+                free_bytes: free,
+                partition_bytes: total,
+                min_free_space: policy.min_free_space,
+                min_free_space_percent: policy.min_free_space_percent,
+            },
+            clock: ClockStatus {
+                phc_minus_utc_s: (source == "ptp")
+                    .then(|| clock_settings.phc_minus_utc_ns() / 1_000_000_000),
+                offset_ns: now_ns.saturating_sub(wall_ns),
+                source,
+                requested: clock_settings.kind.as_str().to_string(),
+                fallback_reason: run.clock.fallback_reason().map(str::to_string),
+                uncertainty_ns: tracker.as_ref().and_then(|t| t.uncertainty_now_ns),
+                drift_ppb: tracker.as_ref().and_then(|t| t.drift_ppb),
+                steps: tracker.as_ref().map_or(0, |t| t.steps),
+            },
+            topics: topic_status,
+            last_error,
+        }
+    }
+}
+
+/// Replace `path` atomically with `status` as JSON.
+pub fn write(path: &Path, status: &Status) -> Result<(), crate::bag::BagError> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| crate::bag::BagError::invalid(path, "needs a file name in UTF-8"))?;
+    let mut text = serde_json::to_string_pretty(status)
+        .map_err(|e| crate::bag::BagError::invalid(path, e.to_string()))?;
+    text.push('\n');
+    crate::bag::metadata::write_file_atomic(dir, name, text.as_bytes())
+}
+
+/// What `ringbag status` found.
+#[derive(Debug)]
+pub enum Read {
+    /// Fresh: the service is recording.
+    Fresh(Box<Status>, Duration),
+    /// Older than [`STALE_AFTER`]: not recording.
+    Stale(Box<Status>, Duration),
+}
+
+/// Read the status file; Err is one line naming the file (missing, unreadable, not ours).
+pub fn read(path: &Path) -> Result<Read, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let status: Status = serde_json::from_str(&text)
+        .map_err(|e| format!("{}: not a ringbag status file: {e}", path.display()))?;
+    let age = Duration::from_millis(unix_ms_now().saturating_sub(status.updated_unix_ms));
+    // The file's mtime too: a clock step must not make a dead service look alive.
+    let mtime_age = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+        .unwrap_or_default();
+    let age = age.max(mtime_age);
+    Ok(if age > STALE_AFTER {
+        Read::Stale(Box::new(status), age)
+    } else {
+        Read::Fresh(Box::new(status), age)
+    })
+}
