@@ -537,6 +537,25 @@ mod tests {
     }
 
     #[test]
+    fn byte_offsets_become_one_based_lines_and_columns_in_characters() {
+        let t = "a = 1\nµs = \"x\"\n";
+        assert_eq!(line_column(t, 0), (1, 1));
+        assert_eq!(line_column(t, 4), (1, 5));
+        assert_eq!(line_column(t, 6), (2, 1));
+        // After the two-byte µ: column 3, not 4.
+        assert_eq!(line_column(t, 9), (2, 3));
+        assert_eq!(line_column(t, 999), (3, 1));
+    }
+
+    #[test]
+    fn shared_validation_messages_name_config_keys_not_flags() {
+        assert_eq!(
+            flags_as_keys("--max-record-size needs -b/--max-bag-size or -d/--max-bag-duration"),
+            "max_record_size needs max_bag_size or max_bag_duration"
+        );
+    }
+
+    #[test]
     fn clock_settings_default_like_the_command_line() {
         let c = ServiceConfig::parse("", Path::new("x.toml")).unwrap();
         assert_eq!(c.clock_settings(), ClockSettings::default());

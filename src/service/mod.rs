@@ -278,6 +278,8 @@ impl Supervisor for Hooks<'_> {
         while progress.loops.load(Relaxed) == 0 && !run.pipeline.stopping() {
             std::thread::sleep(Duration::from_millis(1));
         }
+        // A SIGUSR1 while starting has nothing to close: the previous bag was finished.
+        let _ = signals::take_rotate();
         self.publish_status(run);
         notify::send(&[NotifyState::Ready]);
         *self.ready_sent = true;

@@ -316,13 +316,19 @@ fn sigterm_ends_record_even_while_recovery_is_stuck_before_the_loop() {
             || sigterm_caught(pid)),
         "ringbag neither blocked nor started recording"
     );
-    let in_loop = sigterm_caught(pid);
     sigterm(pid);
     let o = crate::common::wait_deadline(child, 10).expect("SIGTERM did not end ringbag");
-    if in_loop {
-        assert_eq!(o.status.code(), Some(0), "clean stop: {}", stderr(&o));
-    } else {
-        assert_eq!(o.status.signal(), Some(libc::SIGTERM), "{}", stderr(&o));
+    // A clean stop once the recording loop runs; before it, the default action. Which one
+    // depends on how far it got (and under qemu-user /proc shows the emulator's signal
+    // dispositions, not ringbag's), so either is right; hanging or another end is not.
+    assert!(
+        o.status.code() == Some(0) || o.status.signal() == Some(libc::SIGTERM),
+        "{:?}: {}",
+        o.status,
+        stderr(&o)
+    );
+    if o.status.code() == Some(0) {
+        assert!(out.join("metadata.yaml").is_file(), "a clean stop finishes the bag");
     }
 }
 

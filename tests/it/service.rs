@@ -394,10 +394,14 @@ fn status_prints_the_file_and_exits_3_when_it_is_stale_and_2_when_missing() {
 #[test]
 fn a_killed_daemon_is_recovered_at_the_next_start_before_ready() {
     let tmp = tempfile::tempdir().unwrap();
-    let (config, root, _) = write_config(tmp.path(), "");
+    let (config, root, status) = write_config(tmp.path(), "");
     let mut d = Daemon::start(tmp.path(), &config, &root, &[]);
-    d.wait_for("some messages committed", |d| {
-        d.lines_with("STATUS=").len() >= 2
+    d.wait_for("100 messages committed", |_| {
+        std::fs::read_to_string(&status)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["committed"].as_u64())
+            .is_some_and(|n| n >= 100)
     });
     d.signal(Signal::SIGKILL);
     let _ = d.wait();
@@ -413,6 +417,15 @@ fn a_killed_daemon_is_recovered_at_the_next_start_before_ready() {
         ringbag::bag::lock::state(&killed),
         ringbag::bag::lock::LockState::Clean
     );
+    // While recovering it asked systemd for more start time, before READY.
+    let notes = d.notes();
+    let at = |prefix: &str| {
+        notes
+            .iter()
+            .position(|n| n.text.lines().any(|l| l.starts_with(prefix)))
+    };
+    let extend = at("EXTEND_TIMEOUT_USEC=").expect("EXTEND_TIMEOUT_USEC sent");
+    assert!(extend < at("READY=1").unwrap(), "{notes:?}");
     d.signal(Signal::SIGTERM);
     let (st, err, _) = d.wait();
     assert_eq!(st.code(), Some(0), "{err}");
@@ -455,6 +468,14 @@ fn check_config_names_file_line_column_key_and_problem_for_each_class_of_mistake
                 a_file.display(),
                 a_file.display()
             ),
+        ),
+        (
+            "source = \"synthetic\"\noutput_root = \"/proc/ringbag\"\n".into(),
+            "2:15: output_root: /proc/ringbag: on a filesystem without storage (such as /proc or /sys)".into(),
+        ),
+        (
+            "output_root = \"bags\"\n".into(),
+            "1:15: output_root: bags: must be an absolute path".into(),
         ),
         (
             format!("{head}clock = \"sundial\"\n"),
@@ -582,7 +603,13 @@ fn when_stderr_is_the_journal_entries_carry_priority_and_ringbag_fields() {
         .arg(&script)
         .arg(&err_file)
         .arg(env!("CARGO_BIN_EXE_ringbag"))
-        .args(["record", "--source", "synthetic", "--synthetic-profile", "small"])
+        .args([
+            "record",
+            "--source",
+            "synthetic",
+            "--synthetic-profile",
+            "small",
+        ])
         .args(["--synthetic-count", "50", "--clock", "auto"])
         .args(["--ptp-device", "/nonexistent/ptp9", "-o"])
         .arg(&bag)
@@ -601,7 +628,11 @@ fn when_stderr_is_the_journal_entries_carry_priority_and_ringbag_fields() {
             .unwrap_or_else(|| panic!("no entry with {needle:?} in {entries:?}"))
     };
     let fallback = with_message("stamping with the system clock");
-    assert_eq!(field(fallback, "PRIORITY").as_deref(), Some("4"), "{fallback:?}");
+    assert_eq!(
+        field(fallback, "PRIORITY").as_deref(),
+        Some("4"),
+        "{fallback:?}"
+    );
     let recording = with_message("recording into");
     // systemd-journal-logger maps info to notice (5), warn to warning (4).
     assert_eq!(field(recording, "PRIORITY").as_deref(), Some("5"));
@@ -648,4 +679,66 @@ fn journal_entries(out: &[u8]) -> Vec<Vec<(String, String)>> {
         }
     }
     entries
+}
+
+/// Bytes of every split file (with `-wal`/`-shm`) under the root.
+fn root_split_bytes(root: &Path) -> u64 {
+    bags(root)
+        .iter()
+        .flat_map(|b| {
+            ringbag::bag::reader::find_split_files(b)
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |f| ringbag::bag::writer::split_size_on_disk(&b.join(f)))
+        })
+        .sum()
+}
+
+#[test]
+fn the_budget_spans_every_bag_in_the_root_across_reloads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let status = tmp.path().join("status.json");
+    let config = tmp.path().join("ringbag.toml");
+    let budget: u64 = 3 << 20;
+    // 100 × 64 KiB messages a second: the 3 MiB budget fills within a second.
+    std::fs::write(
+        &config,
+        format!(
+            "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
+             synthetic_profile = \"medium\"\nclock = \"system\"\nmax_bag_size = \"512KiB\"\n\
+             max_record_size = \"3MiB\"\n",
+            root.display(),
+            status.display()
+        ),
+    )
+    .unwrap();
+    let mut d = Daemon::start(tmp.path(), &config, &root, &[]);
+    d.wait_for("READY=1", |d| !d.lines_with("READY=1").is_empty());
+    let first = bags(&root).pop().unwrap();
+    let first_split = first.join(format!(
+        "{}_0.db3",
+        first.file_name().unwrap().to_string_lossy()
+    ));
+    d.wait_for("retention to delete the first split", |_| {
+        !first_split.exists()
+    });
+    d.signal(Signal::SIGHUP);
+    d.wait_for("a second bag", |_| bags(&root).len() == 2);
+    let second = bags(&root).pop().unwrap();
+    // The second bag alone outgrows the budget: the first bag's splits must make room.
+    d.wait_for("the first bag to be emptied or removed", |_| {
+        splits(&first) == 0 || !first.exists()
+    });
+    assert!(root_split_bytes(&root) <= budget);
+    d.signal(Signal::SIGTERM);
+    let (st, err, _) = d.wait();
+    assert_eq!(st.code(), Some(0), "{err}");
+    let total = root_split_bytes(&root);
+    assert!(
+        total <= budget,
+        "{total} bytes of splits over a {budget} budget"
+    );
+    let info = run(&["info", second.to_str().unwrap()]);
+    assert!(info.status.success(), "{}", stderr(&info));
 }
