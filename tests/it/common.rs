@@ -10,7 +10,36 @@ use ringbag::bag::{Flavour, QosProfile, TopicInfo};
 /// The `ringbag` binary. Under cross testing the binary is for another architecture, so
 /// `RINGBAG_TEST_RUNNER` (e.g. `qemu-aarch64-static -L /usr/aarch64-linux-gnu`) prefixes it.
 pub fn ringbag() -> Command {
-    let bin = env!("CARGO_BIN_EXE_ringbag");
+    with_runner(Path::new(env!("CARGO_BIN_EXE_ringbag")))
+}
+
+/// Run one test of this binary in a process of its own (for figures that are per process,
+/// such as RSS, which tests running in parallel threads would otherwise distort). The test
+/// sees `RINGBAG_TEST_CHILD=1` and does the work; the parent asserts that exactly that one
+/// test ran and passed.
+pub fn run_test_in_own_process(name: &str) -> Output {
+    let exe = std::env::current_exe().expect("test binary path");
+    let o = with_runner(&exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("RINGBAG_TEST_CHILD", "1")
+        .output()
+        .expect("test binary runs");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("1 passed"),
+        "{name} in its own process: {out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+/// True inside the process `run_test_in_own_process` started.
+pub fn in_test_child() -> bool {
+    std::env::var_os("RINGBAG_TEST_CHILD").is_some()
+}
+
+/// `bin` as a command, prefixed by `RINGBAG_TEST_RUNNER` when set.
+fn with_runner(bin: &Path) -> Command {
     match std::env::var("RINGBAG_TEST_RUNNER")
         .ok()
         .filter(|r| !r.trim().is_empty())

@@ -328,7 +328,10 @@ fn sigterm_ends_record_even_while_recovery_is_stuck_before_the_loop() {
         stderr(&o)
     );
     if o.status.code() == Some(0) {
-        assert!(out.join("metadata.yaml").is_file(), "a clean stop finishes the bag");
+        assert!(
+            out.join("metadata.yaml").is_file(),
+            "a clean stop finishes the bag"
+        );
     }
 }
 
