@@ -36,9 +36,20 @@ pub enum PlayError {
     Sink(String),
 }
 
+/// Why a sink did not take a message.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The consumer went away (`ringbag play --sink echo | head`): playing ends, and that is
+    /// not a failure.
+    #[error("output closed by its reader")]
+    Closed,
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Where played messages go.
 pub trait Sink {
-    fn publish(&mut self, topic: &TopicInfo, timestamp: i64, data: &[u8]) -> Result<(), String>;
+    fn publish(&mut self, topic: &TopicInfo, timestamp: i64, data: &[u8]) -> Result<(), SinkError>;
 }
 
 /// Prints messages instead of publishing them.
@@ -48,7 +59,7 @@ pub struct EchoSink<W: Write> {
 }
 
 impl<W: Write> Sink for EchoSink<W> {
-    fn publish(&mut self, topic: &TopicInfo, timestamp: i64, data: &[u8]) -> Result<(), String> {
+    fn publish(&mut self, topic: &TopicInfo, timestamp: i64, data: &[u8]) -> Result<(), SinkError> {
         let r = match self.format {
             EchoFormat::Text => writeln!(
                 self.out,
@@ -69,7 +80,10 @@ impl<W: Write> Sink for EchoSink<W> {
                 writeln!(self.out, "{line}")
             }
         };
-        r.map_err(|e| format!("cannot write to output: {e}"))
+        r.map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe => SinkError::Closed,
+            _ => SinkError::Failed(format!("cannot write to output: {e}")),
+        })
     }
 }
 
@@ -92,7 +106,12 @@ impl RosSink {
 
 #[cfg(feature = "ros")]
 impl Sink for RosSink {
-    fn publish(&mut self, topic: &TopicInfo, _timestamp: i64, data: &[u8]) -> Result<(), String> {
+    fn publish(
+        &mut self,
+        topic: &TopicInfo,
+        _timestamp: i64,
+        data: &[u8],
+    ) -> Result<(), SinkError> {
         if !self.declared.contains(&topic.name) {
             self.inner
                 .declare_topic(&topic.name, &topic.offered_qos_profiles);
@@ -100,7 +119,7 @@ impl Sink for RosSink {
         }
         self.inner
             .publish(&topic.name, &topic.type_name, data)
-            .map_err(|e| e.to_string())
+            .map_err(|e| SinkError::Failed(e.to_string()))
     }
 }
 
@@ -163,8 +182,11 @@ pub fn play_bag(
                 }
                 std::thread::sleep(left.min(STOP_POLL));
             }
-            sink.publish(&bag.topics[m.topic], m.timestamp, &m.data)
-                .map_err(PlayError::Sink)?;
+            match sink.publish(&bag.topics[m.topic], m.timestamp, &m.data) {
+                Ok(()) => {}
+                Err(SinkError::Closed) => return Ok(report),
+                Err(SinkError::Failed(e)) => return Err(PlayError::Sink(e)),
+            }
             report.published += 1;
         }
         report.loops += 1;

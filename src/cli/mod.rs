@@ -79,11 +79,17 @@ fn cmd_status(a: &args::StatusArgs) -> i32 {
     };
     if a.json {
         match serde_json::to_string_pretty(&status) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => {
+                if let Err(code) = emit(&format!("{s}\n")) {
+                    return code;
+                }
+            }
             Err(e) => return fail(EXIT_FAILURE, e),
         }
     } else {
-        print!("{}", status.human(age));
+        if let Err(code) = emit(&status.human(age)) {
+            return code;
+        }
     }
     if stale {
         eprintln!(
@@ -188,11 +194,17 @@ fn cmd_reindex(a: &args::ReindexArgs) -> i32 {
         Ok(report) => {
             if a.json {
                 match serde_json::to_string_pretty(&report) {
-                    Ok(s) => println!("{s}"),
+                    Ok(s) => {
+                        if let Err(code) = emit(&format!("{s}\n")) {
+                            return code;
+                        }
+                    }
                     Err(e) => return fail(EXIT_FAILURE, e),
                 }
             } else {
-                print!("{}", report.summary());
+                if let Err(code) = emit(&report.summary()) {
+                    return code;
+                }
             }
             EXIT_OK
         }
@@ -213,7 +225,9 @@ fn cmd_clock(a: &args::ClockCmdArgs) -> i32 {
     }
     match crate::clock::diagnose(&settings, a.samples.max(1)) {
         Ok(report) => {
-            print!("{report}");
+            if let Err(code) = emit(&report.to_string()) {
+                return code;
+            }
             EXIT_OK
         }
         Err(e) => fail(EXIT_BAD_INPUT, e),
@@ -282,6 +296,19 @@ fn ros_sink() -> Result<Box<dyn crate::play::Sink>, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Write `text` to stdout. A reader that went away early (`ringbag info BAG | head`) is no
+/// failure of ours: the rest is dropped quietly, where `print!` would panic. Any other write
+/// error (a full disk behind a redirection) is one error line and exit 1.
+fn emit(text: &str) -> Result<(), i32> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(fail(EXIT_FAILURE, format!("standard output: {e}"))),
+    }
+}
+
 fn fail(code: i32, msg: impl std::fmt::Display) -> i32 {
     eprintln!("ringbag: error: {msg}");
     code
@@ -292,11 +319,17 @@ fn cmd_info(a: &args::InfoArgs) -> i32 {
         Ok(bag) => {
             if a.json {
                 match serde_json::to_string_pretty(&info_json(&bag)) {
-                    Ok(s) => println!("{s}"),
+                    Ok(s) => {
+                        if let Err(code) = emit(&format!("{s}\n")) {
+                            return code;
+                        }
+                    }
                     Err(e) => return fail(EXIT_FAILURE, e),
                 }
             } else {
-                print!("{}", info_text(&bag));
+                if let Err(code) = emit(&info_text(&bag)) {
+                    return code;
+                }
             }
             EXIT_OK
         }

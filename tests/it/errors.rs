@@ -733,3 +733,33 @@ fn a_fifo_as_ptp_device_is_refused_at_once_by_clock_and_record() {
         Some("system")
     );
 }
+
+/// Run `args` with stdout a pipe whose reader is already gone; returns (exit code, stderr).
+fn with_closed_stdout(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = crate::common::ringbag()
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("ringbag runs");
+    // The reader closes before ringbag writes anything: `| head -c0`.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().expect("ringbag ends");
+    (o.status.code(), stderr(&o))
+}
+
+#[test]
+fn a_reader_that_closes_the_pipe_early_is_not_a_failure_or_a_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = good_bag(tmp.path());
+    let bag = bag.to_str().unwrap();
+    for args in [
+        vec!["info", bag],
+        vec!["info", "--json", bag],
+        vec!["play", bag, "--sink", "echo", "--rate", "1000"],
+    ] {
+        let (code, err) = with_closed_stdout(&args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
