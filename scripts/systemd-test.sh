@@ -539,8 +539,15 @@ check_bad_config() {
 
 # ---------------------------------------------------------------- boot
 echo "systemd: booting a container (systemd-nspawn --volatile=yes), work dir $WORK"
+# binfmt_misc is not namespaced on this kernel: the container's systemd-binfmt would register
+# the host's binfmt.d entries at boot and, worse, `--unregister` every entry of the whole
+# machine at shutdown (the aarch64 stage's qemu registration included). Masked.
 systemd-nspawn -D / --volatile=yes --register=no --keep-unit -M "$NAME" \
-    --bind="$WORK:$IN" -b --console=pipe >"$WORK/console.log" 2>&1 </dev/null &
+    --bind="$WORK:$IN" -b --console=pipe -- \
+    systemd.mask=systemd-binfmt.service \
+    systemd.mask=proc-sys-fs-binfmt_misc.automount \
+    systemd.mask=proc-sys-fs-binfmt_misc.mount \
+    >"$WORK/console.log" 2>&1 </dev/null &
 NSPAWN_PID=$!
 T_BOOT="$(now)"
 deadline=$((SECONDS + 60))

@@ -117,8 +117,17 @@ fn reports_permission_denied_for_an_unreadable_device_file() {
     }
     // Root reads anything: drop to nobody in a subprocess that re-runs this test.
     let exe = std::env::current_exe().expect("test binary path");
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+    let mut setpriv = Command::new("setpriv");
+    setpriv.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]);
+    // Under cross testing this binary is for another architecture: run it through the same
+    // emulator the test runner uses, never relying on a binfmt_misc registration.
+    if let Some(runner) = std::env::var("RINGBAG_TEST_RUNNER")
+        .ok()
+        .filter(|r| !r.trim().is_empty())
+    {
+        setpriv.args(runner.split_whitespace());
+    }
+    let out = setpriv
         .arg(&exe)
         .args([
             "--exact",

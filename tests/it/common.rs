@@ -13,6 +13,17 @@ pub fn ringbag() -> Command {
     with_runner(Path::new(env!("CARGO_BIN_EXE_ringbag")))
 }
 
+/// `ringbag` run as the unprivileged user `nobody` through `setpriv` (root, as in CI,
+/// ignores permission bits), with the same runner prefix as [`ringbag`].
+pub fn ringbag_as_nobody() -> Command {
+    let rb = ringbag();
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(rb.get_program())
+        .args(rb.get_args());
+    c
+}
+
 /// Run one test of this binary in a process of its own (for figures that are per process,
 /// such as RSS, which tests running in parallel threads would otherwise distort). The test
 /// sees `RINGBAG_TEST_CHILD=1` and does the work; the parent asserts that exactly that one

@@ -564,18 +564,12 @@ fn an_output_directory_the_user_may_not_create_is_bad_input() {
     ];
     let o = if nix::unistd::geteuid().is_root() {
         // Root ignores permission bits (CI runs as root): drop to nobody for this run.
-        let probe = std::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(env!("CARGO_BIN_EXE_ringbag"))
-            .arg("--version")
-            .output();
+        let probe = crate::common::ringbag_as_nobody().arg("--version").output();
         if !probe.is_ok_and(|p| p.status.success()) {
             eprintln!("SKIP: cannot run ringbag as nobody through setpriv");
             return;
         }
-        std::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(env!("CARGO_BIN_EXE_ringbag"))
+        crate::common::ringbag_as_nobody()
             .args(args)
             .env_remove("RINGBAG_LOG")
             .output()

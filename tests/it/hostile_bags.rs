@@ -335,11 +335,7 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
 /// `ringbag args…` as the unprivileged user `nobody` (root ignores permission bits), or
 /// `None` when this machine cannot switch users.
 fn run_as_nobody(args: &[&OsStr]) -> Option<Output> {
-    let rb = ringbag();
-    let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(rb.get_program())
-        .args(rb.get_args())
+    let out = crate::common::ringbag_as_nobody()
         .args(args)
         .stdin(Stdio::null())
         .output();

@@ -6,7 +6,6 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use ringbag::bag::lock::{self, BagLock, LockState, LOCK_FILE};
 use ringbag::bag::reader::{Bag, ReadFilter};
@@ -272,9 +271,7 @@ fn recovery_skips_a_bag_the_recorder_may_not_write_and_still_records() {
         return;
     }
     let new = root.join("new");
-    let out = Command::new("setpriv")
-        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
-        .arg(env!("CARGO_BIN_EXE_ringbag"))
+    let out = crate::common::ringbag_as_nobody()
         .args([
             "record",
             "--source",
