@@ -197,8 +197,13 @@ pub fn run_with(
     // With --recover the parent directory is a recording root (as the service uses it): the
     // budget then spans the recovered bags too, oldest first. Otherwise only this bag counts.
     let retention = if settings.recover {
-        Retention::open_root(&root, &settings.output, settings.retention.clone())
-            .map_err(|e| failure(RecordError::Pipeline(e.into()), None))?
+        let mut r = Retention::open_root(&root, &settings.output, settings.retention.clone())
+            .map_err(|e| failure(RecordError::Pipeline(e.into()), None))?;
+        // The older bags may already exceed the budget (a smaller budget after a restart or
+        // reload): make room before the new bag appears, not after.
+        r.before_new_bag(&root)
+            .map_err(|e| failure(RecordError::Pipeline(e.into()), None))?;
+        r
     } else {
         Retention::new(settings.retention.clone())
     };

@@ -261,6 +261,37 @@ impl CurrentBag for BagWriter {
     }
 }
 
+/// The bag being recorded before it exists: no split, nothing closed, nothing of its own to
+/// delete. Lets the limits be enforced over the older bags alone.
+struct NoBagYet<'a> {
+    dir: &'a Path,
+}
+
+impl CurrentBag for NoBagYet<'_> {
+    fn dir(&self) -> &Path {
+        self.dir
+    }
+    fn open_split_footprint(&self) -> u64 {
+        0
+    }
+    fn has_open_split(&self) -> bool {
+        false
+    }
+    fn open_split_span(&self) -> Option<(i64, i64)> {
+        None
+    }
+    fn take_newly_closed(&mut self) -> Vec<ClosedSplit> {
+        Vec::new()
+    }
+    fn delete_oldest_closed(&mut self) -> Result<Option<ClosedSplit>, BagError> {
+        Ok(None)
+    }
+    fn set_split_limit(&mut self, _n: u32) {}
+    fn split_limit_reached(&self) -> bool {
+        false
+    }
+}
+
 /// Whose split a FIFO entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Owner {
@@ -477,6 +508,15 @@ impl Retention {
         self.sync(w);
         let need = self.empty_split_bytes;
         self.enforce(w, need, NO_START)
+    }
+
+    /// Before the bag being recorded is created under `root` (a recording root at start):
+    /// delete the oldest splits of older bags until a new bag with an empty split fits under
+    /// every limit, so the bound also holds while the new bag appears. Returns splits deleted.
+    pub fn before_new_bag(&mut self, root: &Path) -> Result<u64, RetentionError> {
+        let mut nothing_yet = NoBagYet { dir: root };
+        let need = self.empty_split_bytes;
+        self.enforce(&mut nothing_yet, need, NO_START)
     }
 
     /// Close the open split and open the next, deleting old splits in between so that no

@@ -282,6 +282,27 @@ impl Bag {
                 None,
             );
         }
+        // A live recording's retention rewrites metadata.yaml and then deletes a split: a
+        // reader that read the old listing finds a listed file gone. When metadata.yaml was
+        // replaced meanwhile (a new inode), that is the reason: read the new one.
+        let meta_inode = || {
+            use std::os::unix::fs::MetadataExt;
+            fs::symlink_metadata(path.join(METADATA_FILE))
+                .ok()
+                .map(|m| m.ino())
+        };
+        let mut tries = 0;
+        loop {
+            let before = meta_inode();
+            match Self::open_dir(path) {
+                Err(_) if tries < 3 && before.is_some() && meta_inode() != before => tries += 1,
+                r => return r,
+            }
+        }
+    }
+
+    /// Open a bag directory, trusting its metadata.yaml as far as it can be trusted.
+    fn open_dir(path: &Path) -> Result<Bag, BagError> {
         let meta_path = path.join(METADATA_FILE);
         // `symlink_metadata`: a FIFO, directory or link under this name is metadata.yaml
         // present (and then refused by `read`), never "missing".

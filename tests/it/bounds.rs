@@ -474,3 +474,43 @@ fn a_full_disk_stop_counts_every_accepted_message_and_reports_what_is_on_disk() 
     );
     assert_disk_figures(&out, &err);
 }
+
+#[test]
+fn a_reader_of_a_live_bag_never_trips_over_a_split_retention_just_deleted() {
+    // Retention rewrites metadata.yaml and then deletes the oldest split, many times a second
+    // here; a reader that read the old listing must not fail on the vanished file. (A live
+    // bag's newest split is not listed yet, which the reader reports as a recording in
+    // progress: that answer is right.)
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("live");
+    let mut child = ringbag()
+        .args(["record", "-o", out.to_str().unwrap()])
+        .args(["--source", "synthetic", "--synthetic-profile", "small"])
+        .args(["--synthetic-rate", "max", "--synthetic-count"])
+        .arg(scaled(60_000).to_string())
+        .args(["-b", "86016", "--max-bag-files", "3", "--log-level", "warn"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ringbag starts");
+    let (mut opened, mut failures) = (0, Vec::new());
+    while child.try_wait().expect("wait").is_none() {
+        if !out.join("metadata.yaml").exists() {
+            continue;
+        }
+        match Bag::open(&out) {
+            Ok(_) => opened += 1,
+            Err(e) if e.to_string().contains("recording in progress") => opened += 1,
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    assert!(child.wait().unwrap().success());
+    eprintln!("read a live bag's metadata {opened} times");
+    assert!(opened > 0);
+    assert!(
+        failures.is_empty(),
+        "{} failures: {:?}",
+        failures.len(),
+        &failures[..1]
+    );
+}

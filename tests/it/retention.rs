@@ -611,3 +611,37 @@ fn a_recovered_bag_stays_inside_the_budget_of_the_next_recording() {
     }
     Bag::open(&out).unwrap();
 }
+
+#[test]
+fn older_bags_over_the_budget_make_room_before_the_new_bag_is_created() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    old_bag(&root.join("boot_a"), T0, 3, 10);
+    old_bag(&root.join("boot_b"), T0 + 3_600_000_000_000, 3, 10);
+    let all_splits = |root: &Path| -> usize {
+        ["boot_a", "boot_b"]
+            .iter()
+            .map(|b| find_split_files(&root.join(b)).map_or(0, |f| f.len()))
+            .sum()
+    };
+    assert_eq!(all_splits(root), 6);
+    // A restart with a smaller budget: 3 files, the new bag's first split included.
+    let policy = RetentionPolicy {
+        max_bag_files: Some(3),
+        ..Default::default()
+    };
+    let current = root.join("boot_c");
+    let mut r = Retention::open_root(root, &current, policy).unwrap();
+    let deleted = r.before_new_bag(root).unwrap();
+    assert_eq!(
+        deleted, 4,
+        "oldest first, until the new split has its place"
+    );
+    assert_eq!(all_splits(root), 2);
+    assert!(
+        !root.join("boot_a").exists(),
+        "the emptied oldest bag is gone"
+    );
+    assert_true_and_readable(&root.join("boot_b"));
+    assert!(!current.exists(), "nothing of the new bag exists yet");
+}
