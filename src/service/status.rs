@@ -136,23 +136,30 @@ impl Status {
             );
         }
         let b = &self.budget;
-        let lim = |v: Option<String>| v.unwrap_or_else(|| "off".into());
+        // "7.1 MiB of 8.0 MiB", or "7.1 MiB (no limit)" when that limit is off.
+        let of = |used: String, limit: Option<String>| match limit {
+            Some(l) => format!("{used} of {l}"),
+            None => format!("{used} (no limit)"),
+        };
         let _ = writeln!(
             s,
-            "budget: {} of {}; {} files of {}; {:.0} s of {}",
-            mib(b.bytes),
-            lim(b.max_record_size.map(mib)),
-            b.files,
-            lim(b.max_bag_files.map(|n| n.to_string())),
-            b.span_s,
-            lim(b.max_record_duration_s.map(|d| format!("{d:.0} s")))
+            "budget: {}; {}; {}",
+            of(mib(b.bytes), b.max_record_size.map(mib)),
+            of(
+                format!("{} files", b.files),
+                b.max_bag_files.map(|n| n.to_string())
+            ),
+            of(
+                format!("{:.0} s", b.span_s),
+                b.max_record_duration_s.map(|d| format!("{d:.0} s"))
+            )
         );
         if let Some(free) = b.free_bytes {
             let _ = writeln!(
                 s,
                 "free space: {} (floor {}{})",
                 mib(free),
-                lim(b.min_free_space.map(mib)),
+                b.min_free_space.map_or_else(|| "off".to_string(), mib),
                 b.min_free_space_percent
                     .map(|p| format!(", {p}%"))
                     .unwrap_or_default()
