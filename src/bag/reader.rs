@@ -283,19 +283,17 @@ impl Bag {
             );
         }
         // A live recording's retention rewrites metadata.yaml and then deletes a split: a
-        // reader that read the old listing finds a listed file gone. When metadata.yaml was
-        // replaced meanwhile (a new inode), that is the reason: read the new one.
-        let meta_inode = || {
-            use std::os::unix::fs::MetadataExt;
-            fs::symlink_metadata(path.join(METADATA_FILE))
-                .ok()
-                .map(|m| m.ino())
-        };
+        // reader that read the old listing finds a listed file gone. When metadata.yaml
+        // changed meanwhile, that is the reason: read the new one. (Compared by content: an
+        // inode number is recycled by the next rewrite's temp file.) Bounded, because a
+        // recorder with tiny splits may rotate faster than a loaded reader opens.
+        // Never blocks: a FIFO under that name is refused, not read.
+        let meta_bytes = || super::fsguard::read_regular_text(&path.join(METADATA_FILE)).ok();
         let mut tries = 0;
         loop {
-            let before = meta_inode();
+            let before = meta_bytes();
             match Self::open_dir(path) {
-                Err(_) if tries < 3 && before.is_some() && meta_inode() != before => tries += 1,
+                Err(_) if tries < 50 && before.is_some() && meta_bytes() != before => tries += 1,
                 r => return r,
             }
         }

@@ -143,22 +143,29 @@ pub fn write_bag(
     written
 }
 
-/// Wait for `child` to end within `secs`; on a timeout kill it and return None (a hang).
-/// stdout/stderr must have been piped or nulled; they are read after the child ends.
-pub fn wait_deadline(mut child: std::process::Child, secs: u64) -> Option<std::process::Output> {
-    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => return child.wait_with_output().ok(),
-            Ok(None) if std::time::Instant::now() < end => {
-                std::thread::sleep(std::time::Duration::from_millis(20))
-            }
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
-            }
+/// Wait for `child`, reading its pipes meanwhile (a full pipe would block it), and kill it
+/// if it runs past `secs`: `None` when it had to be killed.
+pub fn wait_deadline(child: std::process::Child, secs: u64) -> Option<std::process::Output> {
+    let pid = child.id();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let timed_out = done_rx
+            .recv_timeout(std::time::Duration::from_secs(secs))
+            .is_err();
+        if timed_out {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
+        timed_out
+    });
+    let out = child.wait_with_output().ok();
+    let _ = done_tx.send(());
+    if watchdog.join().unwrap_or(true) {
+        None
+    } else {
+        out
     }
 }
 

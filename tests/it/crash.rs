@@ -92,25 +92,8 @@ fn reindex_cli(bag: &Path, extra: &[&str]) -> serde_json::Value {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn reindex");
-    // Read both pipes while waiting (a full pipe would block the child); a watchdog
-    // thread kills a reindex that runs past the deadline.
-    let pid = child.id();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        let timed_out = done_rx.recv_timeout(Duration::from_secs(30)).is_err();
-        if timed_out {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        timed_out
-    });
-    let out = child.wait_with_output().expect("reindex output");
-    let _ = done_tx.send(());
-    if watchdog.join().expect("watchdog") {
-        panic!("{}: reindex took longer than 30 s", bag.display());
-    }
+    let out = crate::common::wait_deadline(child, 30)
+        .unwrap_or_else(|| panic!("{}: reindex took longer than 30 s", bag.display()));
     assert!(
         out.status.success(),
         "{}: reindex failed: {}",

@@ -23,30 +23,12 @@ fn run_deadline<S: AsRef<OsStr>>(args: &[S], secs: u64) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn ringbag");
-    let pid = child.id();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        let timed_out = done_rx.recv_timeout(Duration::from_secs(secs)).is_err();
-        if timed_out {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        timed_out
-    });
-    let out = child.wait_with_output().expect("ringbag output");
-    let _ = done_tx.send(());
+    let out = crate::common::wait_deadline(child, secs);
     let cmd: Vec<String> = args
         .iter()
         .map(|a| a.as_ref().to_string_lossy().into_owned())
         .collect();
-    assert!(
-        !watchdog.join().expect("watchdog"),
-        "`ringbag {}` hung (killed after {secs} s)",
-        cmd.join(" ")
-    );
-    out
+    out.unwrap_or_else(|| panic!("`ringbag {}` hung (killed after {secs} s)", cmd.join(" ")))
 }
 
 /// Assert exit 2 and exactly one stderr line, `ringbag: error: ...` containing `want`.

@@ -579,8 +579,10 @@ fn sigterm_ends_play_even_while_its_output_pipe_is_full() {
     w.write_batch((0..20_000).map(|_| (t, t0, data.as_slice())))
         .unwrap();
     w.finish().unwrap();
-    // stdout is a pipe nobody reads: the echo sink blocks in write(2) once it is full.
-    let child = crate::common::spawn(&["play", bag.to_str().unwrap(), "--sink", "echo"]);
+    // stdout is a pipe nobody reads: the echo sink blocks in write(2) once it is full. The
+    // read end is held here, unread, until the process has ended.
+    let mut child = crate::common::spawn(&["play", bag.to_str().unwrap(), "--sink", "echo"]);
+    let _unread = child.stdout.take();
     let pid = child.id();
     assert!(
         wait_for(30, || sigterm_caught(pid) && wchan(pid).contains("pipe")),
