@@ -701,10 +701,22 @@ impl BagWriter {
         // Make the empty split (header, schema) and its directory entry durable before any
         // metadata.yaml names it: otherwise a power cut can leave a listed 0-byte file, which
         // no reader opens (it has no tables). One small fsync per split.
+        // The connection is closed around the fsync: SQLite's locks are POSIX record locks,
+        // which the kernel drops for the whole process when *any* descriptor of the file is
+        // closed, so fsyncing through a second descriptor would leave the split unlocked for
+        // its whole life and let readers see half-written pages.
+        conn.close().map_err(|(_, e)| BagError::Sqlite {
+            path: path.clone(),
+            source: e,
+        })?;
         self.ops.sync_file(&path).map_err(BagError::io(&path))?;
         self.ops
             .sync_dir(&self.dir)
             .map_err(BagError::io(&self.dir))?;
+        let conn = Connection::open_with_flags(&path, flags).map_err(BagError::sqlite(&path))?;
+        // Per-connection settings (locking mode, synchronous, cache) are set again; the
+        // journal mode and page size live in the file.
+        apply_pragmas(&conn, &preset.write_pragmas()).map_err(BagError::sqlite(&path))?;
         self.next_index += 1;
         self.split = Some(OpenSplit {
             index,

@@ -600,3 +600,43 @@ fn sigterm_ends_play_even_while_its_output_pipe_is_full() {
         "grace honoured"
     );
 }
+
+#[test]
+fn the_open_split_stays_locked_against_readers_for_its_whole_life() {
+    // SQLite's locks are POSIX record locks: closing any other descriptor of the file in the
+    // recorder drops them. Readers in other processes must find the open split locked, also
+    // after a rotation (each new split is fsynced when it is created).
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("locked");
+    let mut child = crate::common::spawn(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--source",
+        "synthetic",
+        "--synthetic-profile",
+        "small",
+        "--synthetic-rate",
+        "realtime",
+        "-b",
+        "86016",
+        "--clock",
+        "system",
+    ]);
+    let split = |n: u32| out.join(format!("locked_{n}.db3"));
+    // The third split is open once the second exists... and the first rotation is done.
+    let rotated = wait_for(30, || split(2).exists());
+    let locked = rotated && ringbag::bag::reindex::locked_by_another_process(&split(2));
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    );
+    let status = child.wait().unwrap();
+    assert!(rotated, "no rotation within 30 s");
+    assert!(
+        locked,
+        "the open split {} is not locked",
+        split(2).display()
+    );
+    assert!(status.success());
+}
