@@ -624,15 +624,22 @@ fn the_open_split_stays_locked_against_readers_for_its_whole_life() {
         "system",
     ]);
     let split = |n: u32| out.join(format!("locked_{n}.db3"));
-    // The third split is open once the second exists... and the first rotation is done.
+    let size = |n: u32| std::fs::metadata(split(n)).map_or(0, |m| m.len());
+    // Two rotations done, and rows committed into the third split since it was created (its
+    // creation takes a moment, unlocked between steps; rows are written under the lock that
+    // write-optimized's exclusive locking mode then keeps).
     let rotated = wait_for(30, || split(2).exists());
-    let locked = rotated && ringbag::bag::reindex::locked_by_another_process(&split(2));
+    let created = size(2);
+    let written = rotated && wait_for(30, || size(2) > created + 8192 || split(3).exists());
+    let locked = written
+        && !split(3).exists()
+        && ringbag::bag::reindex::locked_by_another_process(&split(2));
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGINT,
     );
     let status = child.wait().unwrap();
-    assert!(rotated, "no rotation within 30 s");
+    assert!(rotated && written, "no rotation and rows within 30 s");
     assert!(
         locked,
         "the open split {} is not locked",
