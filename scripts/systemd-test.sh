@@ -451,7 +451,9 @@ check_reload() {
     bag0="$(newest_bag)"
     C systemctl reload ringbag
     wait_for 10 "a new bag after systemctl reload" differs "$bag0" newest_bag
-    running || die "not running after reload"
+    # The daemon sent RELOADING=1; the unit is `reloading` until its READY=1, which follows
+    # the new bag's first split by a moment.
+    wait_for 10 "active (running) after reload (READY=1 after RELOADING=1)" running
     [[ "$(prop MainPID)" == "$pid0" ]] || die "reload restarted the process"
     metric "reload: bag $bag0 -> $(newest_bag), same process"
 }
