@@ -348,6 +348,11 @@ fn status_prints_the_file_and_exits_3_when_it_is_stale_and_2_when_missing() {
     let (config, root, status) = write_config(tmp.path(), "");
     let mut d = Daemon::start(tmp.path(), &config, &root, &[]);
     d.wait_for("two STATUS lines", |d| d.lines_with("STATUS=").len() >= 2);
+    // The topic appears in the file once its first message was accepted, which can take
+    // more than two status periods under emulation.
+    d.wait_for("the topic in the status file", |_| {
+        std::fs::read_to_string(&status).is_ok_and(|t| t.contains("/synthetic/small"))
+    });
     let file = status.to_str().unwrap();
     let human = run(&["status", "--file", file]);
     assert_eq!(human.status.code(), Some(0), "{}", stderr(&human));
