@@ -231,12 +231,14 @@ run_interop() {
     return "$rc"
 }
 
-# The power-cut test (scripts/powercut-test.sh) needs root, loop devices, mkfs.xfs and
-# mkfs.ext4; it skips with the reason where loop devices cannot be used.
-POWERCUT_APT=(xfsprogs e2fsprogs)
-run_powercut() {
+# run_root_script NAME SCRIPT APT_PACKAGES...: a root-only test script that prints
+# `NAME: N passed, M failed` (or `NAME: SKIPPED: reason`) last. Its Debian packages are
+# installed when running as root; without root the script itself skips with the reason.
+run_root_script() {
+    local name="$1" script="$2"
+    shift 2
     local missing=() p
-    for p in "${POWERCUT_APT[@]}"; do
+    for p in "$@"; do
         dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
     done
     if [[ ${#missing[@]} -gt 0 && $EUID -eq 0 ]]; then
@@ -248,36 +250,19 @@ run_powercut() {
     fi
     cargo_n build --bin ringbag
     local rc=0
-    RINGBAG_BIN="$TARGET_DIR/debug/ringbag" bash scripts/powercut-test.sh 2>&1 |
-        tee "$LOGS/powercut.log" || rc=$?
-    COUNTS+=("powercut $(awk '/^powercut: [0-9]+ passed/ { print $2, $4, 0 }
-        /^powercut: SKIPPED/ { print 0, 0, 1 }' "$LOGS/powercut.log" | tail -n1)")
+    RINGBAG_BIN="$TARGET_DIR/debug/ringbag" bash "$script" 2>&1 | tee "$LOGS/$name.log" || rc=$?
+    COUNTS+=("$name $(awk -v n="$name" '$1 == n":" && $3 == "passed," { print $2, $4, 0 }
+        $1 == n":" && $2 == "SKIPPED:" { print 0, 0, 1 }' "$LOGS/$name.log" | tail -n1)")
     return "$rc"
 }
 
+# Power cuts (scripts/powercut-test.sh): needs root, loop devices, mkfs.xfs and mkfs.ext4;
+# skips with the reason where loop devices cannot be used.
+run_powercut() { run_root_script powercut scripts/powercut-test.sh xfsprogs e2fsprogs; }
+
 # The service under a real systemd (scripts/systemd-test.sh): boots systemd in a
 # systemd-nspawn container; skips with the reason only where nspawn is impossible.
-SYSTEMD_APT=(systemd-container)
-run_systemd() {
-    local missing=() p
-    for p in "${SYSTEMD_APT[@]}"; do
-        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-    done
-    if [[ ${#missing[@]} -gt 0 && $EUID -eq 0 ]]; then
-        [[ $INSTALL -eq 1 ]] || { echo "missing Debian packages: ${missing[*]}" >&2; return 1; }
-        echo "apt: installing ${missing[*]}"
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
-            { as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
-                as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; }
-    fi
-    cargo_n build --bin ringbag
-    local rc=0
-    RINGBAG_BIN="$TARGET_DIR/debug/ringbag" bash scripts/systemd-test.sh 2>&1 |
-        tee "$LOGS/systemd.log" || rc=$?
-    COUNTS+=("systemd $(awk '/^systemd: [0-9]+ passed/ { print $2, $4, 0 }
-        /^systemd: SKIPPED/ { print 0, 0, 1 }' "$LOGS/systemd.log" | tail -n1)")
-    return "$rc"
-}
+run_systemd() { run_root_script systemd scripts/systemd-test.sh systemd-container; }
 
 run_cross() {
     local rc=0

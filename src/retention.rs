@@ -261,6 +261,41 @@ impl CurrentBag for BagWriter {
     }
 }
 
+/// Bytes on disk for rows that add `growth` bytes to the file, before what a `-wal` already
+/// holds: the b-tree pages a commit rewrites on top, and with a WAL every page once in the
+/// `-wal` (plus its frame header) and once more in the file at the next checkpoint.
+fn rows_disk_growth(growth: u64, uses_wal: bool) -> u64 {
+    let file = growth + COMMIT_RESERVE_BYTES;
+    if uses_wal {
+        2 * file + file / 128
+    } else {
+        file
+    }
+}
+
+/// The largest single message the size budget can ever hold, from
+/// [`Retention::oversize_limit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OversizeLimit {
+    /// Bytes one message row may add to disk; `None` without a size budget.
+    room: Option<u64>,
+    uses_wal: bool,
+}
+
+impl OversizeLimit {
+    /// No size budget: every message fits.
+    pub const NONE: OversizeLimit = OversizeLimit {
+        room: None,
+        uses_wal: false,
+    };
+
+    /// Whether a message of `len` payload bytes fits.
+    pub fn fits(&self, len: u64) -> bool {
+        self.room
+            .is_none_or(|room| rows_disk_growth(row_growth_bytes(len), self.uses_wal) <= room)
+    }
+}
+
 /// The bag being recorded before it exists: no split, nothing closed, nothing of its own to
 /// delete. Lets the limits be enforced over the older bags alone.
 struct NoBagYet<'a> {
@@ -530,16 +565,22 @@ impl Retention {
         Ok(deleted)
     }
 
-    /// Whether a message of `len` payload bytes can ever be stored under the size budget:
-    /// alone in a fresh split, with every closed split deleted. When it cannot, the caller
-    /// drops it (counted as oversize) instead of breaking the bound.
-    pub fn fits_alone<B: CurrentBag + ?Sized>(&self, w: &B, len: u64) -> bool {
+    /// Which messages can ever be stored under the size budget: alone in a fresh split, with
+    /// every closed split deleted. The caller drops the others (counted as oversize) instead
+    /// of breaking the bound. Taken once per batch: the file-system reads happen here, and
+    /// [`OversizeLimit::fits`] is arithmetic only, cheap enough for every message.
+    pub fn oversize_limit<B: CurrentBag + ?Sized>(&self, w: &B) -> OversizeLimit {
         let Some(max) = self.policy.max_record_size else {
-            return true;
+            return OversizeLimit::NONE;
         };
-        let need = self.disk_growth(w, row_growth_bytes(len));
         let meta = fs::metadata(w.dir().join(METADATA_FILE)).map_or(0, |m| m.len());
-        self.empty_split_bytes + need + self.metadata_reserve(meta) + BAG_DIR_RESERVE_BYTES <= max
+        let fixed = self.empty_split_bytes + self.metadata_reserve(meta) + BAG_DIR_RESERVE_BYTES;
+        let uses_wal = w.uses_wal();
+        let wal = if uses_wal { w.open_split_wal() } else { 0 };
+        OversizeLimit {
+            room: Some(max.saturating_sub(fixed + wal)),
+            uses_wal,
+        }
     }
 
     /// Account for splits closed by the last batch (or a timer split) and re-apply the
@@ -594,13 +635,13 @@ impl Retention {
     /// b-tree pages a commit rewrites on top, and with a WAL every page once in the `-wal`
     /// (plus its frame header) and once more in the file at the next checkpoint.
     fn disk_growth<B: CurrentBag + ?Sized>(&self, w: &B, growth: u64) -> u64 {
-        let file = growth + COMMIT_RESERVE_BYTES;
-        if w.uses_wal() {
+        let wal = if w.uses_wal() {
             // The checkpoint may also copy what the -wal already holds into the file.
-            2 * file + file / 128 + w.open_split_wal()
+            w.open_split_wal()
         } else {
-            file
-        }
+            0
+        };
+        rows_disk_growth(growth, w.uses_wal()) + wal
     }
 
     /// metadata.yaml is rewritten through a temp file: old and new exist together for a

@@ -13,7 +13,7 @@ use super::stats::{RecordSummary, TopicStats, TopicSummary};
 use crate::bag::writer::{row_growth_bytes, BagSummary, BagWriter, Row};
 use crate::bag::BagError;
 use crate::clock::TimeSource;
-use crate::retention::{Retention, RetentionError, Verdict};
+use crate::retention::{OversizeLimit, Retention, RetentionError, Verdict};
 
 /// Free space kept in hand beyond each batch, for metadata.yaml and split headers.
 pub const DISK_RESERVE_BYTES: u64 = 1 << 20;
@@ -480,11 +480,16 @@ impl WriterCtx {
         // Rows in batch order with their producer ids; oversize messages are left out here.
         let mut rows: Vec<Row> = Vec::with_capacity(batch.len());
         let mut ids: Vec<u32> = Vec::with_capacity(batch.len());
+        // Once per batch: the per-message check below is arithmetic, no system call.
+        let limit = match (self.retention.as_ref(), self.writer.as_ref()) {
+            (Some(ret), Some(w)) => ret.oversize_limit(w),
+            _ => OversizeLimit::NONE,
+        };
         for item in batch {
             let Some(idx) = self.topic_map.get(item.topic as usize).copied().flatten() else {
                 continue; // Unknown topic: stays "unwritten" in the counts.
             };
-            if !self.fits_budget(item) {
+            if !self.fits_budget(item, &limit) {
                 continue;
             }
             rows.push((idx, item.ts, item.data.as_slice()));
@@ -533,11 +538,8 @@ impl WriterCtx {
 
     /// Whether `item` can ever fit under `--max-record-size`; if not, count it as oversize
     /// (warning once per topic) so the bound holds and the loss is visible.
-    fn fits_budget(&mut self, item: &Item) -> bool {
-        let (Some(ret), Some(w)) = (self.retention.as_ref(), self.writer.as_ref()) else {
-            return true;
-        };
-        if ret.fits_alone(w, item.data.len() as u64) {
+    fn fits_budget(&mut self, item: &Item, limit: &OversizeLimit) -> bool {
+        if limit.fits(item.data.len() as u64) {
             return true;
         }
         if let Some(Some(stats)) = self.topic_stats.get(item.topic as usize) {
@@ -548,7 +550,10 @@ impl WriterCtx {
                      older split deleted; dropping such messages (counted as oversize)",
                     stats.name,
                     item.data.len(),
-                    ret.policy().max_record_size.unwrap_or(0)
+                    self.retention
+                        .as_ref()
+                        .and_then(|r| r.policy().max_record_size)
+                        .unwrap_or(0)
                 );
             }
         }
