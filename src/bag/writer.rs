@@ -438,22 +438,6 @@ impl BagWriter {
         self.split_limit_reached = true;
     }
 
-    /// Split now if the open file spans `max_bag_duration` at time `now_ns`, with no budget
-    /// to consult. Returns true if it split, or if the split limit forbade the split (then
-    /// `split_limit_reached()` is true and the caller should stop).
-    pub fn split_if_due(&mut self, now_ns: i64) -> Result<bool, BagError> {
-        self.check_ok()?;
-        if self.split_limit_reached || !self.split_due_by_time(now_ns) {
-            return Ok(false);
-        }
-        if !self.may_open_another_split() {
-            self.split_limit_reached = true;
-            return Ok(true);
-        }
-        self.split()?;
-        Ok(true)
-    }
-
     /// Close the open split (commit, final metadata row, fsync file and directory); no split
     /// is open afterwards until [`open_next_split`](Self::open_next_split).
     pub fn close_split(&mut self) -> Result<(), BagError> {
@@ -503,10 +487,6 @@ impl BagWriter {
         self.guard(r)
     }
 
-    /// Bytes on disk of the open split, as of its last commit.
-    pub fn open_split_size(&self) -> u64 {
-        self.split.as_ref().map_or(0, |s| s.size_committed)
-    }
     /// (start, end) of the open split's messages, if it has any.
     pub fn open_split_span(&self) -> Option<(i64, i64)> {
         self.split
