@@ -687,6 +687,11 @@ struct Checked {
 /// Run quick_check and read everything metadata.yaml needs. `Err` carries the problem.
 fn check_split(path: &Path) -> Result<Checked, String> {
     let rel = file_name(path);
+    // SQLite reads a page cut short by truncation as zeros and quick_check does not look at
+    // payload bytes, so a file torn inside its last pages can pass it; the length decides.
+    if let Some(what) = missing_part(path, None) {
+        return Err(what);
+    }
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
