@@ -56,22 +56,31 @@ macro_rules! require_ros {
 struct Collector {
     topics: Mutex<Vec<TopicInfo>>,
     messages: Mutex<Vec<(usize, Vec<u8>)>>,
+    definitions: Mutex<Vec<Option<MessageDefinition>>>,
+    lost: Mutex<Vec<(usize, u64)>>,
     stop: AtomicBool,
 }
 
 impl RecordTarget for Collector {
     type Topic = usize;
-    fn add_topic(&self, info: TopicInfo, _definition: Option<MessageDefinition>) -> usize {
+    fn add_topic(&self, info: TopicInfo, definition: Option<MessageDefinition>) -> usize {
         let mut t = self.topics.lock().expect("topics lock");
         t.push(info);
+        self.definitions
+            .lock()
+            .expect("definitions lock")
+            .push(definition);
         t.len() - 1
     }
-    fn push_owned(&self, topic: &usize, data: Vec<u8>) -> bool {
+    fn push(&self, topic: &usize, data: &[u8]) -> bool {
         self.messages
             .lock()
             .expect("messages lock")
-            .push((*topic, data));
+            .push((*topic, data.to_vec()));
         true
+    }
+    fn lost(&self, topic: &usize, n: u64) {
+        self.lost.lock().expect("lost lock").push((*topic, n));
     }
     fn stop_requested(&self) -> bool {
         self.stop.load(Ordering::Relaxed)

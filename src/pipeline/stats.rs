@@ -26,6 +26,9 @@ pub struct TopicStats {
     pub written: AtomicU64,
     /// Payload bytes accepted.
     pub bytes: AtomicU64,
+    /// Never reached ringbag: lost inside the middleware, as it reported them (the
+    /// subscription's message-lost event). Not part of `offered`: these were never offered.
+    pub lost_in_middleware: AtomicU64,
 }
 
 impl TopicStats {
@@ -55,6 +58,9 @@ impl TopicStats {
     pub fn bytes(&self) -> u64 {
         self.bytes.load(Relaxed)
     }
+    pub fn lost_in_middleware(&self) -> u64 {
+        self.lost_in_middleware.load(Relaxed)
+    }
     /// Accepted but neither written nor dropped as oversize: still queued, or discarded when
     /// the writer stopped (`--max-splits`, a full disk, an I/O error). Final once producers
     /// and the writer have stopped.
@@ -80,6 +86,7 @@ pub struct TopicSummary {
     pub dropped_after_stop: u64,
     pub oversize: u64,
     pub unwritten: u64,
+    pub lost_in_middleware: u64,
 }
 
 impl TopicSummary {
@@ -92,6 +99,7 @@ impl TopicSummary {
             dropped_after_stop: t.dropped_after_stop(),
             oversize: t.oversize(),
             unwritten: t.unwritten(),
+            lost_in_middleware: t.lost_in_middleware(),
         }
     }
     pub fn dropped(&self) -> u64 {
@@ -108,6 +116,8 @@ pub struct RecordSummary {
     pub dropped_after_stop: u64,
     pub oversize: u64,
     pub unwritten: u64,
+    /// Reported lost by the middleware before reaching ringbag (live ROS 2 only).
+    pub lost_in_middleware: u64,
     pub bytes_accepted: u64,
     pub per_topic: Vec<TopicSummary>,
     pub wall_time: Duration,
@@ -129,6 +139,7 @@ impl RecordSummary {
         self.dropped_after_stop += t.dropped_after_stop;
         self.oversize += t.oversize;
         self.unwritten += t.unwritten;
+        self.lost_in_middleware += t.lost_in_middleware;
         self.per_topic.push(t);
     }
 }
@@ -158,18 +169,24 @@ impl std::fmt::Display for RecordSummary {
         )?;
         writeln!(
             f,
+            "lost in the middleware before reaching ringbag {} (as the subscriptions' message-lost events reported)",
+            self.lost_in_middleware
+        )?;
+        writeln!(
+            f,
             "splits kept {}, deleted by retention {}, bag size now {} bytes",
             self.splits_kept, self.splits_deleted, self.bag_size_bytes
         )?;
         for t in &self.per_topic {
             writeln!(
                 f,
-                "  {:<40} accepted {:>10}  written {:>10}  dropped {:>8}  unwritten {:>8}",
+                "  {:<40} accepted {:>10}  written {:>10}  dropped {:>8}  unwritten {:>8}  lost in middleware {:>8}",
                 t.name,
                 t.accepted,
                 t.written,
                 t.dropped(),
-                t.unwritten
+                t.unwritten,
+                t.lost_in_middleware
             )?;
         }
         Ok(())

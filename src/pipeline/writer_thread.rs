@@ -694,6 +694,18 @@ impl WriterCtx {
                 t.not_recorded().to_string(),
             );
         }
+        // Losses before ringbag saw the message are kept apart from its own drops: they say
+        // the publisher or the network outran the middleware, not that the recorder did.
+        let lost = sum(TopicStats::lost_in_middleware);
+        if lost > 0 {
+            w.set_custom_data("ringbag.lost_in_middleware", lost.to_string());
+        }
+        for t in topics.iter().filter(|t| t.lost_in_middleware() > 0) {
+            w.set_custom_data(
+                format!("ringbag.lost_in_middleware.{}", t.name),
+                t.lost_in_middleware().to_string(),
+            );
+        }
     }
 
     /// After a failure, release whatever is still queued so producers' budget accounting

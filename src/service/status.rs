@@ -28,6 +28,9 @@ pub struct TopicStatus {
     pub dropped_oversize: u64,
     pub dropped_after_stop: u64,
     pub unwritten: u64,
+    /// Reported lost by the middleware before reaching ringbag (live ROS 2 only).
+    #[serde(default)]
+    pub lost_in_middleware: u64,
 }
 
 /// Use of the budget against each limit (`null` = limit off).
@@ -75,6 +78,9 @@ pub struct Status {
     pub mb_per_s: f64,
     pub committed: u64,
     pub dropped: u64,
+    /// Sum of the topics' `lost_in_middleware`.
+    #[serde(default)]
+    pub lost_in_middleware: u64,
     pub budget: BudgetStatus,
     pub clock: ClockStatus,
     pub topics: Vec<TopicStatus>,
@@ -89,6 +95,9 @@ impl Status {
             "{:.0} msg/s, {:.2} MB/s, {} dropped",
             self.messages_per_s, self.mb_per_s, self.dropped
         )];
+        if self.lost_in_middleware > 0 {
+            parts.push(format!("{} lost in middleware", self.lost_in_middleware));
+        }
         let mut budget = vec![match b.max_record_size {
             Some(m) => format!("{} of {}", mib(b.bytes), mib(m)),
             None => mib(b.bytes),
@@ -184,7 +193,7 @@ impl Status {
         for t in &self.topics {
             let _ = writeln!(
                 s,
-                "  {:<32} {:>8.1} Hz {:>12} B  written {:>9}  dropped {} (queue {}, oversize {}, after stop {})  {}",
+                "  {:<32} {:>8.1} Hz {:>12} B  written {:>9}  dropped {} (queue {}, oversize {}, after stop {})  lost in middleware {}  {}",
                 t.name,
                 t.rate_hz,
                 t.bytes,
@@ -193,6 +202,7 @@ impl Status {
                 t.dropped_queue_full,
                 t.dropped_oversize,
                 t.dropped_after_stop,
+                t.lost_in_middleware,
                 t.qos
             );
         }
@@ -273,6 +283,7 @@ impl Collector {
                     dropped_oversize: t.oversize(),
                     dropped_after_stop: t.dropped_after_stop(),
                     unwritten: t.unwritten(),
+                    lost_in_middleware: t.lost_in_middleware(),
                 }
             })
             .collect();
@@ -314,6 +325,7 @@ impl Collector {
             .iter()
             .map(|t| t.dropped_queue_full + t.dropped_oversize + t.dropped_after_stop)
             .sum();
+        let lost_in_middleware = topic_status.iter().map(|t| t.lost_in_middleware).sum();
         let bag = s.output.clone();
         let split_index = progress.splits.load(Relaxed);
         let split = (split_index > 0).then(|| {
@@ -335,6 +347,7 @@ impl Collector {
             mb_per_s: rate(bytes, prev_bytes) / 1e6,
             committed: progress.committed.load(Relaxed),
             dropped,
+            lost_in_middleware,
             budget: BudgetStatus {
                 bytes: progress.budget_bytes.load(Relaxed),
                 max_record_size: policy.max_record_size,

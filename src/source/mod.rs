@@ -2,6 +2,8 @@
 pub mod cdr;
 pub mod generator;
 #[cfg(feature = "ros")]
+mod rcl;
+#[cfg(feature = "ros")]
 pub mod ros;
 pub mod select;
 pub mod synthetic;

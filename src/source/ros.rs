@@ -1,21 +1,21 @@
-//! Live ROS 2 source and play sink through r2r (cargo feature `ros`).
+//! Live ROS 2 source and play sink (cargo feature `ros`).
 //!
-//! The only file that calls r2r. Selection and QoS rules live in [`super::select`], pure and
-//! tested without ROS 2; this file only asks the graph, subscribes and moves bytes.
+//! Selection and QoS rules live in [`super::select`], pure and tested without ROS 2; the rcl
+//! calls (every `unsafe` block of the live path) live in [`super::rcl`]. This file decides
+//! what to subscribe to and moves bytes.
 //!
-//! r2r's raw subscription stream is a bounded channel (10 messages) that drops silently when
-//! nobody drains it, and `spin_once` takes at most one message per subscription. So one thread
-//! (the caller's) alternates `spin_once` with draining every stream until it is empty; the
-//! streams are polled with a no-op waker, which needs no async runtime.
+//! Ingest: the caller's thread owns one rcl node and one wait set. It waits for any ready
+//! subscription, then takes from each ready one until rmw reports it empty, handing each
+//! message to the target (a copy into a pooled buffer; the take buffer is reused). Nothing
+//! sits between rmw's reader history and ringbag's queue, so a message is either in the bag,
+//! counted as dropped by ringbag, or reported lost by the middleware's message-lost event.
 
 use std::collections::{HashMap, HashSet};
-use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
-use futures::stream::Stream;
-use futures::StreamExt;
 use r2r::qos::{DurabilityPolicy, HistoryPolicy, LivelinessPolicy, ReliabilityPolicy};
 
+use super::rcl::{RclError, RclNode, Ready, SubId};
 use super::select::{
     adapt_to_offers, duration_from_std, duration_to_std, load_qos_overrides, requested_qos,
     Decision, QosOverrides, RosSourceOptions, SelectError, TopicSelector,
@@ -27,13 +27,22 @@ use crate::pipeline::{Producer, TopicHandle};
 /// The recorder's node name, as `rosbag2_recorder` for ros2 bag.
 pub const RECORDER_NODE_NAME: &str = "ringbag_recorder";
 
-/// Longest `spin_once` wait: bounds how late a stop request or a discovery poll is noticed.
+/// Longest wait: bounds how late a stop request or a discovery poll is noticed.
 const SPIN_SLICE: Duration = Duration::from_millis(20);
+
+/// Messages taken from one subscription before the others get their turn. Each ready
+/// subscription is still emptied before the next wait; the cap only interleaves them, so a
+/// flooded topic cannot starve a quiet one into overflowing its reader history.
+const TAKE_BURST: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RosSourceError {
     #[error(transparent)]
     Select(#[from] SelectError),
+    #[error("cannot initialise ROS 2 (is a ROS 2 environment sourced?): {0}")]
+    Init(#[source] RclError),
+    #[error("ROS 2 wait failed while recording: {0}")]
+    Wait(#[source] RclError),
     #[error("cannot initialise ROS 2 (is a ROS 2 environment sourced?): {0}")]
     Context(#[source] r2r::Error),
     #[error("cannot create ROS 2 node {name}: {source}")]
@@ -68,8 +77,10 @@ pub trait RecordTarget {
     type Topic;
     /// Registers a topic (once per subscription, not on the hot path).
     fn add_topic(&self, info: TopicInfo, definition: Option<MessageDefinition>) -> Self::Topic;
-    /// Takes r2r's buffer as is; must never block. False means dropped (the target counts it).
-    fn push_owned(&self, topic: &Self::Topic, data: Vec<u8>) -> bool;
+    /// Copies one message in; must never block. False means dropped (the target counts it).
+    fn push(&self, topic: &Self::Topic, data: &[u8]) -> bool;
+    /// `n` messages of `topic` the middleware reported lost before they reached ringbag.
+    fn lost(&self, topic: &Self::Topic, n: u64);
     fn stop_requested(&self) -> bool;
 }
 
@@ -78,8 +89,14 @@ impl RecordTarget for Producer {
     fn add_topic(&self, info: TopicInfo, definition: Option<MessageDefinition>) -> TopicHandle {
         Producer::add_topic(self, info, definition)
     }
-    fn push_owned(&self, topic: &TopicHandle, data: Vec<u8>) -> bool {
-        Producer::push_owned(self, topic, data)
+    fn push(&self, topic: &TopicHandle, data: &[u8]) -> bool {
+        Producer::push(self, topic, data)
+    }
+    fn lost(&self, topic: &TopicHandle, n: u64) {
+        topic
+            .stats()
+            .lost_in_middleware
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
     fn stop_requested(&self) -> bool {
         Producer::stop_requested(self)
@@ -96,12 +113,7 @@ pub fn run(opts: &RosSourceOptions, producer: Producer) -> Result<(), RosSourceE
 pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<(), RosSourceError> {
     let selector = TopicSelector::new(opts)?;
     let overrides = load_qos_overrides(opts.qos_profile_overrides_path.as_deref())?;
-    let ctx = r2r::Context::create().map_err(RosSourceError::Context)?;
-    let node =
-        r2r::Node::create(ctx, RECORDER_NODE_NAME, "").map_err(|source| RosSourceError::Node {
-            name: RECORDER_NODE_NAME.into(),
-            source,
-        })?;
+    let node = RclNode::new(RECORDER_NODE_NAME).map_err(RosSourceError::Init)?;
     let mut rec = Recorder {
         node,
         selector,
@@ -110,10 +122,9 @@ pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<()
         subs: Vec::new(),
         done: HashSet::new(),
         warned: HashSet::new(),
+        hot: Vec::new(),
     };
-    let waker = futures::task::noop_waker_ref();
-    let mut cx = TaskContext::from_waker(waker);
-
+    let mut ready = Ready::default();
     rec.discover();
     let mut next_poll = Instant::now() + opts.polling_interval;
     while !target.stop_requested() {
@@ -127,37 +138,44 @@ pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<()
         } else {
             SPIN_SLICE.min(next_poll.saturating_duration_since(now))
         };
-        if rec.subs.is_empty() {
-            // rcl_wait returns at once on an empty wait set; sleep instead of spinning hot.
-            std::thread::sleep(slice);
-        } else {
-            rec.node.spin_once(slice);
-        }
-        rec.drain(&mut cx);
+        rec.node
+            .wait(slice, &mut ready)
+            .map_err(RosSourceError::Wait)?;
+        rec.take_lost(&ready.lost_events);
+        rec.drain(&ready.messages, usize::MAX);
     }
-    rec.drain(&mut cx);
+    // What already sits in the reader histories arrived before the stop: take it, but only
+    // as much as a history can hold, so a publisher that keeps flooding cannot hold us here.
+    let all: Vec<SubId> = (0..rec.subs.len()).collect();
+    let most = rec.subs.iter().map(|s| s.depth).max().unwrap_or(0);
+    rec.drain(&all, most.div_ceil(TAKE_BURST).max(1));
+    rec.take_lost(&all);
     Ok(())
 }
 
-type RawStream = Box<dyn Stream<Item = Vec<u8>> + Unpin>;
-
+/// One subscription, at the index the node gave it.
 struct Subscription<H> {
     name: String,
     handle: H,
-    stream: RawStream,
-    open: bool,
+    /// The history depth subscribed with (bounds the final drain).
+    depth: usize,
+    /// A take failed; warned once, then skipped.
+    failed: bool,
 }
 
 struct Recorder<'t, T: RecordTarget> {
-    node: r2r::Node,
+    node: RclNode,
     selector: TopicSelector,
     overrides: QosOverrides,
     target: &'t T,
+    /// Indexed by the node's `SubId`.
     subs: Vec<Subscription<T::Topic>>,
     /// Topics subscribed to or skipped for good (unknown type).
     done: HashSet<String>,
     /// Topics already warned about, so each warning appears once.
     warned: HashSet<String>,
+    /// Subscriptions that still had messages after their last burst (reused).
+    hot: Vec<SubId>,
 }
 
 impl<T: RecordTarget> Recorder<'_, T> {
@@ -169,7 +187,7 @@ impl<T: RecordTarget> Recorder<'_, T> {
 
     /// One discovery poll: subscribe to every newly visible selected topic with a publisher.
     fn discover(&mut self) {
-        let topics = match self.node.get_topic_names_and_types() {
+        let topics = match self.node.topic_names_and_types() {
             Ok(t) => t,
             Err(e) => {
                 log::warn!("topic discovery failed: {e}");
@@ -199,7 +217,7 @@ impl<T: RecordTarget> Recorder<'_, T> {
                 });
                 continue;
             };
-            let publishers = match self.node.get_publishers_info_by_topic(&name, false) {
+            let publishers = match self.node.publishers(&name) {
                 Ok(p) => p,
                 Err(e) => {
                     log::warn!("{name}: cannot query its publishers: {e}");
@@ -210,15 +228,18 @@ impl<T: RecordTarget> Recorder<'_, T> {
                 // Subscribers only: wait for a publisher so its offered QoS can be matched.
                 continue;
             }
-            let offers: Vec<QosProfile> = publishers
+            let offers: Vec<QosProfile> = publishers.iter().map(|p| from_r2r_qos(&p.qos)).collect();
+            let type_hash = publishers
                 .iter()
-                .map(|p| from_r2r_qos(&p.qos_profile))
-                .collect();
-            self.subscribe(&name, type_name, offers);
+                .map(|p| p.type_hash.as_str())
+                .find(|h| !h.is_empty())
+                .unwrap_or_default()
+                .to_string();
+            self.subscribe(&name, type_name, offers, type_hash);
         }
     }
 
-    fn subscribe(&mut self, name: &str, type_name: &str, offers: Vec<QosProfile>) {
+    fn subscribe(&mut self, name: &str, type_name: &str, offers: Vec<QosProfile>, hash: String) {
         let req = requested_qos(name, &offers, &self.overrides);
         if req.mixed_reliability {
             log::warn!("{name}: some publishers offer best_effort; subscribing best_effort");
@@ -226,25 +247,34 @@ impl<T: RecordTarget> Recorder<'_, T> {
         if req.mixed_durability {
             log::warn!("{name}: some publishers offer volatile; subscribing volatile");
         }
-        match self
-            .node
-            .subscribe_raw(name, type_name, to_r2r_qos(&req.qos))
-        {
-            Ok(stream) => {
+        match self.node.subscribe(name, type_name, to_r2r_qos(&req.qos)) {
+            Ok(id) => {
                 let mut info = TopicInfo::new(name, type_name);
                 info.offered_qos_profiles = offers;
-                let handle = self.target.add_topic(info, None);
+                let definition = MessageDefinition {
+                    topic_type: type_name.to_string(),
+                    encoding: "unknown".into(),
+                    encoded_message_definition: String::new(),
+                    type_description_hash: hash,
+                };
+                let handle = self.target.add_topic(info, Some(definition));
                 log::info!(
-                    "subscribed to {name} [{type_name}] ({:?}, {:?}, depth {})",
+                    "subscribed to {name} [{type_name}] ({:?}, {:?}, depth {}{})",
                     req.qos.reliability,
                     req.qos.durability,
-                    req.qos.depth
+                    req.qos.depth,
+                    if self.node.has_lost_event(id) {
+                        ", message-lost events on"
+                    } else {
+                        ", no message-lost events from this middleware"
+                    }
                 );
+                debug_assert_eq!(id, self.subs.len());
                 self.subs.push(Subscription {
                     name: name.to_string(),
                     handle,
-                    stream: Box::new(stream),
-                    open: true,
+                    depth: usize::try_from(req.qos.depth).unwrap_or(usize::MAX),
+                    failed: false,
                 });
             }
             Err(e) => {
@@ -258,22 +288,69 @@ impl<T: RecordTarget> Recorder<'_, T> {
         self.done.insert(name.to_string());
     }
 
-    /// Empties every stream, so r2r's 10-slot channels never overflow between spins.
-    fn drain(&mut self, cx: &mut TaskContext<'_>) {
-        for sub in self.subs.iter_mut().filter(|s| s.open) {
-            loop {
-                match sub.stream.poll_next_unpin(cx) {
-                    Poll::Ready(Some(bytes)) => {
-                        // A false return is a counted drop in the pipeline; nothing to do here.
-                        let _ = self.target.push_owned(&sub.handle, bytes);
-                    }
-                    Poll::Ready(None) => {
-                        log::warn!("{}: subscription closed by r2r", sub.name);
-                        sub.open = false;
-                        break;
-                    }
-                    Poll::Pending => break,
+    /// Takes from each of `ready` until rmw reports it empty (or, with a finite `rounds`,
+    /// for at most that many bursts each), interleaving them a burst at a time.
+    fn drain(&mut self, ready: &[SubId], rounds: usize) {
+        let mut hot = std::mem::take(&mut self.hot);
+        hot.clear();
+        hot.extend_from_slice(ready);
+        let mut round = 0;
+        while !hot.is_empty() && round < rounds {
+            hot.retain(|&id| self.take_burst(id));
+            round += 1;
+            if rounds == usize::MAX && self.target.stop_requested() {
+                break;
+            }
+        }
+        self.hot = hot;
+    }
+
+    /// Up to `TAKE_BURST` messages of one subscription; true if it may hold more.
+    fn take_burst(&mut self, id: SubId) -> bool {
+        let Some(sub) = self.subs.get_mut(id) else {
+            return false;
+        };
+        if sub.failed {
+            return false;
+        }
+        for _ in 0..TAKE_BURST {
+            match self.node.take(id) {
+                Ok(Some(bytes)) => {
+                    // A false return is a counted drop in the target; nothing to do here.
+                    let _ = self.target.push(&sub.handle, bytes);
                 }
+                Ok(None) => return false,
+                Err(e) => {
+                    log::warn!(
+                        "{}: taking a message failed, topic no longer read: {e}",
+                        sub.name
+                    );
+                    sub.failed = true;
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn take_lost(&mut self, ids: &[SubId]) {
+        for &id in ids {
+            let Some(sub) = self.subs.get(id) else {
+                continue;
+            };
+            match self.node.take_lost(id) {
+                Ok(0) => {}
+                Ok(n) => {
+                    self.target.lost(&sub.handle, n);
+                    let name = sub.name.clone();
+                    self.warn_once(&format!("lost:{name}"), || {
+                        format!(
+                            "{name}: the middleware reports {n} messages lost before they \
+                             reached ringbag (counted; further losses are only counted)"
+                        )
+                    });
+                }
+                Err(e) => log::debug!("{}: reading the message-lost event failed: {e}", sub.name),
             }
         }
     }

@@ -1,0 +1,497 @@
+//! The recorder's own thin layer over rcl (cargo feature `ros`): one context, one node, raw
+//! subscriptions with their message-lost events, and one wait set. Every `unsafe` block of
+//! the live source is in this file.
+//!
+//! Why not r2r's node: its raw subscription takes one message per subscription per
+//! `spin_once`, rebuilds an rcl wait set for every `spin_once`, copies each message into a new
+//! `Vec` and sends it through a 10-slot channel that drops silently when full. Here the wait
+//! set lives as long as the node and is only resized when a subscription is added, and a ready
+//! subscription is taken from until rmw says it is empty, into one buffer that rmw grows to
+//! the largest message and then reuses. r2r still provides the type support
+//! (`WrappedNativeMsgUntyped`) and the QoS conversions; `r2r_rcl` (the same version r2r
+//! links) provides the rcl calls.
+//!
+//! Ownership: [`RclNode`] owns the context, the node, the wait set and every subscription,
+//! and tears them down in the order rcl requires (events, subscriptions, wait set, node,
+//! context) in `Drop`. Nothing here is shared between threads: the node is created, used and
+//! dropped on the source's spin thread.
+
+use std::ffi::{CStr, CString};
+use std::os::raw::c_char;
+use std::time::Duration;
+
+use r2r_rcl::*;
+
+/// An rcl call that failed: which call, its return code and rcl's error string.
+#[derive(Debug, thiserror::Error)]
+#[error("{call} failed (rcl code {code}): {message}")]
+pub struct RclError {
+    pub call: &'static str,
+    pub code: i32,
+    pub message: String,
+}
+
+/// Reads and clears rcl's thread-local error state, so the next failure reports its own.
+fn rcl_error(call: &'static str, code: rcl_ret_t) -> RclError {
+    // SAFETY: rcutils' error state is thread-local; reading it copies a fixed-size C string
+    // out of it (always NUL-terminated by rcutils), and resetting it frees nothing we hold.
+    let message = unsafe {
+        let e = rcutils_get_error_string();
+        let m = CStr::from_ptr(e.str_.as_ptr())
+            .to_string_lossy()
+            .into_owned();
+        rcutils_reset_error();
+        m
+    };
+    RclError {
+        call,
+        code,
+        message,
+    }
+}
+
+fn check(call: &'static str, ret: rcl_ret_t) -> Result<(), RclError> {
+    if ret == RCL_RET_OK as rcl_ret_t {
+        Ok(())
+    } else {
+        Err(rcl_error(call, ret))
+    }
+}
+
+fn c_string(call: &'static str, s: &str) -> Result<CString, RclError> {
+    CString::new(s).map_err(|_| RclError {
+        call,
+        code: RCL_RET_INVALID_ARGUMENT as i32,
+        message: format!("{s:?} contains a NUL byte"),
+    })
+}
+
+/// Copies a C string owned by rcl into Rust; an unset pointer reads as empty.
+///
+/// # Safety
+/// `p` is null or points to a NUL-terminated string that outlives the call.
+unsafe fn owned_str(p: *const c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+/// One publisher of a topic, as the graph reports it.
+pub struct PublisherEndpoint {
+    pub qos: r2r::QosProfile,
+    /// `RIHS01_<hex>` where the distro reports type hashes (Iron and later), else empty.
+    pub type_hash: String,
+}
+
+/// Index of a subscription in its [`RclNode`].
+pub type SubId = usize;
+
+struct Subscription {
+    handle: Box<rcl_subscription_t>,
+    /// The message-lost event, when the rmw supports it.
+    lost: Option<Box<rcl_event_t>>,
+}
+
+/// What one `wait` found ready, by subscription index. Reused across waits.
+#[derive(Default)]
+pub struct Ready {
+    pub messages: Vec<SubId>,
+    pub lost_events: Vec<SubId>,
+}
+
+pub struct RclNode {
+    context: Box<rcl_context_t>,
+    node: Box<rcl_node_t>,
+    wait_set: Box<rcl_wait_set_t>,
+    /// Sizes the wait set was last (re)sized to; it is resized when subscriptions change.
+    wait_subs: usize,
+    wait_events: usize,
+    subs: Vec<Subscription>,
+    /// Where every take lands; rmw grows it to the largest message so far, then reuses it.
+    buffer: rcl_serialized_message_t,
+    allocator: rcutils_allocator_t,
+}
+
+impl RclNode {
+    /// A fresh rcl context (no command-line arguments: ringbag's own are not ROS arguments)
+    /// and a node named `name`.
+    pub fn new(name: &str) -> Result<RclNode, RclError> {
+        let c_name = c_string("rcl_node_init", name)?;
+        let empty_ns = c_string("rcl_node_init", "")?;
+        // SAFETY: the zero-initialised context and options are what rcl_init expects; the
+        // options are finalised on every path once rcl_init has copied them.
+        let mut context = Box::new(unsafe { rcl_get_zero_initialized_context() });
+        let allocator = unsafe { rcutils_get_default_allocator() };
+        unsafe {
+            let mut options = rcl_get_zero_initialized_init_options();
+            check(
+                "rcl_init_options_init",
+                rcl_init_options_init(&mut options, allocator),
+            )?;
+            let ret = rcl_init(0, std::ptr::null(), &options, context.as_mut());
+            rcl_init_options_fini(&mut options);
+            check("rcl_init", ret)?;
+        }
+        // SAFETY: the context is initialised and boxed, so its address stays fixed for the
+        // node, which keeps a pointer to it; both strings outlive the call (rcl copies them).
+        let mut node = Box::new(unsafe { rcl_get_zero_initialized_node() });
+        let ret = unsafe {
+            let options = rcl_node_get_default_options();
+            rcl_node_init(
+                node.as_mut(),
+                c_name.as_ptr(),
+                empty_ns.as_ptr(),
+                context.as_mut(),
+                &options,
+            )
+        };
+        if ret != RCL_RET_OK as rcl_ret_t {
+            let e = rcl_error("rcl_node_init", ret);
+            // SAFETY: the context was initialised above and nothing else refers to it.
+            unsafe {
+                rcl_shutdown(context.as_mut());
+                rcl_context_fini(context.as_mut());
+            }
+            return Err(e);
+        }
+        // SAFETY: a zero wait set of size 0 is valid to initialise against a valid context;
+        // it is resized before anything is added.
+        let mut wait_set = Box::new(unsafe { rcl_get_zero_initialized_wait_set() });
+        let ret = unsafe {
+            rcl_wait_set_init(
+                wait_set.as_mut(),
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                context.as_mut(),
+                allocator,
+            )
+        };
+        let mut me = RclNode {
+            context,
+            node,
+            wait_set,
+            wait_subs: 0,
+            wait_events: 0,
+            subs: Vec::new(),
+            // SAFETY: a zero-initialised byte array (null buffer, capacity 0) is a valid
+            // target for rcl_take_serialized_message, which allocates it with `allocator`.
+            buffer: unsafe { rcutils_get_zero_initialized_uint8_array() },
+            allocator,
+        };
+        me.buffer.allocator = allocator;
+        // On failure `me` drops and tears down the node and context.
+        check("rcl_wait_set_init", ret)?;
+        Ok(me)
+    }
+
+    /// Topic names and their types, as the graph knows them now.
+    pub fn topic_names_and_types(&self) -> Result<Vec<(String, Vec<String>)>, RclError> {
+        let mut allocator = self.allocator;
+        // SAFETY: the node is valid; the zero-initialised result is filled by rcl and
+        // finalised below on every path after a successful call.
+        unsafe {
+            let mut nt = rmw_get_zero_initialized_names_and_types();
+            check(
+                "rcl_get_topic_names_and_types",
+                rcl_get_topic_names_and_types(self.node.as_ref(), &mut allocator, false, &mut nt),
+            )?;
+            let mut out = Vec::with_capacity(nt.names.size);
+            for i in 0..nt.names.size {
+                let name = owned_str(*nt.names.data.add(i));
+                let types = &*nt.types.add(i);
+                let types = (0..types.size)
+                    .map(|j| owned_str(*types.data.add(j)))
+                    .collect();
+                out.push((name, types));
+            }
+            rcl_names_and_types_fini(&mut nt);
+            Ok(out)
+        }
+    }
+
+    /// The publishers of `topic` with the QoS each offers (and, where the distro has them,
+    /// the type hash).
+    pub fn publishers(&self, topic: &str) -> Result<Vec<PublisherEndpoint>, RclError> {
+        let c_topic = c_string("rcl_get_publishers_info_by_topic", topic)?;
+        let mut allocator = self.allocator;
+        // SAFETY: as in `topic_names_and_types`; the array's entries are read before it is
+        // finalised and nothing borrowed from them survives.
+        unsafe {
+            let mut info = rmw_get_zero_initialized_topic_endpoint_info_array();
+            let ret = rcl_get_publishers_info_by_topic(
+                self.node.as_ref(),
+                &mut allocator,
+                c_topic.as_ptr(),
+                false,
+                &mut info,
+            );
+            if ret != RCL_RET_OK as rcl_ret_t {
+                let e = rcl_error("rcl_get_publishers_info_by_topic", ret);
+                rmw_topic_endpoint_info_array_fini(&mut info, &mut allocator);
+                return Err(e);
+            }
+            let mut out = Vec::with_capacity(info.size);
+            for i in 0..info.size {
+                let e = &*info.info_array.add(i);
+                out.push(PublisherEndpoint {
+                    qos: r2r::QosProfile::from(e.qos_profile),
+                    type_hash: type_hash(e),
+                });
+            }
+            rmw_topic_endpoint_info_array_fini(&mut info, &mut allocator);
+            Ok(out)
+        }
+    }
+
+    /// Subscribes to `topic` with `qos`, taking raw CDR. The message-lost event is set up
+    /// when the rmw supports it (`has_lost_event`).
+    pub fn subscribe(
+        &mut self,
+        topic: &str,
+        type_name: &str,
+        qos: r2r::QosProfile,
+    ) -> Result<SubId, RclError> {
+        // r2r loads the type support library for `type_name` (it only knows the types sourced
+        // when it was built). The pointer is 'static: the library stays loaded.
+        let ts = r2r::WrappedNativeMsgUntyped::new_from(type_name)
+            .map_err(|e| RclError {
+                call: "type support lookup",
+                code: RCL_RET_ERROR as i32,
+                message: e.to_string(),
+            })?
+            .ts;
+        let c_topic = c_string("rcl_subscription_init", topic)?;
+        // SAFETY: the node is valid and outlives the subscription (Drop finalises
+        // subscriptions first); the subscription is boxed so its address stays fixed for the
+        // wait set and the event, which keep pointers to it.
+        let mut handle = Box::new(unsafe { rcl_get_zero_initialized_subscription() });
+        unsafe {
+            let mut options = rcl_subscription_get_default_options();
+            options.qos = qos.into();
+            check(
+                "rcl_subscription_init",
+                rcl_subscription_init(
+                    handle.as_mut(),
+                    self.node.as_mut(),
+                    ts,
+                    c_topic.as_ptr(),
+                    &options,
+                ),
+            )?;
+        }
+        // SAFETY: the subscription was just initialised; the event is boxed (the wait set
+        // keeps its address) and finalised before the subscription in Drop.
+        let mut event = Box::new(unsafe { rcl_get_zero_initialized_event() });
+        let ret = unsafe {
+            rcl_subscription_event_init(
+                event.as_mut(),
+                handle.as_ref(),
+                rcl_subscription_event_type_t::RCL_SUBSCRIPTION_MESSAGE_LOST,
+            )
+        };
+        let lost = if ret == RCL_RET_OK as rcl_ret_t {
+            Some(event)
+        } else {
+            let e = rcl_error("rcl_subscription_event_init", ret);
+            log::info!("{topic}: the middleware reports no message-lost event ({e})");
+            None
+        };
+        self.subs.push(Subscription { handle, lost });
+        self.resize_wait_set()?;
+        Ok(self.subs.len() - 1)
+    }
+
+    pub fn has_lost_event(&self, sub: SubId) -> bool {
+        self.subs.get(sub).is_some_and(|s| s.lost.is_some())
+    }
+
+    /// Resized only when a subscription was added: the per-wait work is then only clearing
+    /// and re-adding pointers, which allocates nothing.
+    fn resize_wait_set(&mut self) -> Result<(), RclError> {
+        let subs = self.subs.len();
+        let events = self.subs.iter().filter(|s| s.lost.is_some()).count();
+        if (subs, events) == (self.wait_subs, self.wait_events) {
+            return Ok(());
+        }
+        // SAFETY: the wait set was initialised in `new`; resizing frees its pointer arrays,
+        // which hold nothing of ours between waits.
+        check("rcl_wait_set_resize", unsafe {
+            rcl_wait_set_resize(self.wait_set.as_mut(), subs, 0, 0, 0, 0, events)
+        })?;
+        self.wait_subs = subs;
+        self.wait_events = events;
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for a message or a message-lost event; fills `ready`.
+    /// With no subscriptions it only sleeps (rcl_wait returns at once on an empty set).
+    pub fn wait(&mut self, timeout: Duration, ready: &mut Ready) -> Result<(), RclError> {
+        ready.messages.clear();
+        ready.lost_events.clear();
+        if self.subs.is_empty() {
+            std::thread::sleep(timeout);
+            return Ok(());
+        }
+        let ws = self.wait_set.as_mut();
+        // SAFETY: the wait set is sized for every subscription and event (resize_wait_set),
+        // and every pointer added is to a boxed, initialised handle that outlives the wait.
+        unsafe {
+            check("rcl_wait_set_clear", rcl_wait_set_clear(ws))?;
+            for s in &self.subs {
+                check(
+                    "rcl_wait_set_add_subscription",
+                    rcl_wait_set_add_subscription(ws, s.handle.as_ref(), std::ptr::null_mut()),
+                )?;
+                if let Some(e) = &s.lost {
+                    check(
+                        "rcl_wait_set_add_event",
+                        rcl_wait_set_add_event(ws, e.as_ref(), std::ptr::null_mut()),
+                    )?;
+                }
+            }
+        }
+        let ns = i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX);
+        // SAFETY: the wait set is valid and filled above.
+        let ret = unsafe { rcl_wait(ws, ns) };
+        if ret == RCL_RET_TIMEOUT as rcl_ret_t {
+            return Ok(());
+        }
+        check("rcl_wait", ret)?;
+        // rcl_wait nulls the entries that are not ready; entries keep the order they were
+        // added in, which is the order of `subs` (events: of the subs that have one).
+        let mut event_slot = 0;
+        for (i, s) in self.subs.iter().enumerate() {
+            // SAFETY: i < size_of_subscriptions (= subs.len()), and event_slot stays below
+            // size_of_events (= number of subs with an event), as sized by resize_wait_set.
+            unsafe {
+                if !(*ws.subscriptions.add(i)).is_null() {
+                    ready.messages.push(i);
+                }
+                if s.lost.is_some() {
+                    if !(*ws.events.add(event_slot)).is_null() {
+                        ready.lost_events.push(i);
+                    }
+                    event_slot += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the next serialized message of `sub`, or `None` when its queue is empty. The
+    /// bytes are valid until the next take.
+    pub fn take(&mut self, sub: SubId) -> Result<Option<&[u8]>, RclError> {
+        let Some(s) = self.subs.get(sub) else {
+            return Ok(None);
+        };
+        let mut info = rmw_message_info_t::default();
+        // SAFETY: the subscription is valid; rmw writes into `buffer`, growing it with the
+        // allocator it carries when the message is larger than its capacity.
+        let ret = unsafe {
+            rcl_take_serialized_message(
+                s.handle.as_ref(),
+                &mut self.buffer,
+                &mut info,
+                std::ptr::null_mut(),
+            )
+        };
+        if ret == RCL_RET_SUBSCRIPTION_TAKE_FAILED as rcl_ret_t {
+            return Ok(None);
+        }
+        check("rcl_take_serialized_message", ret)?;
+        if self.buffer.buffer.is_null() || self.buffer.buffer_length == 0 {
+            return Ok(Some(&[]));
+        }
+        // SAFETY: after a successful take, `buffer` holds `buffer_length` initialised bytes;
+        // the slice borrows `self`, so no take can overwrite it while it is alive.
+        Ok(Some(unsafe {
+            std::slice::from_raw_parts(self.buffer.buffer, self.buffer.buffer_length)
+        }))
+    }
+
+    /// Messages the middleware reports lost on `sub` since the last call (0 without the
+    /// event).
+    pub fn take_lost(&mut self, sub: SubId) -> Result<u64, RclError> {
+        let Some(event) = self.subs.get(sub).and_then(|s| s.lost.as_ref()) else {
+            return Ok(0);
+        };
+        let mut status = rmw_message_lost_status_t {
+            total_count: 0,
+            total_count_change: 0,
+        };
+        // SAFETY: the event is a valid MESSAGE_LOST event, whose payload type is
+        // rmw_message_lost_status_t.
+        let ret = unsafe {
+            rcl_take_event(
+                event.as_ref(),
+                (&mut status as *mut rmw_message_lost_status_t).cast(),
+            )
+        };
+        if ret == RCL_RET_EVENT_TAKE_FAILED as rcl_ret_t {
+            return Ok(0);
+        }
+        check("rcl_take_event", ret)?;
+        Ok(status.total_count_change as u64)
+    }
+}
+
+impl Drop for RclNode {
+    fn drop(&mut self) {
+        // Errors here cannot be acted on; rcl's messages are logged so a leak is visible.
+        let log = |call: &'static str, ret: rcl_ret_t| {
+            if ret != RCL_RET_OK as rcl_ret_t {
+                log::debug!("{}", rcl_error(call, ret));
+            }
+        };
+        // SAFETY: teardown in rcl's order (events, subscriptions, wait set, buffer, node,
+        // context); each handle was initialised and is finalised exactly once here.
+        unsafe {
+            for s in &mut self.subs {
+                if let Some(e) = s.lost.as_mut() {
+                    log("rcl_event_fini", rcl_event_fini(e.as_mut()));
+                }
+                log(
+                    "rcl_subscription_fini",
+                    rcl_subscription_fini(s.handle.as_mut(), self.node.as_mut()),
+                );
+            }
+            log(
+                "rcl_wait_set_fini",
+                rcl_wait_set_fini(self.wait_set.as_mut()),
+            );
+            if !self.buffer.buffer.is_null() {
+                rcutils_uint8_array_fini(&mut self.buffer);
+            }
+            log("rcl_node_fini", rcl_node_fini(self.node.as_mut()));
+            log("rcl_shutdown", rcl_shutdown(self.context.as_mut()));
+            log("rcl_context_fini", rcl_context_fini(self.context.as_mut()));
+        }
+    }
+}
+
+/// The endpoint's type hash as rosbag2 writes it (`RIHS01_<64 hex>`), on distros whose rmw
+/// reports one; `ringbag_rmw_type_hash` is set by build.rs from `ROS_DISTRO`.
+#[cfg(ringbag_rmw_type_hash)]
+fn type_hash(e: &rmw_topic_endpoint_info_t) -> String {
+    let h = &e.topic_type_hash;
+    if h.version == 0 {
+        return String::new();
+    }
+    let mut s = format!("RIHS{:02}_", h.version);
+    for b in h.value {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// Humble's endpoint info has no type hash; rosbag2 Humble writes none either.
+#[cfg(not(ringbag_rmw_type_hash))]
+fn type_hash(_e: &rmw_topic_endpoint_info_t) -> String {
+    String::new()
+}
