@@ -226,6 +226,7 @@ fn ros_options(a: &RecordArgs) -> Result<crate::source::select::RosSourceOptions
         no_discovery: a.no_discovery,
         include_hidden_topics: a.include_hidden_topics,
         qos_profile_overrides_path: a.qos_profile_overrides_path.clone(),
+        subscription_depth: a.subscription_depth,
     };
     TopicSelector::new(&opts).map_err(|e| e.to_string())?;
     load_qos_overrides(opts.qos_profile_overrides_path.as_deref()).map_err(|e| e.to_string())?;

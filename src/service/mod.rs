@@ -121,7 +121,7 @@ pub fn record_settings(c: &Checked, bag: PathBuf) -> RecordSettings {
             polling_interval: Duration::from_millis(100),
             no_discovery: false,
             include_hidden_topics: c.config.include_hidden_topics,
-            qos_profile_overrides_path: None,
+            ..Default::default()
         }),
         // `ServiceConfig::check` refuses "ros" in a build without it.
         #[cfg(not(feature = "ros"))]

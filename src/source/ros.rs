@@ -118,6 +118,7 @@ pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<()
         node,
         selector,
         overrides,
+        min_depth: opts.subscription_depth,
         target,
         subs: Vec::new(),
         done: HashSet::new(),
@@ -167,6 +168,8 @@ struct Recorder<'t, T: RecordTarget> {
     node: RclNode,
     selector: TopicSelector,
     overrides: QosOverrides,
+    /// `--subscription-depth`.
+    min_depth: u64,
     target: &'t T,
     /// Indexed by the node's `SubId`.
     subs: Vec<Subscription<T::Topic>>,
@@ -240,7 +243,7 @@ impl<T: RecordTarget> Recorder<'_, T> {
     }
 
     fn subscribe(&mut self, name: &str, type_name: &str, offers: Vec<QosProfile>, hash: String) {
-        let req = requested_qos(name, &offers, &self.overrides);
+        let req = requested_qos(name, &offers, &self.overrides, self.min_depth);
         if req.mixed_reliability {
             log::warn!("{name}: some publishers offer best_effort; subscribing best_effort");
         }

@@ -20,6 +20,13 @@ pub const DEFAULT_POLLING_INTERVAL: Duration = Duration::from_millis(100);
 /// Queue depth requested when no publisher keeps a deeper history (rclcpp's default depth).
 pub const DEFAULT_SUBSCRIPTION_DEPTH: u64 = 10;
 
+/// Reader-history depth every keep-last subscription gets at least (`--subscription-depth`).
+/// rosbag2 subscribes with depth 10: a 10 ms stall of its spin thread under a 10 kHz topic
+/// then loses messages inside the DDS reader, where no layer counts them. The middleware
+/// only holds this many messages while the take loop is behind, so the cost is memory in
+/// bursts (depth × message size per topic, at most), not in steady state.
+pub const DEFAULT_SUBSCRIPTION_DEPTH_FLOOR: u64 = 1000;
+
 /// What to record from a live ROS 2 graph; mirrors `ros2 bag record`'s selection flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RosSourceOptions {
@@ -41,6 +48,9 @@ pub struct RosSourceOptions {
     pub include_hidden_topics: bool,
     /// `--qos-profile-overrides-path`: YAML map of topic → QoS, as ros2 bag reads it.
     pub qos_profile_overrides_path: Option<PathBuf>,
+    /// `--subscription-depth`: the least keep-last depth subscribed with (an override
+    /// file's depth for a topic still wins).
+    pub subscription_depth: u64,
 }
 
 impl Default for RosSourceOptions {
@@ -55,6 +65,7 @@ impl Default for RosSourceOptions {
             no_discovery: false,
             include_hidden_topics: false,
             qos_profile_overrides_path: None,
+            subscription_depth: DEFAULT_SUBSCRIPTION_DEPTH_FLOOR,
         }
     }
 }
@@ -459,9 +470,19 @@ pub fn load_qos_overrides(path: Option<&Path>) -> Result<QosOverrides, SelectErr
     parse_qos_overrides(&text, path)
 }
 
-/// The profile to subscribe to `topic` with: adapted to the offers, then overridden.
-pub fn requested_qos(topic: &str, offers: &[Qos], overrides: &QosOverrides) -> AdaptedQos {
+/// The profile to subscribe to `topic` with: adapted to the offers as rosbag2 does, deepened
+/// to `min_depth` (keep-last only; keep-all has no depth), then overridden.
+pub fn requested_qos(
+    topic: &str,
+    offers: &[Qos],
+    overrides: &QosOverrides,
+    min_depth: u64,
+) -> AdaptedQos {
     let mut adapted = adapt_to_offers(offers);
+    if adapted.qos.history != History::KeepAll {
+        adapted.qos.history = History::KeepLast;
+        adapted.qos.depth = adapted.qos.depth.max(min_depth);
+    }
     if let Some(o) = overrides.get(topic) {
         adapted.qos = o.apply(adapted.qos);
     }
@@ -676,12 +697,35 @@ tf_static:
             Durability::TransientLocal,
             20,
         )];
-        let r = requested_qos("/imu", &offers, &o);
+        let r = requested_qos("/imu", &offers, &o, 1);
         assert_eq!(r.qos.reliability, Reliability::Reliable);
         assert_eq!(r.qos.durability, Durability::TransientLocal);
         assert_eq!(r.qos.depth, 20);
-        let other = requested_qos("/other", &offers, &o);
+        let other = requested_qos("/other", &offers, &o, 1);
         assert_eq!(other.qos.reliability, Reliability::BestEffort);
+    }
+
+    #[test]
+    fn the_depth_floor_deepens_keep_last_requests_and_an_override_depth_still_wins() {
+        let offers = [offer(Reliability::Reliable, Durability::Volatile, 10)];
+        let none = QosOverrides::default();
+        let r = requested_qos("/imu", &offers, &none, DEFAULT_SUBSCRIPTION_DEPTH_FLOOR);
+        assert_eq!(r.qos.history, History::KeepLast);
+        assert_eq!(r.qos.depth, DEFAULT_SUBSCRIPTION_DEPTH_FLOOR);
+        // A transient_local publisher keeping more than the floor still gets all of it.
+        let deep = [offer(
+            Reliability::Reliable,
+            Durability::TransientLocal,
+            5000,
+        )];
+        assert_eq!(requested_qos("/map", &deep, &none, 1000).qos.depth, 5000);
+        let o = parse_qos_overrides("/camera: {depth: 3}\n", Path::new("o.yaml")).unwrap();
+        assert_eq!(requested_qos("/camera", &offers, &o, 1000).qos.depth, 3);
+        let all = parse_qos_overrides("/log: {history: keep_all}\n", Path::new("o.yaml")).unwrap();
+        assert_eq!(
+            requested_qos("/log", &offers, &all, 1000).qos.history,
+            History::KeepAll
+        );
     }
 
     #[test]

@@ -235,6 +235,10 @@ fn flag_parser_errors_are_one_prefixed_line_with_exit_two() {
             "ringbag: error: unrecognized subcommand 'bogus'; usage: ringbag [OPTIONS] <COMMAND>",
         ),
         (
+            &["record", "-o", o, "--subscription-depth", "0"],
+            "ringbag: error: invalid value '0' for '--subscription-depth <N>': 0 is not in 1..18446744073709551615",
+        ),
+        (
             &["record", "-o", o, "--max-splits", "-1"],
             "ringbag: error: invalid value '-1' for '--max-splits <MAX_SPLITS>': -1 is not in 0..=4294967295",
         ),
