@@ -506,3 +506,215 @@ fn records_into_a_real_bag_through_the_pipeline() {
         .collect();
     assert_eq!(stored, imu);
 }
+
+// ---- Draining and loss accounting -------------------------------------------------------
+
+thread_local! {
+    /// Allocations made by this thread (const-initialised, no destructor: usable from inside
+    /// the allocator at any time).
+    static ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The system allocator, counting allocations per thread, so the spin thread's own
+/// allocations per message can be measured.
+struct CountingAllocator;
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a
+// thread-local Cell that never allocates.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        std::alloc::System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        std::alloc::System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        std::alloc::System.realloc(ptr, layout, size)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// A target that allocates nothing per message: it checks each message against the expected
+/// bytes in order, counts, and notes the spin thread's allocation count at two points.
+struct CheckingTarget {
+    expected: Vec<Vec<u8>>,
+    received: std::sync::atomic::AtomicUsize,
+    mismatches: std::sync::atomic::AtomicUsize,
+    lost: std::sync::atomic::AtomicU64,
+    /// The spin thread's allocation count when message `MEASURE_FROM` and the last one came.
+    allocations_at: [std::sync::atomic::AtomicU64; 2],
+    topics: std::sync::atomic::AtomicUsize,
+    stop: AtomicBool,
+}
+
+/// Allocation counting starts after this many messages (first takes grow the buffer).
+const MEASURE_FROM: usize = 1000;
+
+impl CheckingTarget {
+    fn new(expected: Vec<Vec<u8>>) -> Self {
+        CheckingTarget {
+            expected,
+            received: Default::default(),
+            mismatches: Default::default(),
+            lost: Default::default(),
+            allocations_at: Default::default(),
+            topics: Default::default(),
+            stop: AtomicBool::new(false),
+        }
+    }
+    fn received(&self) -> usize {
+        self.received.load(Ordering::SeqCst)
+    }
+    fn lost(&self) -> u64 {
+        self.lost.load(Ordering::SeqCst)
+    }
+}
+
+impl RecordTarget for CheckingTarget {
+    type Topic = ();
+    fn add_topic(&self, _info: TopicInfo, _definition: Option<MessageDefinition>) {
+        self.topics.fetch_add(1, Ordering::SeqCst);
+    }
+    fn push(&self, _topic: &(), data: &[u8]) -> bool {
+        let i = self.received.load(Ordering::SeqCst);
+        if self.expected.get(i).map(Vec::as_slice) != Some(data) {
+            self.mismatches.fetch_add(1, Ordering::SeqCst);
+        }
+        let allocations = ALLOCATIONS.with(|c| c.get());
+        if i + 1 == MEASURE_FROM {
+            self.allocations_at[0].store(allocations, Ordering::SeqCst);
+        }
+        if i + 1 == self.expected.len() {
+            self.allocations_at[1].store(allocations, Ordering::SeqCst);
+        }
+        self.received.store(i + 1, Ordering::SeqCst);
+        true
+    }
+    fn lost(&self, _topic: &(), n: u64) {
+        self.lost.fetch_add(n, Ordering::SeqCst);
+    }
+    fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
+/// std_msgs/String CDR of exactly `len` bytes of text, numbered so order and content show.
+fn numbered_strings(count: usize, len: usize) -> Vec<Vec<u8>> {
+    (0..count)
+        .map(|i| {
+            let mut text = format!("{i:010}").into_bytes();
+            text.resize(len, b'x');
+            let mut b = vec![0, 1, 0, 0];
+            b.extend_from_slice(&(text.len() as u32 + 1).to_le_bytes());
+            b.extend_from_slice(&text);
+            b.push(0);
+            while b.len() % 4 != 0 {
+                b.push(0);
+            }
+            b
+        })
+        .collect()
+}
+
+/// Runs `record` into `target` on its own thread until `done` holds or PATIENCE runs out.
+fn record_into<T: RecordTarget + Send + Sync + 'static>(
+    target: Arc<T>,
+    opts: RosSourceOptions,
+) -> JoinHandle<Result<(), RosSourceError>> {
+    std::thread::spawn(move || record(&opts, &*target))
+}
+
+#[test]
+fn a_burst_of_ten_thousand_is_drained_whole_in_order_with_no_allocation_per_message() {
+    require_ros!();
+    const N: usize = 10_000;
+    let expected = numbered_strings(N, 100);
+    let target = Arc::new(CheckingTarget::new(expected.clone()));
+    let topic = "/rl_burst/chatter";
+    let mut node = TestPublisher::new("ringbag_test_pub_burst");
+    // The publisher keeps the whole burst, so anything missing is the recorder's loss.
+    let p = node.publisher(
+        topic,
+        "std_msgs/msg/String",
+        r2r::QosProfile::default().keep_last(N).reliable(),
+    );
+    let thread = record_into(
+        target.clone(),
+        RosSourceOptions {
+            topics: vec![topic.into()],
+            polling_interval: Duration::from_millis(50),
+            ..RosSourceOptions::default()
+        },
+    );
+    wait_until("the recorder's subscription", || {
+        target.topics.load(Ordering::SeqCst) == 1
+    });
+    wait_matched(&p, 1, "burst match");
+    for m in &expected {
+        p.publish_raw(m).expect("publish");
+    }
+    wait_until("all 10,000 messages", || target.received() >= N);
+    target.stop.store(true, Ordering::Relaxed);
+    thread.join().expect("spin thread").expect("record ends cleanly");
+    assert_eq!(target.received(), N);
+    assert_eq!(target.mismatches.load(Ordering::SeqCst), 0, "bytes and order");
+    assert_eq!(target.lost(), 0);
+    let a = &target.allocations_at;
+    let per_message = (a[1].load(Ordering::SeqCst) - a[0].load(Ordering::SeqCst)) as f64
+        / (N - MEASURE_FROM) as f64;
+    eprintln!("take loop: {per_message:.4} allocations per message after the first {MEASURE_FROM}");
+    assert_eq!(per_message, 0.0, "the take loop allocates per message");
+}
+
+#[test]
+fn messages_the_middleware_loses_are_counted_so_received_plus_lost_is_published() {
+    require_ros!();
+    const N: usize = 20_000;
+    let expected = numbered_strings(N, 1000);
+    let target = Arc::new(CheckingTarget::new(Vec::new()));
+    let topic = "/rl_lost/chatter";
+    let mut node = TestPublisher::new("ringbag_test_pub_lost");
+    // Depth 1: the writer overwrites what the reader has not acknowledged yet, and tells the
+    // reader so (a GAP), which the middleware reports as lost messages.
+    let p = node.publisher(
+        topic,
+        "std_msgs/msg/String",
+        r2r::QosProfile::default().keep_last(1).reliable(),
+    );
+    let thread = record_into(
+        target.clone(),
+        RosSourceOptions {
+            topics: vec![topic.into()],
+            polling_interval: Duration::from_millis(50),
+            ..RosSourceOptions::default()
+        },
+    );
+    wait_until("the recorder's subscription", || {
+        target.topics.load(Ordering::SeqCst) == 1
+    });
+    wait_matched(&p, 1, "lost match");
+    for m in &expected {
+        p.publish_raw(m).expect("publish");
+    }
+    let accounted = || target.received() as u64 + target.lost() >= N as u64;
+    let deadline = Instant::now() + PATIENCE;
+    while !accounted() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    target.stop.store(true, Ordering::Relaxed);
+    thread.join().expect("spin thread").expect("record ends cleanly");
+    eprintln!(
+        "published {N}, received {}, reported lost {}",
+        target.received(),
+        target.lost()
+    );
+    assert_eq!(
+        target.received() as u64 + target.lost(),
+        N as u64,
+        "every message is either received or reported lost"
+    );
+}
