@@ -1,6 +1,7 @@
 //! Where messages come from.
 pub mod cdr;
 pub mod generator;
+pub mod msgdef;
 #[cfg(feature = "ros")]
 mod rcl;
 #[cfg(feature = "ros")]

@@ -12,10 +12,9 @@
 //! encapsulation header, u32 length, text, NUL), so 100 B, 64 KiB and 1 MiB are exact, and
 //! the three benchmark rows differ only in size, not in type.
 
-use std::collections::{BTreeSet, HashSet};
-
 use crate::bag::{MessageDefinition, TopicInfo};
 use crate::source::cdr::{self, CdrWriter, HEADER_LEN};
+use crate::source::msgdef::{self, EmbeddedFiles, Encoding};
 
 /// A set of topics to generate, chosen with `--synthetic-profile`.
 #[derive(
@@ -484,327 +483,33 @@ pub fn type_description_hash(type_name: &str) -> Option<&'static str> {
         .map(|(_, h)| *h)
 }
 
-/// The `message_definitions` row rosbag2 Jazzy writes for `type_name`; like rosbag2, encoding
-/// `unknown` with an empty text when a definition is missing.
+/// The `message_definitions` row rosbag2 Jazzy writes for `type_name`, composed from the
+/// embedded .msg files by the same code as live topics' rows.
 fn message_definition(type_name: &str, hash: &str) -> MessageDefinition {
-    let (encoding, text) = match full_msg_definition(type_name) {
-        Some(text) => ("ros2msg", text),
-        None => ("unknown", String::new()),
-    };
-    MessageDefinition {
-        topic_type: type_name.to_string(),
-        encoding: encoding.to_string(),
-        encoded_message_definition: text,
-        type_description_hash: hash.to_string(),
-    }
+    msgdef::local_definition(type_name, hash, &EmbeddedFiles)
 }
 
-/// The `ros2msg` text rosbag2 Jazzy stores for `type_name` (`pkg/msg/Type`): the type's .msg
-/// file verbatim, then each dependency not seen yet, depth first, in sorted order per file,
-/// each preceded by a newline, 80 `=` and `MSG: <name as written in the referring file>`.
-/// This mirrors rosbag2_cpp's LocalMessageDefinitionSource so the bytes match real bags.
+/// The `ros2msg` text rosbag2 Jazzy stores for `type_name` (`pkg/msg/Type`), from the embedded
+/// .msg files; `None` when they hold no `.msg` definition for it (see [`msgdef`]).
 pub fn full_msg_definition(type_name: &str) -> Option<String> {
-    let mut parts = type_name.split('/');
-    let (pkg, ns, ty) = (parts.next()?, parts.next()?, parts.next()?);
-    if ns != "msg" || parts.next().is_some() {
-        return None;
+    match msgdef::full_text(type_name, &EmbeddedFiles) {
+        Ok(full) if full.encoding == Encoding::Ros2Msg => Some(full.text),
+        _ => None,
     }
-    let mut seen = HashSet::new();
-    let mut out = String::new();
-    append_definition(&format!("{pkg}/{ty}"), 0, &mut seen, &mut out)?;
-    Some(out)
 }
-
-/// rosbag2's recursion limit for nested definitions.
-const MAX_DEFINITION_DEPTH: usize = 50;
-
-fn append_definition(
-    name: &str,
-    depth: usize,
-    seen: &mut HashSet<String>,
-    out: &mut String,
-) -> Option<()> {
-    if depth > MAX_DEFINITION_DEPTH {
-        return None;
-    }
-    let text = MSG_FILES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, t)| *t)?;
-    out.push_str(text);
-    let package = name.split('/').next().unwrap_or_default();
-    for dep in msg_dependencies(text, package) {
-        if seen.insert(dep.clone()) {
-            out.push('\n');
-            out.push_str(&"=".repeat(80));
-            out.push_str("\nMSG: ");
-            out.push_str(&dep);
-            out.push('\n');
-            append_definition(&dep, depth + 1, seen, out)?;
-        }
-    }
-    Some(())
-}
-
-const PRIMITIVE_TYPES: &[&str] = &[
-    "bool", "byte", "char", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32",
-    "uint32", "int64", "uint64", "string",
-];
-
-/// Field types of a .msg text that are messages, qualified with `package` when written bare,
-/// sorted (rosbag2 collects them in a `std::set`).
-fn msg_dependencies(text: &str, package: &str) -> BTreeSet<String> {
-    let mut deps = BTreeSet::new();
-    for line in text.lines() {
-        let line = line.trim_start();
-        let end = line
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '/'))
-            .unwrap_or(line.len());
-        let (ty, rest) = line.split_at(end);
-        let followed_by_name = rest.starts_with(|c: char| c.is_whitespace() || c == '[');
-        if ty.is_empty() || !followed_by_name || PRIMITIVE_TYPES.contains(&ty) {
-            continue;
-        }
-        if ty.contains('/') {
-            deps.insert(ty.to_string());
-        } else {
-            deps.insert(format!("{package}/{ty}"));
-        }
-    }
-    deps
-}
-
-// The raw strings below are byte-exact copies of the .msg files; do not re-indent them.
-/// `(package/Type, text)` of each .msg file, verbatim from the ROS 2 Jazzy branches of
-/// ros2/common_interfaces, ros2/rcl_interfaces and ros2/geometry2 (interface data).
-const MSG_FILES: &[(&str, &str)] = &[
-    (
-        "std_msgs/String",
-        r#"# This was originally provided as an example message.
-# It is deprecated as of Foxy
-# It is recommended to create your own semantically meaningful message.
-# However if you would like to continue using this please use the equivalent in example_msgs.
-
-string data
-"#,
-    ),
-    (
-        "std_msgs/Header",
-        r#"# Standard metadata for higher-level stamped data types.
-# This is generally used to communicate timestamped data
-# in a particular coordinate frame.
-
-# Two-integer timestamp that is expressed as seconds and nanoseconds.
-builtin_interfaces/Time stamp
-
-# Transform frame with which this data is associated.
-string frame_id
-"#,
-    ),
-    (
-        "builtin_interfaces/Time",
-        r#"# This message communicates ROS Time defined here:
-# https://design.ros2.org/articles/clock_and_time.html
-
-# The seconds component, valid over all int32 values.
-int32 sec
-
-# The nanoseconds component, valid in the range [0, 1e9).
-uint32 nanosec
-"#,
-    ),
-    (
-        "geometry_msgs/Quaternion",
-        r#"# This represents an orientation in free space in quaternion form.
-
-float64 x 0
-float64 y 0
-float64 z 0
-float64 w 1
-"#,
-    ),
-    (
-        "geometry_msgs/Vector3",
-        r#"# This represents a vector in free space.
-
-# This is semantically different than a point.
-# A vector is always anchored at the origin.
-# When a transform is applied to a vector, only the rotational component is applied.
-
-float64 x
-float64 y
-float64 z
-"#,
-    ),
-    (
-        "geometry_msgs/Transform",
-        r#"# This represents the transform between two coordinate frames in free space.
-
-Vector3 translation
-Quaternion rotation
-"#,
-    ),
-    (
-        "geometry_msgs/TransformStamped",
-        r#"# This expresses a transform from coordinate frame header.frame_id
-# to the coordinate frame child_frame_id at the time of header.stamp
-#
-# This message is mostly used by the
-# <a href="https://docs.ros.org/en/rolling/p/tf2/">tf2</a> package.
-# See its documentation for more information.
-#
-# The child_frame_id is necessary in addition to the frame_id
-# in the Header to communicate the full reference for the transform
-# in a self contained message.
-
-# The frame id in the header is used as the reference frame of this transform.
-std_msgs/Header header
-
-# The frame id of the child frame to which this transform points.
-string child_frame_id
-
-# Translation and rotation in 3-dimensions of child_frame_id from header.frame_id.
-Transform transform
-"#,
-    ),
-    (
-        "sensor_msgs/Imu",
-        r#"# This is a message to hold data from an IMU (Inertial Measurement Unit)
-#
-# Accelerations should be in m/s^2 (not in g's), and rotational velocity should be in rad/sec
-#
-# If the covariance of the measurement is known, it should be filled in (if all you know is the
-# variance of each measurement, e.g. from the datasheet, just put those along the diagonal)
-# A covariance matrix of all zeros will be interpreted as "covariance unknown", and to use the
-# data a covariance will have to be assumed or gotten from some other source
-#
-# If you have no estimate for one of the data elements (e.g. your IMU doesn't produce an
-# orientation estimate), please set element 0 of the associated covariance matrix to -1
-# If you are interpreting this message, please check for a value of -1 in the first element of each
-# covariance matrix, and disregard the associated estimate.
-
-std_msgs/Header header
-
-geometry_msgs/Quaternion orientation
-float64[9] orientation_covariance # Row major about x, y, z axes
-
-geometry_msgs/Vector3 angular_velocity
-float64[9] angular_velocity_covariance # Row major about x, y, z axes
-
-geometry_msgs/Vector3 linear_acceleration
-float64[9] linear_acceleration_covariance # Row major x, y z
-"#,
-    ),
-    (
-        "sensor_msgs/Image",
-        r#"# This message contains an uncompressed image
-# (0, 0) is at top-left corner of image
-
-std_msgs/Header header # Header timestamp should be acquisition time of image
-                             # Header frame_id should be optical frame of camera
-                             # origin of frame should be optical center of cameara
-                             # +x should point to the right in the image
-                             # +y should point down in the image
-                             # +z should point into to plane of the image
-                             # If the frame_id here and the frame_id of the CameraInfo
-                             # message associated with the image conflict
-                             # the behavior is undefined
-
-uint32 height                # image height, that is, number of rows
-uint32 width                 # image width, that is, number of columns
-
-# The legal values for encoding are in file include/sensor_msgs/image_encodings.hpp
-# If you want to standardize a new string format, join
-# ros-users@lists.ros.org and send an email proposing a new encoding.
-
-string encoding       # Encoding of pixels -- channel meaning, ordering, size
-                      # taken from the list of strings in include/sensor_msgs/image_encodings.hpp
-
-uint8 is_bigendian    # is this data bigendian?
-uint32 step           # Full row length in bytes
-uint8[] data          # actual matrix data, size is (step * rows)
-"#,
-    ),
-    (
-        "sensor_msgs/PointCloud2",
-        r#"# This message holds a collection of N-dimensional points, which may
-# contain additional information such as normals, intensity, etc. The
-# point data is stored as a binary blob, its layout described by the
-# contents of the "fields" array.
-#
-# The point cloud data may be organized 2d (image-like) or 1d (unordered).
-# Point clouds organized as 2d images may be produced by camera depth sensors
-# such as stereo or time-of-flight.
-
-# Time of sensor data acquisition, and the coordinate frame ID (for 3d points).
-std_msgs/Header header
-
-# 2D structure of the point cloud. If the cloud is unordered, height is
-# 1 and width is the length of the point cloud.
-uint32 height
-uint32 width
-
-# Describes the channels and their layout in the binary data blob.
-PointField[] fields
-
-bool    is_bigendian # Is this data bigendian?
-uint32  point_step   # Length of a point in bytes
-uint32  row_step     # Length of a row in bytes
-uint8[] data         # Actual point data, size is (row_step*height)
-
-bool is_dense        # True if there are no invalid points
-"#,
-    ),
-    (
-        "sensor_msgs/PointField",
-        r#"# This message holds the description of one point entry in the
-# PointCloud2 message format.
-uint8 INT8    = 1
-uint8 UINT8   = 2
-uint8 INT16   = 3
-uint8 UINT16  = 4
-uint8 INT32   = 5
-uint8 UINT32  = 6
-uint8 FLOAT32 = 7
-uint8 FLOAT64 = 8
-
-# Common PointField names are x, y, z, intensity, rgb, rgba
-string name      # Name of field
-uint32 offset    # Offset from start of point struct
-uint8  datatype  # Datatype enumeration, see above
-uint32 count     # How many elements in the field
-"#,
-    ),
-    (
-        "tf2_msgs/TFMessage",
-        r#"geometry_msgs/TransformStamped[] transforms
-"#,
-    ),
-];
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn dependencies_skip_comments_primitives_and_constants_and_qualify_bare_names() {
-        let text = "# geometry_msgs/Pose not_a_field\nuint8 INT8 = 1\nfloat64[9] cov # x\n\
-                    std_msgs/Header header\nPointField[] fields\n  Vector3 v\n";
-        let deps: Vec<String> = msg_dependencies(text, "sensor_msgs").into_iter().collect();
-        assert_eq!(
-            deps,
-            [
-                "sensor_msgs/PointField",
-                "sensor_msgs/Vector3",
-                "std_msgs/Header"
-            ]
-        );
-    }
-
-    #[test]
     fn definitions_are_only_found_for_embedded_msg_types() {
         assert!(full_msg_definition("std_msgs/msg/String").is_some());
-        assert_eq!(full_msg_definition("std_msgs/String"), None);
+        // rosbag2 understands the short name too.
+        assert_eq!(
+            full_msg_definition("std_msgs/String"),
+            full_msg_definition("std_msgs/msg/String")
+        );
         assert_eq!(full_msg_definition("std_msgs/srv/Empty"), None);
         assert_eq!(full_msg_definition("nav_msgs/msg/Odometry"), None);
     }
@@ -814,19 +519,6 @@ mod tests {
         let def = message_definition("nav_msgs/msg/Odometry", "");
         assert_eq!(def.encoding, "unknown");
         assert!(def.encoded_message_definition.is_empty());
-    }
-
-    #[test]
-    fn every_embedded_dependency_resolves() {
-        for (name, text) in MSG_FILES {
-            let package = name.split('/').next().unwrap_or_default();
-            for dep in msg_dependencies(text, package) {
-                assert!(
-                    MSG_FILES.iter().any(|(n, _)| *n == dep),
-                    "{name} needs {dep}"
-                );
-            }
-        }
     }
 
     #[test]
