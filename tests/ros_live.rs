@@ -659,9 +659,16 @@ fn a_burst_of_ten_thousand_is_drained_whole_in_order_with_no_allocation_per_mess
     }
     wait_until("all 10,000 messages", || target.received() >= N);
     target.stop.store(true, Ordering::Relaxed);
-    thread.join().expect("spin thread").expect("record ends cleanly");
+    thread
+        .join()
+        .expect("spin thread")
+        .expect("record ends cleanly");
     assert_eq!(target.received(), N);
-    assert_eq!(target.mismatches.load(Ordering::SeqCst), 0, "bytes and order");
+    assert_eq!(
+        target.mismatches.load(Ordering::SeqCst),
+        0,
+        "bytes and order"
+    );
     assert_eq!(target.lost(), 0);
     let a = &target.allocations_at;
     let per_message = (a[1].load(Ordering::SeqCst) - a[0].load(Ordering::SeqCst)) as f64
@@ -706,7 +713,10 @@ fn messages_the_middleware_loses_are_counted_so_received_plus_lost_is_published(
         std::thread::sleep(Duration::from_millis(10));
     }
     target.stop.store(true, Ordering::Relaxed);
-    thread.join().expect("spin thread").expect("record ends cleanly");
+    thread
+        .join()
+        .expect("spin thread")
+        .expect("record ends cleanly");
     eprintln!(
         "published {N}, received {}, reported lost {}",
         target.received(),
@@ -717,4 +727,63 @@ fn messages_the_middleware_loses_are_counted_so_received_plus_lost_is_published(
         N as u64,
         "every message is either received or reported lost"
     );
+}
+
+// ---- Message definitions ------------------------------------------------------------------
+
+/// The `message_definitions` row real rosbag2 Jazzy wrote for std_msgs/msg/String.
+fn reference_string_definition() -> (String, String, String) {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/reference-bags/jazzy/jazzy_ref"
+    );
+    let split = std::fs::read_dir(dir)
+        .expect("reference bag (../shared/reference-bags)")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "db3"))
+        .expect("reference split");
+    let c =
+        rusqlite::Connection::open_with_flags(&split, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .expect("open reference split");
+    c.query_row(
+        "SELECT encoding, encoded_message_definition, type_description_hash \
+         FROM message_definitions WHERE topic_type = 'std_msgs/msg/String'",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )
+    .expect("reference row")
+}
+
+#[test]
+fn a_live_topic_is_registered_with_its_full_definition_and_type_hash() {
+    require_ros!();
+    let mut node = TestPublisher::new("ringbag_test_pub_defs");
+    let p = node.publisher(
+        "/rl_defs/chatter",
+        "std_msgs/msg/String",
+        r2r::QosProfile::default().reliable(),
+    );
+    let rec = Recording::start(RosSourceOptions {
+        topics: vec!["/rl_defs/chatter".into()],
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    });
+    wait_until("the subscription", || {
+        rec.collector.topic("/rl_defs/chatter").is_some()
+    });
+    wait_matched(&p, 1, "defs match");
+    let definition = rec.collector.definitions.lock().expect("lock")[0]
+        .clone()
+        .expect("a definition is registered with the topic");
+    rec.stop().expect("recorder ends cleanly");
+    let (encoding, text, hash) = reference_string_definition();
+    assert_eq!(definition.topic_type, "std_msgs/msg/String");
+    assert_eq!(definition.encoding, encoding);
+    assert_eq!(definition.encoded_message_definition, text);
+    // rmw reports type hashes from Iron on; Humble's rosbag2 writes none either.
+    if std::env::var("ROS_DISTRO").is_ok_and(|d| d == "humble") {
+        assert_eq!(definition.type_description_hash, "");
+    } else {
+        assert_eq!(definition.type_description_hash, hash);
+    }
 }

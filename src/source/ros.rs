@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use r2r::qos::{DurabilityPolicy, HistoryPolicy, LivelinessPolicy, ReliabilityPolicy};
 
+use super::msgdef::{AmentPrefixPath, DefinitionCache};
 use super::rcl::{RclError, RclNode, Ready, SubId};
 use super::select::{
     adapt_to_offers, duration_from_std, duration_to_std, load_qos_overrides, requested_qos,
@@ -119,6 +120,9 @@ pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<()
         selector,
         overrides,
         min_depth: opts.subscription_depth,
+        // rosbag2 Jazzy reads definitions from the sourced environment's share/ directories
+        // at subscription time; so does ringbag (each type's text is built once).
+        definitions: DefinitionCache::new(AmentPrefixPath::from_env()),
         target,
         subs: Vec::new(),
         done: HashSet::new(),
@@ -170,6 +174,7 @@ struct Recorder<'t, T: RecordTarget> {
     overrides: QosOverrides,
     /// `--subscription-depth`.
     min_depth: u64,
+    definitions: DefinitionCache<AmentPrefixPath>,
     target: &'t T,
     /// Indexed by the node's `SubId`.
     subs: Vec<Subscription<T::Topic>>,
@@ -254,12 +259,7 @@ impl<T: RecordTarget> Recorder<'_, T> {
             Ok(id) => {
                 let mut info = TopicInfo::new(name, type_name);
                 info.offered_qos_profiles = offers;
-                let definition = MessageDefinition {
-                    topic_type: type_name.to_string(),
-                    encoding: "unknown".into(),
-                    encoded_message_definition: String::new(),
-                    type_description_hash: hash,
-                };
+                let definition = self.definitions.definition(type_name, &hash);
                 let handle = self.target.add_topic(info, Some(definition));
                 log::info!(
                     "subscribed to {name} [{type_name}] ({:?}, {:?}, depth {}{})",
