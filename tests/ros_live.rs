@@ -620,12 +620,31 @@ fn numbered_strings(count: usize, len: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Runs `record` into `target` on its own thread until `done` holds or PATIENCE runs out.
-fn record_into<T: RecordTarget + Send + Sync + 'static>(
-    target: Arc<T>,
-    opts: RosSourceOptions,
-) -> JoinHandle<Result<(), RosSourceError>> {
-    std::thread::spawn(move || record(&opts, &*target))
+/// A publisher of std_msgs/String on `topic` with `qos`, and `record` into `target` on its
+/// own thread, returned once the recorder's subscription has matched the publisher.
+fn publish_into_checking_target(
+    topic: &str,
+    qos: r2r::QosProfile,
+    target: &Arc<CheckingTarget>,
+) -> (
+    TestPublisher,
+    r2r::PublisherUntyped,
+    JoinHandle<Result<(), RosSourceError>>,
+) {
+    let mut node = TestPublisher::new(&format!("ringbag_test_pub{}", topic.replace('/', "_")));
+    let p = node.publisher(topic, "std_msgs/msg/String", qos);
+    let opts = RosSourceOptions {
+        topics: vec![topic.into()],
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    };
+    let t = target.clone();
+    let thread = std::thread::spawn(move || record(&opts, &*t));
+    wait_until("the recorder's subscription", || {
+        target.topics.load(Ordering::SeqCst) == 1
+    });
+    wait_matched(&p, 1, "the recorder's match");
+    (node, p, thread)
 }
 
 #[test]
@@ -634,26 +653,12 @@ fn a_burst_of_ten_thousand_is_drained_whole_in_order_with_no_allocation_per_mess
     const N: usize = 10_000;
     let expected = numbered_strings(N, 100);
     let target = Arc::new(CheckingTarget::new(expected.clone()));
-    let topic = "/rl_burst/chatter";
-    let mut node = TestPublisher::new("ringbag_test_pub_burst");
     // The publisher keeps the whole burst, so anything missing is the recorder's loss.
-    let p = node.publisher(
-        topic,
-        "std_msgs/msg/String",
+    let (_node, p, thread) = publish_into_checking_target(
+        "/rl_burst/chatter",
         r2r::QosProfile::default().keep_last(N).reliable(),
+        &target,
     );
-    let thread = record_into(
-        target.clone(),
-        RosSourceOptions {
-            topics: vec![topic.into()],
-            polling_interval: Duration::from_millis(50),
-            ..RosSourceOptions::default()
-        },
-    );
-    wait_until("the recorder's subscription", || {
-        target.topics.load(Ordering::SeqCst) == 1
-    });
-    wait_matched(&p, 1, "burst match");
     for m in &expected {
         p.publish_raw(m).expect("publish");
     }
@@ -683,27 +688,13 @@ fn messages_the_middleware_loses_are_counted_so_received_plus_lost_is_published(
     const N: usize = 20_000;
     let expected = numbered_strings(N, 1000);
     let target = Arc::new(CheckingTarget::new(Vec::new()));
-    let topic = "/rl_lost/chatter";
-    let mut node = TestPublisher::new("ringbag_test_pub_lost");
     // Depth 1: the writer overwrites what the reader has not acknowledged yet, and tells the
     // reader so (a GAP), which the middleware reports as lost messages.
-    let p = node.publisher(
-        topic,
-        "std_msgs/msg/String",
+    let (_node, p, thread) = publish_into_checking_target(
+        "/rl_lost/chatter",
         r2r::QosProfile::default().keep_last(1).reliable(),
+        &target,
     );
-    let thread = record_into(
-        target.clone(),
-        RosSourceOptions {
-            topics: vec![topic.into()],
-            polling_interval: Duration::from_millis(50),
-            ..RosSourceOptions::default()
-        },
-    );
-    wait_until("the recorder's subscription", || {
-        target.topics.load(Ordering::SeqCst) == 1
-    });
-    wait_matched(&p, 1, "lost match");
     for m in &expected {
         p.publish_raw(m).expect("publish");
     }
