@@ -82,6 +82,9 @@ pub trait RecordTarget {
     fn push(&self, topic: &Self::Topic, data: &[u8]) -> bool;
     /// `n` messages of `topic` the middleware reported lost before they reached ringbag.
     fn lost(&self, topic: &Self::Topic, n: u64);
+    /// Whether the middleware gives `topic`'s subscription a message-lost event at all
+    /// (called once, when subscribing).
+    fn loss_events(&self, _topic: &Self::Topic, _available: bool) {}
     fn stop_requested(&self) -> bool;
 }
 
@@ -261,12 +264,14 @@ impl<T: RecordTarget> Recorder<'_, T> {
                 info.offered_qos_profiles = offers;
                 let definition = self.definitions.definition(type_name, &hash);
                 let handle = self.target.add_topic(info, Some(definition));
+                let events = self.node.has_lost_event(id);
+                self.target.loss_events(&handle, events);
                 log::info!(
                     "subscribed to {name} [{type_name}] ({:?}, {:?}, depth {}{})",
                     req.qos.reliability,
                     req.qos.durability,
                     req.qos.depth,
-                    if self.node.has_lost_event(id) {
+                    if events {
                         ", message-lost events on"
                     } else {
                         ", no message-lost events from this middleware"
