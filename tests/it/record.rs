@@ -647,3 +647,64 @@ fn the_open_split_stays_locked_against_readers_for_its_whole_life() {
     );
     assert!(status.success());
 }
+
+/// Losses the middleware reports (live ROS 2 source) reach the summary, its text and the
+/// bag's custom_data, per topic and in total, apart from ringbag's own drops.
+#[test]
+fn middleware_losses_are_reported_in_the_summary_and_the_bag() {
+    use ringbag::bag::writer::{BagWriter, WriterOptions};
+    use ringbag::bag::{Flavour, TopicInfo};
+    use ringbag::pipeline::{Pipeline, PipelineConfig};
+    use std::sync::atomic::Ordering::Relaxed;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("bag");
+    let writer = BagWriter::create(&dir, WriterOptions::new(Flavour::Jazzy)).unwrap();
+    let pipeline = Pipeline::start(
+        writer,
+        None,
+        std::sync::Arc::new(ringbag::clock::SystemClock),
+        PipelineConfig::default(),
+    );
+    let producer = pipeline.producer();
+    let cam = producer.add_topic(TopicInfo::new("/cam", "std_msgs/msg/String"), None);
+    let imu = producer.add_topic(TopicInfo::new("/imu", "std_msgs/msg/String"), None);
+    for _ in 0..3 {
+        assert!(producer.push(&cam, &crate::common::cdr_string("frame")));
+    }
+    // What the source adds when the message-lost event fires.
+    cam.stats().lost_in_middleware.fetch_add(7, Relaxed);
+    imu.stats().lost_in_middleware.fetch_add(2, Relaxed);
+    let (result, summary) = pipeline.finish();
+    result.unwrap();
+    assert_eq!(summary.lost_in_middleware, 9);
+    assert_eq!(summary.written, 3);
+    assert_eq!(summary.dropped_total(), 0, "not ringbag's own drops");
+    let text = summary.to_string();
+    assert!(
+        text.contains("lost in the middleware before reaching ringbag 9"),
+        "{text}"
+    );
+    let cd = ringbag::bag::reader::Bag::open(&dir)
+        .unwrap()
+        .metadata
+        .custom_data;
+    assert_eq!(
+        cd.get("ringbag.lost_in_middleware").map(String::as_str),
+        Some("9")
+    );
+    assert_eq!(
+        cd.get("ringbag.lost_in_middleware./cam")
+            .map(String::as_str),
+        Some("7")
+    );
+    assert_eq!(
+        cd.get("ringbag.lost_in_middleware./imu")
+            .map(String::as_str),
+        Some("2")
+    );
+    assert_eq!(
+        cd.get("ringbag.dropped_messages").map(String::as_str),
+        Some("0")
+    );
+}
