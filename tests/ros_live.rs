@@ -27,7 +27,9 @@ static ENV: Once = Once::new();
 /// ROS 2 environment is sourced.
 fn ros_env() -> Option<&'static str> {
     if std::env::var_os("AMENT_PREFIX_PATH").is_none() {
-        return Some("AMENT_PREFIX_PATH is unset: source a ROS 2 Humble environment to run");
+        return Some(
+            "AMENT_PREFIX_PATH is unset: source a ROS 2 Humble or Jazzy environment to run",
+        );
     }
     ENV.call_once(|| {
         let cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cyclonedds-loopback.xml");
@@ -37,7 +39,12 @@ fn ros_env() -> Option<&'static str> {
         // The config above already confines DDS to `lo`; rmw_cyclonedds' localhost-only mode
         // would select `lo` a second time, which Cyclone refuses ("the same interface may not
         // be selected twice"), so it is switched off here rather than left to the caller.
-        std::env::set_var("ROS_LOCALHOST_ONLY", "0");
+        // From Jazzy on the variable is deprecated and merely setting it draws a warning.
+        if std::env::var("ROS_DISTRO").is_ok_and(|d| d == "humble") {
+            std::env::set_var("ROS_LOCALHOST_ONLY", "0");
+        } else {
+            std::env::remove_var("ROS_LOCALHOST_ONLY");
+        }
     });
     None
 }
