@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -48,7 +49,7 @@ SCENARIOS = [
 # Both recorders are idle when, for this long, ringbag's committed count has not moved and
 # neither process used more than IDLE_CPU_S of CPU.
 QUIET_S = 2.0
-IDLE_CPU_S = 0.06
+IDLE_CPU_S = 0.1
 # Upper bounds (a run that hits one is reported, not silently accepted).
 MATCH_TIMEOUT_S = 60
 SETTLE_DEADLINE_S = 120
@@ -178,7 +179,8 @@ def one_run(args, scenario: int, run: int, work: Path) -> dict:
     rb_err = open(d / "ringbag.stderr", "w")
     rs_log = open(d / "rosbag2.log", "w")
     rb = subprocess.Popen(
-        [args.ringbag, "record", "--source", "ros", topic, "-o", str(rb_bag), "--status-file", str(status)],
+        [args.ringbag, "record", "--source", "ros", topic, "-o", str(rb_bag), "--status-file", str(status)]
+        + args.ringbag_args,
         stdin=subprocess.DEVNULL, stdout=rb_err, stderr=rb_err)
     rs = subprocess.Popen(
         ["ros2", "bag", "record", "-s", "sqlite3", "-o", str(rs_bag), topic],
@@ -331,7 +333,10 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("BENCH_ROS_OUT"), help="write the markdown table here")
     ap.add_argument("--dir", default=os.environ.get("BENCH_ROS_DIR"), help="where bags go (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep every run's bags and logs")
+    ap.add_argument("--ringbag-args", default=os.environ.get("RINGBAG_ARGS", ""),
+                    help="extra arguments for `ringbag record` (one string, split as a shell would)")
     args = ap.parse_args()
+    args.ringbag_args = shlex.split(args.ringbag_args)
     try:
         scenarios = [int(x) - 1 for x in args.scenarios.split(",") if x.strip()]
         if not scenarios or any(not 0 <= s < len(SCENARIOS) for s in scenarios):
@@ -344,9 +349,16 @@ def main() -> int:
         return 2
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-ros-"))
     work.mkdir(parents=True, exist_ok=True)
+    # Private copies: a shared CARGO_TARGET_DIR may be rebuilt from another tree mid-run.
+    (work / "bin").mkdir(exist_ok=True)
+    for attr in ("ringbag", "flood"):
+        dst = work / "bin" / Path(getattr(args, attr)).name
+        shutil.copy2(getattr(args, attr), dst)
+        setattr(args, attr, str(dst))
     distro = os.environ.get("ROS_DISTRO", "?")
     print(f"bench-ros: ROS {distro}, {os.environ.get('RMW_IMPLEMENTATION')}, domain {os.environ.get('ROS_DOMAIN_ID')}, "
-          f"{args.runs} run(s) per scenario, bags in {work}", flush=True)
+          f"{args.runs} run(s) per scenario, bags in {work}"
+          + (f", ringbag record {' '.join(args.ringbag_args)}" if args.ringbag_args else ""), flush=True)
     results = []
     jsonl = work / "runs.jsonl"
     for s in scenarios:
