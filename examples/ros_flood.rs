@@ -3,6 +3,7 @@
 //! measured. Reliable, keep-last 10, volatile: what the race in issue 11 used.
 //!
 //! usage: ros_flood TOPIC TYPE SIZE COUNT RATE [--subscribers N] [--wait-timeout S] [--hold]
+//!                  [--depth N | --keep-all]
 //!   TYPE: std_msgs/msg/String (SIZE = serialized bytes, encapsulation header included)
 //!         sensor_msgs/msg/Image (SIZE = WIDTHxHEIGHT, rgb8; or a byte count, one row)
 //!   RATE: messages per second, or `max` (as fast as `publish_raw` returns)
@@ -43,6 +44,13 @@ struct Args {
     /// After publishing, keep the writer alive until stdin is closed.
     #[arg(long)]
     hold: bool,
+    /// History depth of the writer (keep-last).
+    #[arg(long, default_value_t = 10)]
+    depth: usize,
+    /// Keep-all history instead (a diagnostic: Cyclone then never prunes an unacknowledged
+    /// sample and throttles the writer instead).
+    #[arg(long, conflicts_with = "depth")]
+    keep_all: bool,
 }
 
 /// A prebuilt message and where its per-message sequence number goes, so each message is
@@ -160,7 +168,11 @@ fn run(a: Args) -> Result<(), String> {
     let ctx = r2r::Context::create().map_err(|e| format!("rcl context: {e}"))?;
     let mut node =
         r2r::Node::create(ctx, "ringbag_ros_flood", "").map_err(|e| format!("node: {e}"))?;
-    let qos = r2r::QosProfile::default().keep_last(10).reliable();
+    let qos = if a.keep_all {
+        r2r::QosProfile::default().keep_all().reliable()
+    } else {
+        r2r::QosProfile::default().keep_last(a.depth).reliable()
+    };
     let publisher = node
         .create_publisher_untyped(&a.topic, &a.type_name, qos)
         .map_err(|e| format!("publisher on {} ({}): {e}", a.topic, a.type_name))?;

@@ -195,7 +195,7 @@ def one_run(args, scenario: int, run: int, work: Path) -> dict:
 
     pub = subprocess.Popen(
         [args.flood, topic, type_name, size, str(count), rate, "--hold",
-         "--subscribers", "2", "--wait-timeout", str(MATCH_TIMEOUT_S)],
+         "--subscribers", "2", "--wait-timeout", str(MATCH_TIMEOUT_S)] + args.flood_args,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pub_err = LineWatcher(pub.stderr, on_pub_err)
     pub_err.start()
@@ -335,8 +335,11 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep every run's bags and logs")
     ap.add_argument("--ringbag-args", default=os.environ.get("RINGBAG_ARGS", ""),
                     help="extra arguments for `ringbag record` (one string, split as a shell would)")
+    ap.add_argument("--flood-args", default=os.environ.get("FLOOD_ARGS", ""),
+                    help="extra arguments for examples/ros_flood, e.g. --keep-all (a diagnostic)")
     args = ap.parse_args()
     args.ringbag_args = shlex.split(args.ringbag_args)
+    args.flood_args = shlex.split(args.flood_args)
     try:
         scenarios = [int(x) - 1 for x in args.scenarios.split(",") if x.strip()]
         if not scenarios or any(not 0 <= s < len(SCENARIOS) for s in scenarios):
@@ -358,7 +361,8 @@ def main() -> int:
     distro = os.environ.get("ROS_DISTRO", "?")
     print(f"bench-ros: ROS {distro}, {os.environ.get('RMW_IMPLEMENTATION')}, domain {os.environ.get('ROS_DOMAIN_ID')}, "
           f"{args.runs} run(s) per scenario, bags in {work}"
-          + (f", ringbag record {' '.join(args.ringbag_args)}" if args.ringbag_args else ""), flush=True)
+          + (f", ringbag record {' '.join(args.ringbag_args)}" if args.ringbag_args else "")
+          + (f", ros_flood {' '.join(args.flood_args)}" if args.flood_args else ""), flush=True)
     results = []
     jsonl = work / "runs.jsonl"
     for s in scenarios:
