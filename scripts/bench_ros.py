@@ -183,7 +183,10 @@ def one_run(args, scenario: int, run: int, work: Path) -> dict:
         + args.ringbag_args,
         stdin=subprocess.DEVNULL, stdout=rb_err, stderr=rb_err)
     rs = subprocess.Popen(
-        ["ros2", "bag", "record", "-s", "sqlite3", "-o", str(rs_bag), topic],
+        # Humble takes topics as positional arguments only; later releases deprecate those
+        # for --topics.
+        ["ros2", "bag", "record", "-s", "sqlite3", "-o", str(rs_bag)]
+        + ([topic] if os.environ.get("ROS_DISTRO") == "humble" else ["--topics", topic]),
         stdin=subprocess.DEVNULL, stdout=rs_log, stderr=rs_log)
 
     baseline: dict[str, float | None] = {}
