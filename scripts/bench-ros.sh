@@ -19,11 +19,16 @@ fi
 
 # DDS on loopback only, in a domain of its own (see tests/ros_live.rs): interface lo, no
 # multicast, peer 127.0.0.1. ROS_LOCALHOST_ONLY=1 would make rmw_cyclonedds select lo a
-# second time, which CycloneDDS refuses.
+# second time, which CycloneDDS refuses; from Iron on that variable is deprecated (a warning
+# in every process) and the config file alone does it.
 export CYCLONEDDS_URI="file://$PWD/tests/cyclonedds-loopback.xml"
 export RMW_IMPLEMENTATION=rmw_cyclonedds_cpp
 export ROS_DOMAIN_ID="${BENCH_ROS_DOMAIN_ID:-87}"
-export ROS_LOCALHOST_ONLY=0
+if [ "${ROS_DISTRO:-}" = humble ]; then
+    export ROS_LOCALHOST_ONLY=0
+else
+    unset ROS_LOCALHOST_ONLY ROS_AUTOMATIC_DISCOVERY_RANGE ROS_STATIC_PEERS
+fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/ros-${ROS_DISTRO:-unknown}}"
 
 echo "bench-ros: building ringbag and examples/ros_flood (--features ros --release) in $CARGO_TARGET_DIR"
