@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The race of issue 11: `ringbag record --source ros` and `ros2 bag record` record the same
+# reliable publisher (examples/ros_flood.rs) at the same time, in four scenarios, RUNS times
+# each (default 5). Prints per scenario the median kept counts, CPU and peak RSS of both and
+# the losses ringbag reported; the markdown table also goes to --out FILE / $BENCH_ROS_OUT.
+#
+# Usage: scripts/bench-ros.sh [--runs N] [--scenarios 1,3] [--out FILE] [--dir DIR] [--keep]
+#   env: RUNS, SCENARIOS, BENCH_ROS_OUT, BENCH_ROS_DIR, BENCH_ROS_DOMAIN_ID (default 87),
+#        CARGO_TARGET_DIR (default target/ros-$ROS_DISTRO: r2r's bindings are per distro)
+# Needs a sourced ROS 2 with rmw_cyclonedds_cpp and rosbag2's sqlite3 plugin; without one it
+# says why and exits 0.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v ros2 >/dev/null 2>&1 || [ -z "${AMENT_PREFIX_PATH:-}" ]; then
+    echo "bench-ros: skipped: no sourced ROS 2 (need \`ros2\` on PATH and AMENT_PREFIX_PATH set)"
+    exit 0
+fi
+
+# DDS on loopback only, in a domain of its own (see tests/ros_live.rs): interface lo, no
+# multicast, peer 127.0.0.1. ROS_LOCALHOST_ONLY=1 would make rmw_cyclonedds select lo a
+# second time, which CycloneDDS refuses; from Iron on that variable is deprecated (a warning
+# in every process) and the config file alone does it.
+export CYCLONEDDS_URI="file://$PWD/tests/cyclonedds-loopback.xml"
+export RMW_IMPLEMENTATION=rmw_cyclonedds_cpp
+export ROS_DOMAIN_ID="${BENCH_ROS_DOMAIN_ID:-87}"
+if [ "${ROS_DISTRO:-}" = humble ]; then
+    export ROS_LOCALHOST_ONLY=0
+else
+    unset ROS_LOCALHOST_ONLY ROS_AUTOMATIC_DISCOVERY_RANGE ROS_STATIC_PEERS
+fi
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/ros-${ROS_DISTRO:-unknown}}"
+
+echo "bench-ros: building ringbag and examples/ros_flood (--features ros --release) in $CARGO_TARGET_DIR"
+nice -n 10 cargo build --release --quiet --features ros --bin ringbag --example ros_flood
+exec python3 scripts/bench_ros.py \
+    --ringbag "$CARGO_TARGET_DIR/release/ringbag" \
+    --flood "$CARGO_TARGET_DIR/release/examples/ros_flood" "$@"
