@@ -240,9 +240,10 @@ pub struct RecordArgs {
     /// YAML file with per-topic QoS overrides (as ros2 bag record).
     #[arg(long)]
     pub qos_profile_overrides_path: Option<PathBuf>,
-    /// Least reader-history depth of each keep-last subscription, messages (rosbag2 uses 10).
-    /// Absorbs bursts while the take loop is behind; an override file's depth wins.
-    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Reader history of each subscription, messages: 0 = keep all (the middleware never
+    /// discards what it received; losses happen, counted, in ringbag's queue); N = keep-last
+    /// with at least N (rosbag2 uses 10). An override file's history/depth wins.
+    #[arg(long, value_name = "N", default_value_t = 0)]
     pub subscription_depth: u64,
 
     /// Output bag directory [default: rosbag2_YYYY_MM_DD-HH_MM_SS]. Must not exist.

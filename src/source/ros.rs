@@ -36,6 +36,9 @@ const SPIN_SLICE: Duration = Duration::from_millis(20);
 /// flooded topic cannot starve a quiet one into overflowing its reader history.
 const TAKE_BURST: usize = 256;
 
+/// Longest the stop waits for what the reader histories still hold.
+const FINAL_DRAIN: Duration = Duration::from_millis(500);
+
 #[derive(Debug, thiserror::Error)]
 pub enum RosSourceError {
     #[error(transparent)]
@@ -150,13 +153,12 @@ pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<()
             .wait(slice, &mut ready)
             .map_err(RosSourceError::Wait)?;
         rec.take_lost(&ready.lost_events);
-        rec.drain(&ready.messages, usize::MAX);
+        rec.drain(&ready.messages, None);
     }
-    // What already sits in the reader histories arrived before the stop: take it, but only
-    // as much as a history can hold, so a publisher that keeps flooding cannot hold us here.
+    // What already sits in the reader histories arrived before the stop: take it, but for
+    // at most FINAL_DRAIN, so a publisher that keeps flooding cannot hold the stop up.
     let all: Vec<SubId> = (0..rec.subs.len()).collect();
-    let most = rec.subs.iter().map(|s| s.depth).max().unwrap_or(0);
-    rec.drain(&all, most.div_ceil(TAKE_BURST).max(1));
+    rec.drain(&all, Some(Instant::now() + FINAL_DRAIN));
     rec.take_lost(&all);
     Ok(())
 }
@@ -165,8 +167,6 @@ pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<()
 struct Subscription<H> {
     name: String,
     handle: H,
-    /// The history depth subscribed with (bounds the final drain).
-    depth: usize,
     /// A take failed; warned once, then skipped.
     failed: bool,
 }
@@ -267,10 +267,13 @@ impl<T: RecordTarget> Recorder<'_, T> {
                 let events = self.node.has_lost_event(id);
                 self.target.loss_events(&handle, events);
                 log::info!(
-                    "subscribed to {name} [{type_name}] ({:?}, {:?}, depth {}{})",
+                    "subscribed to {name} [{type_name}] ({:?}, {:?}, {}{})",
                     req.qos.reliability,
                     req.qos.durability,
-                    req.qos.depth,
+                    match req.qos.history {
+                        History::KeepAll => "keep all".to_string(),
+                        _ => format!("keep last {}", req.qos.depth),
+                    },
                     if events {
                         ", message-lost events on"
                     } else {
@@ -281,7 +284,6 @@ impl<T: RecordTarget> Recorder<'_, T> {
                 self.subs.push(Subscription {
                     name: name.to_string(),
                     handle,
-                    depth: usize::try_from(req.qos.depth).unwrap_or(usize::MAX),
                     failed: false,
                 });
             }
@@ -296,17 +298,20 @@ impl<T: RecordTarget> Recorder<'_, T> {
         self.done.insert(name.to_string());
     }
 
-    /// Takes from each of `ready` until rmw reports it empty (or, with a finite `rounds`,
-    /// for at most that many bursts each), interleaving them a burst at a time.
-    fn drain(&mut self, ready: &[SubId], rounds: usize) {
+    /// Takes from each of `ready` until rmw reports it empty, interleaving them a burst at a
+    /// time. While recording (`until` None) it gives up early only on a stop request; the
+    /// final drain gives up at `until`.
+    fn drain(&mut self, ready: &[SubId], until: Option<Instant>) {
         let mut hot = std::mem::take(&mut self.hot);
         hot.clear();
         hot.extend_from_slice(ready);
-        let mut round = 0;
-        while !hot.is_empty() && round < rounds {
+        while !hot.is_empty() {
             hot.retain(|&id| self.take_burst(id));
-            round += 1;
-            if rounds == usize::MAX && self.target.stop_requested() {
+            let give_up = match until {
+                None => self.target.stop_requested(),
+                Some(t) => Instant::now() >= t,
+            };
+            if give_up {
                 break;
             }
         }

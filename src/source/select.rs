@@ -20,12 +20,13 @@ pub const DEFAULT_POLLING_INTERVAL: Duration = Duration::from_millis(100);
 /// Queue depth requested when no publisher keeps a deeper history (rclcpp's default depth).
 pub const DEFAULT_SUBSCRIPTION_DEPTH: u64 = 10;
 
-/// Reader-history depth every keep-last subscription gets at least (`--subscription-depth`).
-/// rosbag2 subscribes with depth 10: a 10 ms stall of its spin thread under a 10 kHz topic
-/// then loses messages inside the DDS reader, where no layer counts them. The middleware
-/// only holds this many messages while the take loop is behind, so the cost is memory in
-/// bursts (depth × message size per topic, at most), not in steady state.
-pub const DEFAULT_SUBSCRIPTION_DEPTH_FLOOR: u64 = 1000;
+/// `--subscription-depth` default: 0, keep all. rosbag2 subscribes keep-last 10, and DDS then
+/// replaces the oldest unread sample whenever the recorder's take loop falls 10 messages
+/// behind, where no layer counts it (CycloneDDS raises no message-lost event for it). With a
+/// keep-all reader the middleware hands over everything it received; the take loop never
+/// blocks, so the reader history only grows while that thread is starved of CPU, and any loss
+/// happens in ringbag's own bounded queue, where it is counted per topic.
+pub const DEFAULT_SUBSCRIPTION_HISTORY: u64 = 0;
 
 /// What to record from a live ROS 2 graph; mirrors `ros2 bag record`'s selection flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,8 +49,8 @@ pub struct RosSourceOptions {
     pub include_hidden_topics: bool,
     /// `--qos-profile-overrides-path`: YAML map of topic → QoS, as ros2 bag reads it.
     pub qos_profile_overrides_path: Option<PathBuf>,
-    /// `--subscription-depth`: the least keep-last depth subscribed with (an override
-    /// file's depth for a topic still wins).
+    /// `--subscription-depth`: 0 subscribes keep-all; N keep-last with a depth of at least N.
+    /// An override file's history or depth for a topic still wins.
     pub subscription_depth: u64,
 }
 
@@ -65,7 +66,7 @@ impl Default for RosSourceOptions {
             no_discovery: false,
             include_hidden_topics: false,
             qos_profile_overrides_path: None,
-            subscription_depth: DEFAULT_SUBSCRIPTION_DEPTH_FLOOR,
+            subscription_depth: DEFAULT_SUBSCRIPTION_HISTORY,
         }
     }
 }
@@ -470,18 +471,21 @@ pub fn load_qos_overrides(path: Option<&Path>) -> Result<QosOverrides, SelectErr
     parse_qos_overrides(&text, path)
 }
 
-/// The profile to subscribe to `topic` with: adapted to the offers as rosbag2 does, deepened
-/// to `min_depth` (keep-last only; keep-all has no depth), then overridden.
+/// The profile to subscribe to `topic` with: reliability and durability adapted to the offers
+/// as rosbag2 does; history keep-all when `depth` is 0, else keep-last with at least `depth`
+/// (and at least the deepest keep-last offer); then overridden per topic.
 pub fn requested_qos(
     topic: &str,
     offers: &[Qos],
     overrides: &QosOverrides,
-    min_depth: u64,
+    depth: u64,
 ) -> AdaptedQos {
     let mut adapted = adapt_to_offers(offers);
-    if adapted.qos.history != History::KeepAll {
+    if depth == 0 {
+        adapted.qos.history = History::KeepAll;
+    } else {
         adapted.qos.history = History::KeepLast;
-        adapted.qos.depth = adapted.qos.depth.max(min_depth);
+        adapted.qos.depth = adapted.qos.depth.max(depth);
     }
     if let Some(o) = overrides.get(topic) {
         adapted.qos = o.apply(adapted.qos);
@@ -706,12 +710,15 @@ tf_static:
     }
 
     #[test]
-    fn the_depth_floor_deepens_keep_last_requests_and_an_override_depth_still_wins() {
+    fn keep_all_by_default_a_depth_floor_on_request_and_an_override_still_wins() {
         let offers = [offer(Reliability::Reliable, Durability::Volatile, 10)];
         let none = QosOverrides::default();
-        let r = requested_qos("/imu", &offers, &none, DEFAULT_SUBSCRIPTION_DEPTH_FLOOR);
+        let r = requested_qos("/imu", &offers, &none, DEFAULT_SUBSCRIPTION_HISTORY);
+        assert_eq!(r.qos.history, History::KeepAll);
+        assert_eq!(r.qos.reliability, Reliability::Reliable);
+        let r = requested_qos("/imu", &offers, &none, 1000);
         assert_eq!(r.qos.history, History::KeepLast);
-        assert_eq!(r.qos.depth, DEFAULT_SUBSCRIPTION_DEPTH_FLOOR);
+        assert_eq!(r.qos.depth, 1000);
         // A transient_local publisher keeping more than the floor still gets all of it.
         let deep = [offer(
             Reliability::Reliable,
@@ -719,13 +726,13 @@ tf_static:
             5000,
         )];
         assert_eq!(requested_qos("/map", &deep, &none, 1000).qos.depth, 5000);
-        let o = parse_qos_overrides("/camera: {depth: 3}\n", Path::new("o.yaml")).unwrap();
-        assert_eq!(requested_qos("/camera", &offers, &o, 1000).qos.depth, 3);
-        let all = parse_qos_overrides("/log: {history: keep_all}\n", Path::new("o.yaml")).unwrap();
-        assert_eq!(
-            requested_qos("/log", &offers, &all, 1000).qos.history,
-            History::KeepAll
-        );
+        let o = parse_qos_overrides(
+            "/camera: {history: keep_last, depth: 3}\n",
+            Path::new("o.yaml"),
+        )
+        .unwrap();
+        let cam = requested_qos("/camera", &offers, &o, DEFAULT_SUBSCRIPTION_HISTORY).qos;
+        assert_eq!((cam.history, cam.depth), (History::KeepLast, 3));
     }
 
     #[test]
