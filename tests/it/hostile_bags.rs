@@ -600,12 +600,23 @@ fn killed_recording(root: &Path, profile: &str, size: &str, at_least: u64) -> (P
             .and_then(|n| fs::metadata(bag.join(n)).ok())
             .map_or(0, |m| m.len())
     };
+    let ready = || committed() >= at_least && newest_len() >= 1 << 20;
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while committed() < at_least || newest_len() < 1 << 20 {
+    loop {
         assert!(
             std::time::Instant::now() < deadline,
             "recording did not reach {at_least} messages"
         );
+        if ready() {
+            // Freeze it, then look again: between a look and a kill the recorder may rotate
+            // (slow under emulation), leaving an empty newest split to tear.
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+            if ready() {
+                break;
+            }
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     child.kill().expect("SIGKILL");
