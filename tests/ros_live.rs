@@ -702,9 +702,9 @@ fn a_burst_of_ten_thousand_is_drained_whole_in_order_with_no_allocation_per_mess
 
 /// CycloneDDS offers the message-lost event, and ringbag subscribes to it for every topic.
 /// Cyclone 0.10 raises it only for samples its reader history rejects (source-timestamp
-/// ordering, exclusive ownership, content filters: none of which ROS 2 QoS turns on), not for
-/// samples a keep-last writer overwrote before they were acknowledged: those vanish without a
-/// trace at every layer (the flood below loses most of them), which the README says.
+/// ordering, exclusive ownership, content filters: none of which ROS 2 QoS turns on), so here
+/// it reads 0 while a keep-last-1 publisher floods; the README says which losses no layer
+/// reports.
 #[test]
 fn the_message_lost_event_is_wired_for_every_topic_and_counts_what_cyclone_reports() {
     require_ros!();
