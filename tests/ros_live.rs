@@ -624,15 +624,13 @@ impl RecordTarget for CheckingTarget {
 fn numbered_strings(count: usize, len: usize) -> Vec<Vec<u8>> {
     (0..count)
         .map(|i| {
-            let mut text = format!("{i:010}").into_bytes();
-            text.resize(len, b'x');
-            let mut b = vec![0, 1, 0, 0];
-            b.extend_from_slice(&(text.len() as u32 + 1).to_le_bytes());
-            b.extend_from_slice(&text);
-            b.push(0);
-            while b.len() % 4 != 0 {
-                b.push(0);
-            }
+            let mut text = format!("{i:010}");
+            text.extend(std::iter::repeat_n('x', len.saturating_sub(text.len())));
+            let mut b = Vec::new();
+            let mut w = ringbag::source::cdr::CdrWriter::new(&mut b);
+            w.string(&text);
+            // rmw hands messages over padded to 4 bytes; pad alike so bytes compare equal.
+            w.align(4);
             b
         })
         .collect()

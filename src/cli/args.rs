@@ -243,7 +243,7 @@ pub struct RecordArgs {
     /// Reader history of each subscription, messages: 0 = keep all (the middleware never
     /// discards what it received; losses happen, counted, in ringbag's queue); N = keep-last
     /// with at least N (rosbag2 uses 10). An override file's history/depth wins.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = crate::source::select::DEFAULT_SUBSCRIPTION_HISTORY)]
     pub subscription_depth: u64,
 
     /// Output bag directory [default: rosbag2_YYYY_MM_DD-HH_MM_SS]. Must not exist.

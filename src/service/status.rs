@@ -33,6 +33,13 @@ pub struct TopicStatus {
     pub lost_in_middleware: u64,
 }
 
+impl TopicStatus {
+    /// Refused or discarded by ringbag, whatever the cause (as `TopicSummary::dropped`).
+    pub fn dropped(&self) -> u64 {
+        self.dropped_queue_full + self.dropped_oversize + self.dropped_after_stop
+    }
+}
+
 /// Use of the budget against each limit (`null` = limit off).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct BudgetStatus {
@@ -198,7 +205,7 @@ impl Status {
                 t.rate_hz,
                 t.bytes,
                 t.written,
-                t.dropped_queue_full + t.dropped_oversize + t.dropped_after_stop,
+                t.dropped(),
                 t.dropped_queue_full,
                 t.dropped_oversize,
                 t.dropped_after_stop,
@@ -321,10 +328,7 @@ impl Collector {
         let tracker = run.clock.status();
         let clock_settings = &s.clock;
         let source = run.clock.source_name().to_string();
-        let dropped = topic_status
-            .iter()
-            .map(|t| t.dropped_queue_full + t.dropped_oversize + t.dropped_after_stop)
-            .sum();
+        let dropped = topic_status.iter().map(TopicStatus::dropped).sum();
         let lost_in_middleware = topic_status.iter().map(|t| t.lost_in_middleware).sum();
         let bag = s.output.clone();
         let split_index = progress.splits.load(Relaxed);

@@ -125,7 +125,7 @@ pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<()
         node,
         selector,
         overrides,
-        min_depth: opts.subscription_depth,
+        subscription_depth: opts.subscription_depth,
         // rosbag2 Jazzy reads definitions from the sourced environment's share/ directories
         // at subscription time; so does ringbag (each type's text is built once).
         definitions: DefinitionCache::new(AmentPrefixPath::from_env()),
@@ -175,8 +175,8 @@ struct Recorder<'t, T: RecordTarget> {
     node: RclNode,
     selector: TopicSelector,
     overrides: QosOverrides,
-    /// `--subscription-depth`.
-    min_depth: u64,
+    /// `--subscription-depth`: 0 keep-all, else the least keep-last depth.
+    subscription_depth: u64,
     definitions: DefinitionCache<AmentPrefixPath>,
     target: &'t T,
     /// Indexed by the node's `SubId`.
@@ -251,7 +251,7 @@ impl<T: RecordTarget> Recorder<'_, T> {
     }
 
     fn subscribe(&mut self, name: &str, type_name: &str, offers: Vec<QosProfile>, hash: String) {
-        let req = requested_qos(name, &offers, &self.overrides, self.min_depth);
+        let req = requested_qos(name, &offers, &self.overrides, self.subscription_depth);
         if req.mixed_reliability {
             log::warn!("{name}: some publishers offer best_effort; subscribing best_effort");
         }

@@ -355,11 +355,7 @@ fn record_with_status(args: &[&str], status: &Path) -> (i32, String, u64) {
         .arg(status)
         .output()
         .expect("ringbag runs");
-    let committed = fs::read(status)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["committed"].as_u64())
-        .expect("status file holds a count");
+    let committed = crate::common::status_committed(status).expect("status file holds a count");
     (
         o.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&o.stderr).into_owned(),

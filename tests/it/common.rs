@@ -96,6 +96,15 @@ pub fn topic(name: &str, ty: &str) -> TopicInfo {
     t
 }
 
+/// The `committed` count of a recorder's status file (`--status-file`), or `None` while the
+/// file is missing or being replaced.
+pub fn status_committed(status: &Path) -> Option<u64> {
+    std::fs::read(status)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["committed"].as_u64())
+}
+
 /// A CDR std_msgs/String payload.
 pub fn cdr_string(s: &str) -> Vec<u8> {
     let mut v = vec![0, 1, 0, 0];

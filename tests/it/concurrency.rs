@@ -17,11 +17,7 @@ use ringbag::bag::reader::{Bag, ReadFilter};
 use crate::common::{ringbag, stderr};
 
 fn committed(status: &Path) -> u64 {
-    fs::read(status)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["committed"].as_u64())
-        .unwrap_or(0)
+    crate::common::status_committed(status).unwrap_or(0)
 }
 
 fn read_all(bag: &Path) -> u64 {

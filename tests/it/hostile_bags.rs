@@ -585,13 +585,7 @@ fn killed_recording(root: &Path, profile: &str, size: &str, at_least: u64) -> (P
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn record");
-    let committed = || -> u64 {
-        fs::read(&status)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .and_then(|v| v["committed"].as_u64())
-            .unwrap_or(0)
-    };
+    let committed = || crate::common::status_committed(&status).unwrap_or(0);
     // Kill while the open split is well filled, so that truncating it cuts rows.
     let newest_len = || -> u64 {
         ringbag::bag::reader::find_split_files(&bag)

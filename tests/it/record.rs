@@ -418,12 +418,7 @@ fn an_unwritable_status_file_warns_once_then_once_on_recovery_and_again_on_a_new
         "ringbag: info: status file {}: written again",
         status.display()
     );
-    let committed = || {
-        std::fs::read_to_string(&status)
-            .ok()
-            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
-            .and_then(|v| v["committed"].as_u64())
-    };
+    let committed = || crate::common::status_committed(&status);
     assert!(
         wait_for(30, || committed().is_some_and(|n| n > 0)),
         "no status written"

@@ -402,11 +402,7 @@ fn a_killed_daemon_is_recovered_at_the_next_start_before_ready() {
     let (config, root, status) = write_config(tmp.path(), "");
     let mut d = Daemon::start(tmp.path(), &config, &root, &[]);
     d.wait_for("100 messages committed", |_| {
-        std::fs::read_to_string(&status)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| v["committed"].as_u64())
-            .is_some_and(|n| n >= 100)
+        crate::common::status_committed(&status).is_some_and(|n| n >= 100)
     });
     d.signal(Signal::SIGKILL);
     let _ = d.wait();
