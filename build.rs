@@ -1,6 +1,71 @@
-//! Build-time facts the `ros` feature needs from the sourced ROS 2 distro.
+//! Build-time facts: what `ringbag --version` reports, and what the `ros` feature needs from the
+//! sourced ROS 2 distro.
+
+use std::path::Path;
+use std::process::Command;
 
 fn main() {
+    version_facts();
+    ros_facts();
+}
+
+/// `ringbag --version` names the commit and the features, so a binary found on a robot can be
+/// traced to its source and to whether it can record live ROS 2 at all.
+fn version_facts() {
+    let commit = match std::env::var("RINGBAG_GIT_COMMIT") {
+        // Builds from a source tree without .git (a Yocto or release tarball) pass it in;
+        // scripts/build-release.sh passes it with a `-dirty` mark for an uncommitted tree.
+        Ok(c) if !c.trim().is_empty() => c.trim().to_string(),
+        _ => git_commit().unwrap_or_else(|| "unknown".to_string()),
+    };
+    println!("cargo:rerun-if-env-changed=RINGBAG_GIT_COMMIT");
+    let features = if std::env::var_os("CARGO_FEATURE_ROS").is_some() {
+        match std::env::var("ROS_DISTRO") {
+            Ok(d) if !d.is_empty() => format!("ros ({d})"),
+            _ => "ros".to_string(),
+        }
+    } else {
+        "none".to_string()
+    };
+    let target = std::env::var("TARGET").unwrap_or_default();
+    let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
+    println!(
+        "cargo:rustc-env=RINGBAG_LONG_VERSION={version} (commit {commit}, features: {features}, target {target})"
+    );
+}
+
+/// The commit of the source tree, when it is a git checkout with git installed. Rebuilds when
+/// HEAD moves (a commit, a checkout), not on every edit: a dirty mark is the release script's job.
+fn git_commit() -> Option<String> {
+    let dir = std::env::var("CARGO_MANIFEST_DIR").ok()?;
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    let commit = git(&["rev-parse", "--short=12", "HEAD"])?;
+    // --git-path resolves worktrees and the common dir; a path that does not exist yet (no
+    // packed-refs) still counts, cargo then reruns only when it appears.
+    let mut watch = vec!["HEAD".to_string(), "packed-refs".to_string()];
+    if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        watch.push(r);
+    }
+    for w in watch {
+        if let Some(p) = git(&["rev-parse", "--git-path", &w]) {
+            let p = Path::new(&dir).join(p);
+            println!("cargo:rerun-if-changed={}", p.display());
+        }
+    }
+    Some(commit)
+}
+
+fn ros_facts() {
     println!("cargo:rustc-check-cfg=cfg(ringbag_rmw_type_hash)");
     println!("cargo:rerun-if-env-changed=ROS_DISTRO");
     // rmw reports an endpoint's type hash from Iron on (Humble's struct has no such field).

@@ -5,12 +5,11 @@
 #
 # Method: systemd-nspawn boots the host's own systemd (252 on Debian 12) on a throwaway tmpfs
 # root that shares the host's /usr (`--volatile=yes`). A work directory with the binary, the
-# unit and the config files is bound into it at /opt/ringbag-test. Commands run inside through
-# `nsenter -t <container PID 1> -a`. The test installs the files as a package would (unit,
-# sysusers.d, tmpfiles.d, /etc/ringbag/ringbag.toml with the synthetic source and a small
-# budget); the only test-specific change to the unit is a drop-in pointing ExecStart at the
-# bound binary (the container's /usr is the host's, read-only), plus, for the watchdog check
-# alone, WatchdogSec=3 and LimitCORE=0.
+# unit and the config files, laid out as in the release tarball, is bound into it at
+# /opt/ringbag-test. Commands run inside through `nsenter -t <container PID 1> -a`. The test
+# installs with scripts/install.sh (--prefix /opt/ringbag: the container's /usr is the host's,
+# read-only), over a site config with the synthetic source and a small budget. The unit is
+# used unchanged except, for the watchdog check alone, WatchdogSec=3 and LimitCORE=0.
 #
 # Each check is a function; a check that needs a daemon feature still missing fails with what
 # it did not see. The container is always powered off and the work directory removed (trap).
@@ -82,16 +81,11 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------------- files
+# The release tarball's layout: the binary, install.sh and systemd/ side by side.
 cp "$RB" "$WORK/ringbag"
-cp "$ROOT/systemd/ringbag.service" "$ROOT/systemd/ringbag.sysusers" "$ROOT/scripts/systemd-dds-probe.py" \
-    "$ROOT/systemd/ringbag.tmpfiles" "$ROOT/systemd/60-ringbag-ptp.rules" "$WORK/"
+cp "$ROOT/scripts/install.sh" "$ROOT/scripts/systemd-dds-probe.py" "$WORK/"
+cp -r "$ROOT/systemd" "$WORK/systemd"
 cp "$ROOT/systemd/ringbag.toml" "$WORK/shipped.toml"
-# The only test-specific part of the unit: the binary's path.
-cat >"$WORK/10-test-binary.conf" <<EOF
-[Service]
-ExecStart=
-ExecStart=$IN/ringbag daemon --config $CONFIG
-EOF
 # The synthetic source with a small budget. clock = auto with an absent PTP device: the
 # fallback to the system clock must be logged once as a warning.
 cat >"$WORK/ringbag.toml" <<EOF
@@ -197,17 +191,24 @@ check_boot() {
 }
 
 check_install() {
-    C install -D -m 0644 "$IN/ringbag.service" /etc/systemd/system/ringbag.service
-    C install -D -m 0644 "$IN/10-test-binary.conf" /etc/systemd/system/ringbag.service.d/10-test-binary.conf
-    C install -D -m 0644 "$IN/ringbag.sysusers" /etc/sysusers.d/ringbag.conf
-    C install -D -m 0644 "$IN/ringbag.tmpfiles" /etc/tmpfiles.d/ringbag.conf
-    C install -D -m 0644 "$IN/60-ringbag-ptp.rules" /etc/udev/rules.d/60-ringbag-ptp.rules
+    # The site's configuration is in place before the install, as on a robot being upgraded:
+    # install.sh must keep it and put the shipped default beside it.
     C install -D -m 0644 "$IN/ringbag.toml" "$CONFIG"
     # The optional ROS 2 environment file (EnvironmentFile=-/etc/ringbag/ros.env).
     echo "ROS_DOMAIN_ID=42" | C install -D -m 0644 /dev/stdin /etc/ringbag/ros.env
-    C systemd-sysusers /etc/sysusers.d/ringbag.conf
-    C systemd-tmpfiles --create /etc/tmpfiles.d/ringbag.conf
-    C systemctl daemon-reload
+    # scripts/install.sh on the live system, as an operator runs it from the release tarball.
+    # The container's /usr is the host's, read-only: prefix /opt/ringbag, which puts the unit,
+    # sysusers, tmpfiles and udev files under /etc and names /opt/ringbag/bin/ringbag in
+    # ExecStart. It runs systemd-sysusers, systemd-tmpfiles, daemon-reload and enable itself.
+    C bash "$IN/install.sh" --root / --prefix /opt/ringbag 2>&1 | sed 's/^/    install: /'
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || die "install.sh failed"
+    C cmp -s "$IN/ringbag.toml" "$CONFIG" || die "install.sh overwrote the edited $CONFIG"
+    C cmp -s "$IN/shipped.toml" "$CONFIG.new" || die "install.sh did not put the default at $CONFIG.new"
+    [[ "$(prop ExecStart)" == *"path=/opt/ringbag/bin/ringbag "* ]] || die "ExecStart: $(prop ExecStart)"
+    [[ "$(C systemctl is-enabled ringbag)" == enabled ]] || die "install.sh did not enable ringbag.service"
+    # Reinstalling changes nothing.
+    C bash "$IN/install.sh" --root / --prefix /opt/ringbag | grep -q 'nothing changed' ||
+        die "a second install.sh run changed files"
     C id ringbag | sed 's/^/    /'
     C id -nG ringbag | grep -qw ptp || die "user ringbag is not in group ptp"
     [[ "$(C stat -c %U:%a "$BAGS")" == ringbag:750 ]] ||
@@ -233,7 +234,7 @@ check_exposure() {
 # The unit's sandbox (same hardening, user, groups) with a probe of what DDS needs as its
 # ExecStart: netlink, UDP unicast and multicast (looped back), a /dev/shm segment.
 check_sandbox_dds() {
-    C install -m 0644 "$IN/ringbag.service" /etc/systemd/system/ringbag-dds-probe.service
+    C install -m 0644 "$IN/systemd/ringbag.service" /etc/systemd/system/ringbag-dds-probe.service
     printf '[Service]\nType=oneshot\nRestart=no\nWatchdogSec=0\nExecStart=\nExecStart=/usr/bin/python3 %s/systemd-dds-probe.py\n' "$IN" |
         C install -D -m 0644 /dev/stdin /etc/systemd/system/ringbag-dds-probe.service.d/10-probe.conf
     # The allowlist covers loopback, link-local, multicast and the private ranges. A robot

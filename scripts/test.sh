@@ -5,7 +5,7 @@
 # only what is missing, then runs every stage, stopping at the first failure.
 #
 #   scripts/test.sh              everything (what CI runs)
-#   scripts/test.sh --quick      skip the aarch64/qemu stage (the slow one) for local iteration
+#   scripts/test.sh --quick      skip the release build and the aarch64/qemu stage (the slow ones)
 #   scripts/test.sh --no-install never install anything; fail if a tool is missing
 #
 # Respects CARGO_TARGET_DIR (default: target/). Cargo runs under `nice` because build machines
@@ -33,9 +33,14 @@ for arg in "$@"; do
 done
 
 TARGET_AARCH64=aarch64-unknown-linux-gnu
-APT_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static)
+# binutils: readelf and objcopy (release checks); binutils-aarch64-linux-gnu: the aarch64 objcopy
+# (release stripping); systemd: systemctl, systemd-sysusers and systemd-tmpfiles for the install
+# test, which enables the unit in an image root (installing it does not make it PID 1).
+APT_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static binutils
+    binutils-aarch64-linux-gnu systemd)
 VENV="$ROOT/.venv"
-REQUIREMENTS="$ROOT/tests/interop/requirements.txt"
+# rosbags and pytest (interop), oelint-adv (the Yocto layer's lint).
+REQUIREMENTS=("$ROOT/tests/interop/requirements.txt" "$ROOT/yocto/requirements.txt")
 NICE=(nice -n "${RINGBAG_NICE:-10}")
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-auto}"
@@ -188,19 +193,22 @@ install_rust() {
 }
 
 install_venv() {
-    # The marker holds the hash of requirements.txt: a changed pin rebuilds the venv.
+    # The marker holds the hash of the requirements files: a changed pin rebuilds the venv.
     local want have=""
-    want="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)"
+    want="$(cat "${REQUIREMENTS[@]}" | sha256sum | cut -d' ' -f1)"
     [[ -f "$VENV/.requirements.sha256" ]] && have="$(cat "$VENV/.requirements.sha256")"
     if [[ -x "$VENV/bin/python" && "$want" == "$have" ]]; then
-        echo "venv: $VENV up to date ($(grep -v '^#' "$REQUIREMENTS" | xargs))"
+        echo "venv: $VENV up to date ($(cat "${REQUIREMENTS[@]}" | grep -v '^#' | xargs))"
         return
     fi
     [[ $INSTALL -eq 1 ]] || { echo "venv $VENV missing or stale" >&2; return 1; }
     echo "venv: creating $VENV"
     rm -rf "$VENV"
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q -r "$REQUIREMENTS"
+    local r
+    for r in "${REQUIREMENTS[@]}"; do
+        "$VENV/bin/pip" install -q -r "$r"
+    done
     echo "$want" >"$VENV/.requirements.sha256"
 }
 
@@ -279,6 +287,28 @@ run_ros_live() {
     return "$rc"
 }
 
+# The Yocto layer: ringbag-crates.inc matches Cargo.lock, and oelint-adv finds nothing (no
+# error, warning or info; the layer's .oelint.cfg lists each suppressed rule with its reason)
+# for both releases the layer supports.
+run_yocto() {
+    local rc=0
+    "$VENV/bin/pytest" tests/yocto -q -rs 2>&1 | tee "$LOGS/yocto.log" || rc=$?
+    COUNTS+=("yocto $(pytest_counts "$LOGS/yocto.log")")
+    [[ $rc -eq 0 ]] || return "$rc"
+    python3 scripts/yocto-crates.py --check
+    local layer=yocto/meta-ringbag release
+    for release in kirkstone scarthgap; do
+        echo "oelint-adv --release $release:"
+        OELINT_CONFIG="$layer/.oelint.cfg" "$VENV/bin/oelint-adv" --quiet --mode all --release "$release" \
+            "$layer"/conf/layer.conf "$layer"/recipes-*/*/*.bb "$layer"/recipes-*/*/*.inc
+        echo "    no findings"
+    done
+}
+
+# Release binaries (scripts/build-release.sh): aarch64 and x86_64 against glibc 2.31, stripped,
+# checked (GLIBC_ versions, --version and info under qemu), tarballs and SHA256SUMS.
+run_release() { bash scripts/build-release.sh --out "$TARGET_DIR/dist"; }
+
 run_cross() {
     local rc=0
     RINGBAG_NICE="${RINGBAG_NICE:-10}" bash scripts/cross-test.sh 2>&1 | tee "$LOGS/cross.log" || rc=$?
@@ -295,6 +325,7 @@ stage "test" run_host_tests
 # ROS_DISTRO is unset for it: doc-only bindings have Humble's layout (see build.rs).
 stage "check-ros" env -u ROS_DISTRO "${NICE[@]}" cargo clippy --all-targets --features ros,r2r/doc-only -- -D warnings
 stage "ros-live" run_ros_live
+stage "yocto" run_yocto
 # Before cross: it is fast and catches format regressions long before the qemu run ends.
 stage "interop" run_interop
 # Power cuts on a loop-mounted ext4 (about a minute).
@@ -302,8 +333,9 @@ stage "powercut" run_powercut
 # ringbag daemon under systemd 252 in a container (about a minute).
 stage "systemd" run_systemd
 if [[ $QUICK -eq 0 ]]; then
+    stage "release" run_release
     stage "cross-aarch64" run_cross
 else
     echo
-    echo "==> cross-aarch64 skipped (--quick)"
+    echo "==> release and cross-aarch64 skipped (--quick)"
 fi

@@ -525,7 +525,7 @@ fn is_text(t: u64) -> bool {
     t >= 13 && t % 2 == 1
 }
 fn is_blob(t: u64) -> bool {
-    t >= 12 && t % 2 == 0
+    t >= 12 && t.is_multiple_of(2)
 }
 
 /// Parse the record header from the payload's first bytes and check that header plus body

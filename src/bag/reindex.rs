@@ -1206,7 +1206,7 @@ fn missing_part(path: &Path, walk: Option<&pagewalk::WalkReport>) -> Option<Stri
             "the file is truncated ({have} of {header_pages} pages present)"
         ));
     }
-    if len % page_size != 0 {
+    if !len.is_multiple_of(page_size) {
         return Some(format!(
             "the file is truncated ({} bytes after its last whole page)",
             len % page_size

@@ -11,7 +11,7 @@ use crate::source::synthetic::SyntheticProfile;
 #[derive(Debug, Parser)]
 #[command(
     name = "ringbag",
-    version,
+    version = env!("RINGBAG_LONG_VERSION"),
     about = "Always-on ROS 2 bag recorder: rosbag2-compatible SQLite bags, circular logging, PTP time"
 )]
 pub struct Cli {

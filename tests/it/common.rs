@@ -50,7 +50,7 @@ pub fn in_test_child() -> bool {
 }
 
 /// `bin` as a command, prefixed by `RINGBAG_TEST_RUNNER` when set.
-fn with_runner(bin: &Path) -> Command {
+pub fn with_runner(bin: &Path) -> Command {
     match std::env::var("RINGBAG_TEST_RUNNER")
         .ok()
         .filter(|r| !r.trim().is_empty())

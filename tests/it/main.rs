@@ -8,6 +8,7 @@ mod errors;
 mod format;
 mod fuzz;
 mod hostile_bags;
+mod install;
 mod reader;
 mod record;
 mod recovery;

@@ -506,7 +506,7 @@ fn five_thousand_splits_under_a_size_budget_keep_memory_and_time_per_split_flat(
         ts += 1_000_000;
         r.after_batch(&mut w).unwrap();
         let n = w.splits_created();
-        if n % 100 == 0 && marks.last().is_none_or(|m| m.0 != n) {
+        if n.is_multiple_of(100) && marks.last().is_none_or(|m| m.0 != n) {
             marks.push((n, Instant::now(), rss_bytes()));
             let b = dir_bytes(&dir);
             max_dir = max_dir.max(b);
