@@ -1,5 +1,7 @@
-//! The machine's SQLite ceiling for `scripts/bench.sh`: a bare rusqlite loop inserting the
-//! same rows (size, batch, schema, pragmas) as ringbag, with no queue, threads or clock.
+//! The machine's SQLite ceiling for `scripts/bench.sh`: a bare loop inserting the same rows
+//! (size, batch, schema, pragmas) as ringbag, with no queue, threads or clock. Its blob is
+//! bound in place (`SQLITE_STATIC`, through the same `MessageInsert` ringbag uses), so it is
+//! the true floor: SQLite's own copies and the kernel's, nothing else.
 //!
 //! usage: bare_sqlite OUT.db3 MESSAGE_BYTES COUNT BATCH PRESET [PAGE_SIZE]
 //!   PRESET: write-optimized | none (rosbag2's defaults) | resilient
@@ -7,9 +9,10 @@
 
 use std::time::Instant;
 
-use rusqlite::{params, Connection};
+use rusqlite::Connection;
 
 use ringbag::bag::schema::{create_tables, StoragePreset};
+use ringbag::bag::insert::MessageInsert;
 use ringbag::bag::writer::apply_pragmas;
 use ringbag::bag::Flavour;
 
@@ -33,8 +36,14 @@ fn main() {
     };
     let _ = std::fs::remove_file(out);
     let conn = Connection::open(out).expect("open");
-    conn.execute_batch(&preset.create_pragmas())
-        .expect("page size");
+    match a.get(6) {
+        Some(page) => conn
+            .execute_batch(&format!("PRAGMA page_size={page};"))
+            .expect("page size"),
+        None => conn
+            .execute_batch(&preset.create_pragmas(ringbag::bag::schema::SMALL_PAGE_SIZE))
+            .expect("page size"),
+    }
     apply_pragmas(&conn, &preset.write_pragmas()).expect("pragmas");
     create_tables(&conn, Flavour::Jazzy).expect("schema");
     conn.execute(
@@ -43,27 +52,22 @@ fn main() {
     )
     .expect("topic");
     let mut payload = vec![0x5au8; size];
+    let mut insert = MessageInsert::prepare(&conn).expect("prepare");
     let t0 = Instant::now();
     let mut ts = 1_700_000_000_000_000_000i64;
     let mut written = 0u64;
     while written < count {
         conn.execute_batch("BEGIN").expect("begin");
-        {
-            let mut st = conn
-                .prepare_cached(
-                    "INSERT INTO messages (topic_id, timestamp, data) VALUES (?1, ?2, ?3)",
-                )
-                .expect("prepare");
-            for _ in 0..batch.min(count - written) {
-                payload[size / 2] = written as u8;
-                st.execute(params![1, ts, payload]).expect("insert");
-                ts += 1000;
-                written += 1;
-            }
+        for _ in 0..batch.min(count - written) {
+            payload[size / 2] = written as u8;
+            insert.insert(1, ts, &payload).expect("insert");
+            ts += 1000;
+            written += 1;
         }
         conn.execute_batch("COMMIT").expect("commit");
     }
     let seconds = t0.elapsed().as_secs_f64();
+    drop(insert);
     drop(conn);
     let t1 = Instant::now();
     std::fs::File::open(out)

@@ -30,8 +30,14 @@ pub const CLOSE_RESERVE_BYTES: u64 = 32 * 1024;
 /// metadata.yaml is rewritten through a temporary file next to it.
 const METADATA_SLACK_BYTES: u64 = 4096;
 /// B-tree pages a commit may rewrite or add beyond the rows' own (interior pages of the
-/// messages table and the timestamp index, the header page).
+/// messages table and the timestamp index, the header page): 8 pages, here of 4 KiB
+/// ([`commit_reserve`] for other page sizes).
 pub const COMMIT_RESERVE_BYTES: u64 = 8 * 4096;
+
+/// [`COMMIT_RESERVE_BYTES`] for a split of `page_size`-byte pages.
+pub fn commit_reserve(page_size: u64) -> u64 {
+    8 * page_size
+}
 /// What `du` counts beyond the files: the bag directory itself, and the lock file.
 pub const BAG_DIR_RESERVE_BYTES: u64 = 2 * 4096;
 
@@ -218,6 +224,10 @@ pub trait CurrentBag {
     fn uses_wal(&self) -> bool {
         false
     }
+    /// The open split's SQLite page size (the unit of its growth and of a commit's reserve).
+    fn page_size(&self) -> u64 {
+        4096
+    }
     fn take_newly_closed(&mut self) -> Vec<ClosedSplit>;
     fn delete_oldest_closed(&mut self) -> Result<Option<ClosedSplit>, BagError>;
     fn set_split_limit(&mut self, n: u32);
@@ -247,6 +257,9 @@ impl CurrentBag for BagWriter {
     fn uses_wal(&self) -> bool {
         self.options().preset.uses_wal()
     }
+    fn page_size(&self) -> u64 {
+        BagWriter::page_size(self)
+    }
     fn take_newly_closed(&mut self) -> Vec<ClosedSplit> {
         BagWriter::take_newly_closed(self)
     }
@@ -264,8 +277,8 @@ impl CurrentBag for BagWriter {
 /// Bytes on disk for rows that add `growth` bytes to the file, before what a `-wal` already
 /// holds: the b-tree pages a commit rewrites on top, and with a WAL every page once in the
 /// `-wal` (plus its frame header) and once more in the file at the next checkpoint.
-fn rows_disk_growth(growth: u64, uses_wal: bool) -> u64 {
-    let file = growth + COMMIT_RESERVE_BYTES;
+fn rows_disk_growth(growth: u64, uses_wal: bool, page_size: u64) -> u64 {
+    let file = growth + commit_reserve(page_size);
     if uses_wal {
         2 * file + file / 128
     } else {
@@ -280,6 +293,7 @@ pub struct OversizeLimit {
     /// Bytes one message row may add to disk; `None` without a size budget.
     room: Option<u64>,
     uses_wal: bool,
+    page_size: u64,
 }
 
 impl OversizeLimit {
@@ -287,12 +301,16 @@ impl OversizeLimit {
     pub const NONE: OversizeLimit = OversizeLimit {
         room: None,
         uses_wal: false,
+        page_size: 4096,
     };
 
     /// Whether a message of `len` payload bytes fits.
     pub fn fits(&self, len: u64) -> bool {
         self.room
-            .is_none_or(|room| rows_disk_growth(row_growth_bytes(len), self.uses_wal) <= room)
+            .is_none_or(|room| {
+                let growth = row_growth_bytes(len, self.page_size);
+                rows_disk_growth(growth, self.uses_wal, self.page_size) <= room
+            })
     }
 }
 
@@ -580,6 +598,7 @@ impl Retention {
         OversizeLimit {
             room: Some(max.saturating_sub(fixed + wal)),
             uses_wal,
+            page_size: w.page_size(),
         }
     }
 
@@ -641,7 +660,7 @@ impl Retention {
         } else {
             0
         };
-        rows_disk_growth(growth, w.uses_wal()) + wal
+        rows_disk_growth(growth, w.uses_wal(), w.page_size()) + wal
     }
 
     /// metadata.yaml is rewritten through a temp file: old and new exist together for a

@@ -5,6 +5,7 @@
 pub mod error;
 pub mod fsguard;
 pub mod info;
+pub mod insert;
 pub mod lock;
 pub mod metadata;
 pub mod pagewalk;

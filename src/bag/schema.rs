@@ -52,23 +52,46 @@ pub enum StoragePreset {
     None,
 }
 
-/// Page size chosen by measurement (`scripts/bench.sh` sweeps 4, 16 and 64 KiB with the bare
-/// loop): 4 KiB wrote 1 MiB messages fastest in each of three runs (e.g. 959 vs 841 vs
-/// 856 MB/s) and 100 B messages within noise of the others; it also keeps an empty split at
-/// 24 KiB, far below rosbag2's 86016-byte minimum split size. It is SQLite's default, set
-/// explicitly so a build with another default cannot change the files.
-pub const WRITE_OPTIMIZED_PAGE_SIZE: u32 = 4096;
+/// SQLite's default page size, and ringbag's for small splits and small messages. An empty
+/// split is 6 pages: 24 KiB, far below rosbag2's 86016-byte minimum split size.
+pub const SMALL_PAGE_SIZE: u32 = 4096;
+/// The page size for large splits of large messages (`write-optimized` only). Measured with
+/// the bare loop (`scripts/bench.sh`, blobs bound in place, page cache): 1 MiB messages took
+/// 0.13 to 0.15 s of user CPU per GiB at 64 KiB and 16 KiB pages against 0.19 to 0.27 s at
+/// 4 KiB (fewer, larger overflow pages: less b-tree bookkeeping per byte); 100 B messages
+/// were the same at every size (0.37 to 0.41 s per 10^6). Earlier runs that ended with an
+/// fsync hid the difference behind the disk.
+pub const LARGE_PAGE_SIZE: u32 = 65536;
+/// Large pages only in splits at least this large (or unbounded, `-b 0`): an empty split
+/// with them is 384 KiB, and each message may leave up to one page unused, which matters
+/// next to small splits and tight budgets, not next to 64 MiB.
+pub const LARGE_PAGE_MIN_SPLIT_BYTES: u64 = 64 << 20;
+/// ...and only while the messages seen so far average at least this much (the first split,
+/// before any message, takes large pages when its size allows).
+pub const LARGE_PAGE_MIN_MEAN_MESSAGE_BYTES: u64 = 4096;
+
+/// The page size of the next split: the rule above. `rows`/`bytes` are the messages written
+/// so far in the recording. Only `write-optimized` chooses; the other presets keep SQLite's
+/// default, as rosbag2's files have.
+pub fn choose_page_size(preset: StoragePreset, max_bag_size: u64, rows: u64, bytes: u64) -> u32 {
+    let large_split = max_bag_size == 0 || max_bag_size >= LARGE_PAGE_MIN_SPLIT_BYTES;
+    let large_messages = rows == 0 || bytes / rows >= LARGE_PAGE_MIN_MEAN_MESSAGE_BYTES;
+    if preset == StoragePreset::WriteOptimized && large_split && large_messages {
+        LARGE_PAGE_SIZE
+    } else {
+        SMALL_PAGE_SIZE
+    }
+}
 /// Page cache for the writer, KiB. Holds the right-most b-tree paths and a batch of index
 /// pages; more does not help an append-only workload.
 pub const WRITE_OPTIMIZED_CACHE_KIB: u32 = 8 * 1024;
 
 impl StoragePreset {
-    /// Pragmas that must run before the first table is created (page size).
-    pub fn create_pragmas(self) -> String {
+    /// Pragmas that must run before the first table is created: the page size (from
+    /// [`choose_page_size`]), which then lives in the file.
+    pub fn create_pragmas(self, page_size: u32) -> String {
         match self {
-            StoragePreset::WriteOptimized => {
-                format!("PRAGMA page_size={WRITE_OPTIMIZED_PAGE_SIZE};")
-            }
+            StoragePreset::WriteOptimized => format!("PRAGMA page_size={page_size};"),
             StoragePreset::Resilient | StoragePreset::None => String::new(),
         }
     }

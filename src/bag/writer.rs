@@ -8,13 +8,15 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rusqlite::{params, Connection, OpenFlags};
 
+use super::insert::MessageInsert;
 use super::lock::BagLock;
 use super::metadata::{sync_dir, BagMetadata, FileInfo, TopicWithCount, NO_START};
 use super::qos::{profiles_to_yaml_string, PolicyStyle};
-use super::schema::{create_tables, StoragePreset};
+use super::schema::{choose_page_size, create_tables, StoragePreset};
 use super::{BagError, Flavour, MessageDefinition, TopicInfo};
 
 /// Per-row bytes SQLite adds beyond the payload (cell header, index entry, page slack),
@@ -59,7 +61,14 @@ struct OpenSplit {
     index: u32,
     rel: String,
     path: PathBuf,
+    /// Declared before `conn`: fields drop in order, and the statement must be finalized
+    /// before its connection closes.
+    insert: MessageInsert,
     conn: Connection,
+    /// A second descriptor for the [`Durability`] thread's write-back; declared after
+    /// `conn` so that, dropped in order, it closes only after the connection (see
+    /// [`Durability::opened`]). None without one.
+    file: Option<Arc<fs::File>>,
     start_ns: i64,
     end_ns: i64,
     count: u64,
@@ -72,6 +81,8 @@ struct OpenSplit {
     size_committed: u64,
     /// Projected bytes written since the last commit.
     pending_bytes: u64,
+    /// This file's SQLite page size (`schema::choose_page_size`).
+    page_size: u32,
 }
 
 /// A finished, fsynced split: what retention needs to account for and delete it.
@@ -105,7 +116,8 @@ pub struct BagSummary {
 
 /// The file-system calls that make a split durable or remove it. Injectable so a test can
 /// record their order (`tests/it/crash.rs`); `RealStorage` is the only production impl.
-pub trait StorageOps: Send {
+/// Shared with a [`Durability`] thread, hence `Sync`.
+pub trait StorageOps: Send + Sync {
     fn sync_file(&self, path: &Path) -> std::io::Result<()>;
     fn sync_dir(&self, dir: &Path) -> std::io::Result<()>;
     fn remove_file(&self, path: &Path) -> std::io::Result<()>;
@@ -127,8 +139,36 @@ impl StorageOps for RealStorage {
     }
 }
 
+/// Makes closed splits durable off the writer's thread (the recorder's pipeline installs one,
+/// `pipeline::syncer`), so closing a 1 GiB split does not stall recording; and keeps the dirty
+/// data of the open split bounded meanwhile, so that closing fsync is short and a power cut
+/// loses little of the open split. Without one, [`BagWriter`] fsyncs each split inline when
+/// it closes it. `bag` itself starts no thread: this is the seam.
+///
+/// The writer's promise is unchanged: a closed split is fsynced, then its directory, before
+/// it can be deleted ([`BagWriter::delete_oldest_closed`] waits for it) and before the bag
+/// counts as finished ([`BagWriter::finish`] waits for all).
+pub trait Durability: Send {
+    /// A split was opened. `file` is a second descriptor of it, open until the split closes
+    /// (closing any descriptor of a file drops the process's POSIX locks on it, SQLite's
+    /// included, so none may be opened and closed meanwhile).
+    fn opened(&mut self, path: &Path, file: Arc<fs::File>);
+    /// The open split's file now holds `size` committed bytes.
+    fn committed(&mut self, size: u64);
+    /// The split at `path` (`messages` rows) was closed, its connection too: make it durable
+    /// through `ops` (`sync_file`, then `sync_dir(dir)`), possibly later, on another thread.
+    fn closed(&mut self, path: &Path, dir: &Path, messages: u64, ops: Arc<dyn StorageOps>);
+    /// Block until the closed split `path` is durable; its sync's error if it failed.
+    fn wait(&mut self, path: &Path) -> std::io::Result<()>;
+    /// Block until every closed split is durable; the first error if any sync failed.
+    fn wait_all(&mut self) -> std::io::Result<()>;
+    /// A background sync's failure not reported yet.
+    fn take_failure(&mut self) -> Option<(PathBuf, std::io::Error)>;
+}
+
 pub struct BagWriter {
-    ops: Box<dyn StorageOps>,
+    ops: Arc<dyn StorageOps>,
+    durability: Option<Box<dyn Durability>>,
     /// Held for the writer's whole life; removed only by a clean `finish()`.
     lock: Option<BagLock>,
     dir: PathBuf,
@@ -145,6 +185,9 @@ pub struct BagWriter {
     split_limit: u32,
     /// Set when a split was due but the limit forbade it; the writer then writes nothing more.
     split_limit_reached: bool,
+    /// Messages and payload bytes written so far, for the next split's page size.
+    rows_seen: u64,
+    bytes_seen: u64,
 }
 
 impl std::fmt::Debug for BagWriter {
@@ -244,7 +287,8 @@ impl BagWriter {
             // The lock (and unclean-finish marker) exists before any split does.
             let lock = BagLock::acquire(dir)?;
             let mut w = BagWriter {
-                ops: Box::new(RealStorage),
+                ops: Arc::new(RealStorage),
+                durability: None,
                 lock: Some(lock),
                 dir: dir.to_path_buf(),
                 name,
@@ -257,6 +301,8 @@ impl BagWriter {
                 failed: None,
                 split_limit: 0,
                 split_limit_reached: false,
+                rows_seen: 0,
+                bytes_seen: 0,
             };
             let r = w.open_split().and_then(|_| {
                 // A metadata.yaml from the first moment: a crash before the first split
@@ -284,7 +330,20 @@ impl BagWriter {
 
     /// Route fsyncs and deletions of splits through `ops` (tests record their order).
     pub fn set_storage_ops(&mut self, ops: Box<dyn StorageOps>) {
-        self.ops = ops;
+        self.ops = Arc::from(ops);
+    }
+
+    /// Make closed splits durable through `d` (off this thread) instead of inline. Takes
+    /// effect from the next split opened; the open one gets its descriptor now.
+    pub fn set_durability(&mut self, mut d: Box<dyn Durability>) -> Result<(), BagError> {
+        if let Some(s) = self.split.as_mut() {
+            let file = Arc::new(fs::File::open(&s.path).map_err(BagError::io(&s.path))?);
+            d.opened(&s.path, file.clone());
+            d.committed(s.size_committed);
+            s.file = Some(file);
+        }
+        self.durability = Some(d);
+        Ok(())
     }
 
     pub fn dir(&self) -> &Path {
@@ -361,7 +420,7 @@ impl BagWriter {
         let mut bytes = s.size_committed + s.pending_bytes;
         for (i, &(_, ts, data)) in rows.iter().enumerate() {
             let empty = s.count == 0 && i == 0;
-            let len = data.len() as u64 + ROW_OVERHEAD_BYTES;
+            let len = row_estimate(data.len() as u64, s.page_size);
             if !empty
                 && ((size > 0 && bytes + len > size)
                     || (dur > 0 && ts.saturating_sub(start) >= dur))
@@ -389,16 +448,14 @@ impl BagWriter {
         self.begin()?;
         {
             let Self {
-                split, topics, dir, ..
+                split,
+                topics,
+                dir,
+                rows_seen,
+                bytes_seen,
+                ..
             } = self;
             let s = split.as_mut().expect("checked above");
-            // One statement lookup per transaction, not per row (it showed in profiles).
-            let mut st = s
-                .conn
-                .prepare_cached(
-                    "INSERT INTO messages (topic_id, timestamp, data) VALUES (?1, ?2, ?3)",
-                )
-                .map_err(BagError::sqlite(&s.path))?;
             for &(topic, ts, data) in rows {
                 if topic >= topics.len() {
                     return Err(BagError::invalid(
@@ -406,14 +463,17 @@ impl BagWriter {
                         format!("row names unknown topic index {topic}"),
                     ));
                 }
-                st.execute(params![topic as i64 + 1, ts, data])
+                s.insert
+                    .insert(topic as i64 + 1, ts, data)
                     .map_err(BagError::sqlite(&s.path))?;
                 s.count += 1;
                 s.per_topic[topic] += 1;
                 s.start_ns = s.start_ns.min(ts);
                 s.end_ns = if s.count == 1 { ts } else { s.end_ns.max(ts) };
-                s.pending_bytes += data.len() as u64 + ROW_OVERHEAD_BYTES;
+                s.pending_bytes += row_estimate(data.len() as u64, s.page_size);
                 topics[topic].count += 1;
+                *rows_seen += 1;
+                *bytes_seen += data.len() as u64;
             }
         }
         self.commit()
@@ -467,10 +527,24 @@ impl BagWriter {
         if self.opts.flavour == Flavour::Jazzy {
             let text = self.split_metadata(&s.rel, s.start_ns, s.end_ns, s.count, &s.per_topic);
             // The row's own pages plus the b-tree pages its insert may touch or split.
-            reserve += 2 * text.len() as u64 + 4 * PAGE_BYTES;
+            reserve += 2 * text.len() as u64 + 4 * u64::from(s.page_size);
         }
         let (wal, _) = sidecar_sizes(&s.path);
         reserve + wal
+    }
+
+    /// The open split's page size, or the next split's when none is open: what
+    /// [`row_growth_bytes`] and the budget's reserves are computed with.
+    pub fn page_size(&self) -> u64 {
+        u64::from(match &self.split {
+            Some(s) => s.page_size,
+            None => choose_page_size(
+                self.opts.preset,
+                self.opts.max_bag_size,
+                self.rows_seen,
+                self.bytes_seen,
+            ),
+        })
     }
 
     /// Bytes on disk of the open split including its `-wal` and `-shm`, as of its last commit.
@@ -535,6 +609,10 @@ impl BagWriter {
         // reader accepts, rather than a listed file that is gone, which it refuses.
         let r = self.write_metadata();
         let r = r.and_then(|_| {
+            if let Some(d) = self.durability.as_mut() {
+                // Never delete ahead of durability: newer splits must be on disk first.
+                d.wait(&old.path).map_err(BagError::io(&old.path))?;
+            }
             remove_split_file(self.ops.as_ref(), &old.path)?;
             self.ops
                 .sync_dir(&self.dir)
@@ -578,6 +656,11 @@ impl BagWriter {
     /// can and returns the original error.
     pub fn finish(mut self) -> Result<BagSummary, BagError> {
         let close = self.close_open_split();
+        let synced = match self.durability.as_mut() {
+            Some(d) => d.wait_all().map_err(BagError::io(&self.dir)),
+            None => Ok(()),
+        };
+        let close = close.and(synced);
         let meta = self.write_metadata();
         if let Some(reason) = self.failed.take() {
             return Err(BagError::Failed {
@@ -606,7 +689,12 @@ impl BagWriter {
 
     // ---- internals -------------------------------------------------------------------
 
-    fn check_ok(&self) -> Result<(), BagError> {
+    fn check_ok(&mut self) -> Result<(), BagError> {
+        if let Some((path, e)) = self.durability.as_mut().and_then(|d| d.take_failure()) {
+            // A closed split could not be made durable: the recording cannot keep its promise.
+            log::error!("{}: fsync failed: {e}", path.display());
+            self.failed = Some(format!("fsync of {} failed: {e}", path.display()));
+        }
         match &self.failed {
             Some(reason) => Err(BagError::Failed {
                 path: self.dir.clone(),
@@ -646,6 +734,9 @@ impl BagWriter {
             .map_err(BagError::sqlite(&s.path))?;
         s.size_committed = split_size_on_disk(&s.path);
         s.pending_bytes = 0;
+        if let Some(d) = self.durability.as_mut() {
+            d.committed(s.size_committed);
+        }
         Ok(())
     }
 
@@ -663,8 +754,14 @@ impl BagWriter {
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(&path, flags).map_err(BagError::sqlite(&path))?;
         let preset = self.opts.preset;
+        let page_size = choose_page_size(
+            preset,
+            self.opts.max_bag_size,
+            self.rows_seen,
+            self.bytes_seen,
+        );
         let setup = || -> rusqlite::Result<()> {
-            conn.execute_batch(&preset.create_pragmas())?;
+            conn.execute_batch(&preset.create_pragmas(page_size))?;
             apply_pragmas(&conn, &preset.write_pragmas())?;
             create_tables(&conn, self.opts.flavour)?;
             if self.opts.flavour == Flavour::Jazzy {
@@ -697,10 +794,22 @@ impl BagWriter {
         // Per-connection settings (locking mode, synchronous, cache) are set again; the
         // journal mode and page size live in the file.
         apply_pragmas(&conn, &preset.write_pragmas()).map_err(BagError::sqlite(&path))?;
+        let insert = MessageInsert::prepare(&conn).map_err(BagError::sqlite(&path))?;
+        let file = match self.durability.as_mut() {
+            Some(d) => {
+                let f = Arc::new(fs::File::open(&path).map_err(BagError::io(&path))?);
+                d.opened(&path, f.clone());
+                Some(f)
+            }
+            None => None,
+        };
         self.next_index += 1;
         self.split = Some(OpenSplit {
             index,
             rel,
+            insert,
+            file,
+            page_size,
             size_committed: split_size_on_disk(&path),
             path,
             conn,
@@ -825,10 +934,14 @@ impl BagWriter {
         let OpenSplit {
             index,
             path,
+            insert,
             conn,
+            file: second_fd,
             per_topic,
             ..
         } = s;
+        // SQLite closes no connection with a live statement.
+        drop(insert);
         // A WAL split (`resilient`) is folded back into one self-contained file: every frame
         // checkpointed into it and the file switched to a rollback journal, which removes
         // its -wal and -shm. A closed split then reads with no side files, so readers need
@@ -846,17 +959,18 @@ impl BagWriter {
             path: path.clone(),
             source: e,
         })?;
-        self.ops.sync_file(&path).map_err(BagError::io(&path))?;
-        self.ops
-            .sync_dir(&self.dir)
-            .map_err(BagError::io(&self.dir))?;
-        // The power-cut test (scripts/powercut-test.sh) reads these lines: a split logged
-        // here is durable and must come back intact.
-        log::debug!(
-            "closed split {}: {} messages, fsynced",
-            path.display(),
-            file.message_count
-        );
+        // Only now, with the connection (and its locks) gone, may the second descriptor close.
+        drop(second_fd);
+        match self.durability.as_mut() {
+            Some(d) => d.closed(&path, &self.dir, file.message_count, self.ops.clone()),
+            None => {
+                self.ops.sync_file(&path).map_err(BagError::io(&path))?;
+                self.ops
+                    .sync_dir(&self.dir)
+                    .map_err(BagError::io(&self.dir))?;
+                log_durable_split(&path, file.message_count);
+            }
+        }
         let closed = ClosedSplit {
             index,
             size_bytes: split_size_on_disk(&path),
@@ -897,6 +1011,12 @@ impl Drop for BagWriter {
     }
 }
 
+/// The power-cut test (scripts/powercut-test.sh) reads these lines: a split logged here is
+/// durable (file and directory fsynced) and must come back intact.
+pub fn log_durable_split(path: &Path, messages: u64) {
+    log::debug!("closed split {}: {messages} messages, fsynced", path.display());
+}
+
 fn open_file_info(s: &OpenSplit) -> FileInfo {
     FileInfo {
         path: s.rel.clone(),
@@ -910,6 +1030,19 @@ fn open_file_info(s: &OpenSplit) -> FileInfo {
     }
 }
 
+/// What a row adds to the file as far as splitting by size is concerned, before its commit
+/// shows the real size: payload plus row overhead, plus, for a payload that spills into
+/// overflow pages, the unused tail of its last page (up to a page; 64 KiB with large pages).
+fn row_estimate(len: u64, page_size: u32) -> u64 {
+    let page = u64::from(page_size);
+    let tail = if len + ROW_OVERHEAD_BYTES > page.saturating_sub(35) {
+        page
+    } else {
+        0
+    };
+    len + ROW_OVERHEAD_BYTES + tail
+}
+
 /// Run `PRAGMA x=y;` statements one by one: some (journal_mode) return a row, which
 /// `execute_batch` would treat as an error.
 pub fn apply_pragmas(conn: &Connection, pragmas: &str) -> rusqlite::Result<()> {
@@ -921,26 +1054,24 @@ pub fn apply_pragmas(conn: &Connection, pragmas: &str) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// SQLite page size of every split ringbag writes (all presets).
-pub const PAGE_BYTES: u64 = 4096;
-
 /// The most one message row of `len` payload bytes can add to a split file: an upper bound
-/// that the size budget relies on, derived from SQLite's b-tree layout (4 KiB pages, no
-/// reserved bytes) rather than measured, so it holds for every size:
+/// that the size budget relies on, derived from SQLite's b-tree layout (pages of `page_size`
+/// bytes, no reserved bytes) rather than measured, so it holds for every size:
 /// * a cell of up to `MAX_LOCAL` bytes lives in a table leaf. Rows are appended in rowid
 ///   order and SQLite starts a new rightmost leaf only when the next cell does not fit, so a
 ///   leaf wastes less than one cell: each cell costs at most twice its size, or a whole page
 ///   when two cannot share one;
 /// * a larger payload keeps a local part in the leaf (as above) and spills the rest into
-///   overflow pages of `PAGE - 4` bytes each;
+///   overflow pages of `page_size - 4` bytes each;
 /// * the `timestamp_idx` entry (timestamp, rowid) costs at most twice its size likewise.
 ///
 /// Interior pages of both b-trees are covered per commit (the retention's commit reserve).
-pub fn row_growth_bytes(len: u64) -> u64 {
-    const USABLE: u64 = PAGE_BYTES;
-    const MAX_LOCAL: u64 = USABLE - 35;
-    const MIN_LOCAL: u64 = (USABLE - 12) * 32 / 255 - 23;
-    const OVERFLOW_DATA: u64 = USABLE - 4;
+pub fn row_growth_bytes(len: u64, page_size: u64) -> u64 {
+    let page = page_size.max(512);
+    let usable = page;
+    let max_local = usable - 35;
+    let min_local = (usable - 12) * 32 / 255 - 23;
+    let overflow_data = usable - 4;
     // Record: header (4 serial types) + topic_id (up to 8) + timestamp (8) + blob.
     const RECORD_OVERHEAD: u64 = 4 + 9 + 8 + 8;
     // Cell: payload-size and rowid varints (up to 9 each), a 4-byte overflow pointer, and
@@ -948,23 +1079,23 @@ pub fn row_growth_bytes(len: u64) -> u64 {
     const CELL_OVERHEAD: u64 = 9 + 9 + 4 + 2;
     const INDEX_ENTRY: u64 = 2 * (9 + 9 + 8 + 8 + 2);
     let payload = len + RECORD_OVERHEAD;
-    let (local, overflow_pages) = if payload <= MAX_LOCAL {
+    let (local, overflow_pages) = if payload <= max_local {
         (payload, 0)
     } else {
-        let mut local = MIN_LOCAL + (payload - MIN_LOCAL) % OVERFLOW_DATA;
-        if local > MAX_LOCAL {
-            local = MIN_LOCAL;
+        let mut local = min_local + (payload - min_local) % overflow_data;
+        if local > max_local {
+            local = min_local;
         }
-        (local, (payload - local).div_ceil(OVERFLOW_DATA))
+        (local, (payload - local).div_ceil(overflow_data))
     };
     let cell = local + CELL_OVERHEAD;
-    // Page header (8 bytes for a leaf) leaves 4088 for cells.
-    let leaf = if 2 * cell > USABLE - 8 {
-        PAGE_BYTES
+    // The leaf page header (8 bytes) leaves `page - 8` for cells.
+    let leaf = if 2 * cell > usable - 8 {
+        page
     } else {
         2 * cell + 8
     };
-    leaf + overflow_pages * PAGE_BYTES + INDEX_ENTRY
+    leaf + overflow_pages * page + INDEX_ENTRY
 }
 
 /// A split's footprint: the .db3 plus its `-wal` and `-shm`, if any (the disk budget is what
@@ -997,4 +1128,64 @@ pub fn remove_split_file(ops: &dyn StorageOps, path: &Path) -> Result<(), BagErr
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bag::schema::{LARGE_PAGE_SIZE, SMALL_PAGE_SIZE};
+
+    #[test]
+    fn the_page_size_is_large_only_for_large_splits_of_large_messages() {
+        use StoragePreset::*;
+        const MIB: u64 = 1 << 20;
+        // Nothing seen yet: the split size decides.
+        assert_eq!(choose_page_size(WriteOptimized, 0, 0, 0), LARGE_PAGE_SIZE);
+        assert_eq!(choose_page_size(WriteOptimized, 64 * MIB, 0, 0), LARGE_PAGE_SIZE);
+        assert_eq!(choose_page_size(WriteOptimized, 64 * MIB - 1, 0, 0), SMALL_PAGE_SIZE);
+        assert_eq!(choose_page_size(WriteOptimized, 86016, 0, 0), SMALL_PAGE_SIZE);
+        // Then the messages: 100 B on average go back to small pages, camera frames stay.
+        assert_eq!(choose_page_size(WriteOptimized, 0, 1000, 100_000), SMALL_PAGE_SIZE);
+        assert_eq!(choose_page_size(WriteOptimized, 0, 10, 10 * MIB), LARGE_PAGE_SIZE);
+        assert_eq!(choose_page_size(WriteOptimized, 0, 10, 40_960), LARGE_PAGE_SIZE);
+        assert_eq!(choose_page_size(WriteOptimized, 0, 10, 40_950), SMALL_PAGE_SIZE);
+        // The other presets keep SQLite's default, as rosbag2's files do.
+        assert_eq!(choose_page_size(Resilient, 0, 0, 0), SMALL_PAGE_SIZE);
+        assert_eq!(choose_page_size(None, 0, 10, 10 * MIB), SMALL_PAGE_SIZE);
+    }
+
+    #[test]
+    fn row_growth_bounds_what_each_commit_really_adds_at_both_page_sizes() {
+        // The size budget relies on it: one row per commit, sizes around every boundary of
+        // the b-tree layout (local payload, overflow pages) for 4 KiB and 64 KiB pages.
+        let sizes = [
+            0u64, 1, 100, 1000, 4000, 4061, 4062, 4100, 9000, 60_000, 65_400, 65_500, 70_000,
+            200_000, 1 << 20, 6_220_800,
+        ];
+        for page in [u64::from(SMALL_PAGE_SIZE), u64::from(LARGE_PAGE_SIZE)] {
+            let tmp = tempfile::tempdir().unwrap();
+            let max_bag_size = if page == 4096 { 16 << 20 } else { 0 };
+            let mut opts = WriterOptions::new(Flavour::Jazzy);
+            opts.max_bag_size = max_bag_size;
+            let mut w = BagWriter::create(&tmp.path().join("b"), opts).unwrap();
+            assert_eq!(w.page_size(), page);
+            let t = w.add_topic(TopicInfo::new("/t", "std_msgs/msg/String"), None).unwrap();
+            let mut ts = 1;
+            for round in 0..3 {
+                for &len in &sizes {
+                    let data = vec![7u8; len as usize];
+                    let before = w.open_split_footprint();
+                    w.write_rows(&[(t, ts, data.as_slice())]).unwrap();
+                    ts += 1;
+                    let grew = w.open_split_footprint() - before;
+                    let bound = row_growth_bytes(len, page) + 8 * page;
+                    assert!(
+                        grew <= bound,
+                        "page {page}, round {round}, {len} B: grew {grew} > {bound}"
+                    );
+                }
+            }
+            w.finish().unwrap();
+        }
+    }
 }

@@ -8,8 +8,10 @@
 
 mod queue;
 mod stats;
+mod syncer;
 mod writer_thread;
 
-pub use queue::{Pending, Producer, TopicHandle};
+pub use queue::{Pending, Producer, TopicHandle, NO_TAG};
 pub use stats::{RecordSummary, TopicStats};
+pub use syncer::{SyncHealth, WRITEBACK_BYTES, WRITEBACK_INTERVAL};
 pub use writer_thread::{Pipeline, PipelineConfig, PipelineError, Progress, StopReason};

@@ -15,6 +15,19 @@ pub(crate) struct Item {
     pub topic: u32,
     pub ts: i64,
     pub data: Vec<u8>,
+    /// What `data` holds, for a producer that can reuse it: returned to the pool with the
+    /// buffer (see [`Producer::try_push_reusing`]); [`NO_TAG`] otherwise.
+    pub tag: u64,
+}
+
+/// A pooled buffer's tag when its content means nothing to anyone.
+pub const NO_TAG: u64 = 0;
+
+/// A buffer in the pool, with the tag of the message it last held.
+#[derive(Debug)]
+pub(crate) struct Pooled {
+    pub buf: Vec<u8>,
+    pub tag: u64,
 }
 
 /// Topic registration travels on its own channel; the writer drains it before every batch
@@ -44,8 +57,8 @@ pub(crate) struct Shared {
     /// Registered topics' counters. Locked only at registration and by the writer's
     /// once-a-second report, never on the push path.
     pub topics: Mutex<Vec<Arc<TopicStats>>>,
-    pub pool_tx: Sender<Vec<u8>>,
-    pub pool_rx: Receiver<Vec<u8>>,
+    pub pool_tx: Sender<Pooled>,
+    pub pool_rx: Receiver<Pooled>,
     /// Capacity held by pooled buffers; bounded by `pool_budget` so the pool cannot hoard.
     pub pool_bytes: AtomicUsize,
     pub pool_budget: usize,
@@ -72,12 +85,17 @@ pub struct Producer {
 pub struct Pending {
     ts: i64,
     buf: Vec<u8>,
+    tag: u64,
 }
 
 impl Pending {
     /// The buffer, for reuse.
     pub fn into_buffer(self) -> Vec<u8> {
         self.buf
+    }
+    /// The buffer and the tag of the message it holds, for [`Producer::try_push_reusing`].
+    pub fn into_tagged(self) -> (Vec<u8>, u64) {
+        (self.buf, self.tag)
     }
 }
 
@@ -128,14 +146,14 @@ impl Producer {
         let ts = self.clock.now_ns();
         let mut buf = self.take_buffer();
         buf.extend_from_slice(data);
-        self.enqueue(topic, ts, buf, true).is_ok()
+        self.enqueue(topic, ts, buf, NO_TAG, true).is_ok()
     }
 
     /// As `push`, taking ownership of a buffer the middleware already allocated (r2r hands
     /// over a `Vec<u8>`), so nothing is copied.
     pub fn push_owned(&self, topic: &TopicHandle, data: Vec<u8>) -> bool {
         let ts = self.clock.now_ns();
-        self.enqueue(topic, ts, data, true).is_ok()
+        self.enqueue(topic, ts, data, NO_TAG, true).is_ok()
     }
 
     /// Stamp, let `fill` write the message straight into a pooled buffer, enqueue. Used by
@@ -144,7 +162,30 @@ impl Producer {
         let ts = self.clock.now_ns();
         let mut buf = self.take_buffer();
         fill(ts, &mut buf);
-        self.enqueue(topic, ts, buf, true).is_ok()
+        self.enqueue(topic, ts, buf, NO_TAG, true).is_ok()
+    }
+
+    /// Like `push_with`, for producers that can update a buffer in place: `fill` gets a pooled
+    /// buffer *with its old content* and the tag that content was queued with, and returns the
+    /// tag of what it wrote. A producer that recognises its own earlier message (the
+    /// synthetic camera: same template, another frame number) rewrites only what differs,
+    /// instead of the whole megabyte; any other tag means unknown bytes, to be cleared first.
+    /// `wait` as in [`try_push_with`](Self::try_push_with): with `false` a full queue counts a
+    /// drop; with `true` the message comes back as [`Pending`].
+    pub fn try_push_reusing(
+        &self,
+        topic: &TopicHandle,
+        spare: Option<(Vec<u8>, u64)>,
+        wait: bool,
+        fill: impl FnOnce(i64, &mut Vec<u8>, u64) -> u64,
+    ) -> Result<(), Option<Pending>> {
+        let ts = self.clock.now_ns();
+        let (mut buf, old_tag) = spare.unwrap_or_else(|| self.take_tagged());
+        let tag = fill(ts, &mut buf, old_tag);
+        self.enqueue(topic, ts, buf, tag, !wait).map_err(|buf| {
+            // A counted drop handed its buffer to the pool already (`buf` is empty then).
+            wait.then_some(Pending { ts, buf, tag })
+        })
     }
 
     /// Like `push_with`, but when the queue is full it hands the message back instead of
@@ -159,16 +200,16 @@ impl Producer {
         let mut buf = buf.unwrap_or_else(|| self.take_buffer());
         buf.clear();
         fill(ts, &mut buf);
-        self.enqueue(topic, ts, buf, false)
-            .map_err(|buf| Pending { ts, buf })
+        self.enqueue(topic, ts, buf, NO_TAG, false)
+            .map_err(|buf| Pending { ts, buf, tag: NO_TAG })
     }
 
     /// Re-offer a message that `try_push_with` handed back. It keeps its original stamp: the
     /// message was "received" when it was made, and its header says so.
     pub fn retry(&self, topic: &TopicHandle, pending: Pending) -> Result<(), Pending> {
-        let Pending { ts, buf } = pending;
-        self.enqueue(topic, ts, buf, false)
-            .map_err(|buf| Pending { ts, buf })
+        let Pending { ts, buf, tag } = pending;
+        self.enqueue(topic, ts, buf, tag, false)
+            .map_err(|buf| Pending { ts, buf, tag })
     }
 
     pub fn stop_requested(&self) -> bool {
@@ -190,13 +231,19 @@ impl Producer {
     }
 
     fn take_buffer(&self) -> Vec<u8> {
+        let (mut b, _) = self.take_tagged();
+        b.clear();
+        b
+    }
+
+    /// A pooled buffer as it came back, content and tag included.
+    fn take_tagged(&self) -> (Vec<u8>, u64) {
         match self.shared.pool_rx.try_recv() {
-            Ok(mut b) => {
-                self.shared.pool_bytes.fetch_sub(b.capacity(), Relaxed);
-                b.clear();
-                b
+            Ok(p) => {
+                self.shared.pool_bytes.fetch_sub(p.buf.capacity(), Relaxed);
+                (p.buf, p.tag)
             }
-            Err(_) => Vec::new(),
+            Err(_) => (Vec::new(), NO_TAG),
         }
     }
 
@@ -205,6 +252,7 @@ impl Producer {
         topic: &TopicHandle,
         ts: i64,
         data: Vec<u8>,
+        tag: u64,
         count_drop: bool,
     ) -> Result<(), Vec<u8>> {
         let len = data.len();
@@ -212,7 +260,7 @@ impl Producer {
         let rejected = |data: Vec<u8>| {
             if count_drop {
                 topic.stats.dropped.fetch_add(1, Relaxed);
-                give_back(shared, data);
+                give_back(shared, data, tag);
                 Err(Vec::new())
             } else {
                 Err(data)
@@ -225,7 +273,7 @@ impl Producer {
                 return Err(data);
             }
             topic.stats.dropped_after_stop.fetch_add(1, Relaxed);
-            give_back(shared, data);
+            give_back(shared, data, tag);
             return Err(Vec::new());
         }
         // Reserve bytes first so the budget holds even with many producers racing.
@@ -238,6 +286,7 @@ impl Producer {
             topic: topic.id,
             ts,
             data,
+            tag,
         }) {
             Ok(()) => {
                 topic.stats.accepted.fetch_add(1, Relaxed);
@@ -252,8 +301,9 @@ impl Producer {
     }
 }
 
-/// Return a buffer to the pool if the pool has room for its capacity; otherwise free it.
-pub(crate) fn give_back(shared: &Shared, buf: Vec<u8>) {
+/// Return a buffer (with the tag of what it holds) to the pool if the pool has room for its
+/// capacity; otherwise free it.
+pub(crate) fn give_back(shared: &Shared, buf: Vec<u8>, tag: u64) {
     let cap = buf.capacity();
     if cap == 0 {
         return;
@@ -262,10 +312,10 @@ pub(crate) fn give_back(shared: &Shared, buf: Vec<u8>) {
         shared.pool_bytes.fetch_sub(cap, Relaxed);
         return;
     }
-    if let Err(e) = shared.pool_tx.try_send(buf) {
+    if let Err(e) = shared.pool_tx.try_send(Pooled { buf, tag }) {
         shared
             .pool_bytes
-            .fetch_sub(e.into_inner().capacity(), Relaxed);
+            .fetch_sub(e.into_inner().buf.capacity(), Relaxed);
     }
 }
 
@@ -372,7 +422,7 @@ mod tests {
         let item = rx.try_recv().unwrap();
         let ptr = item.data.as_ptr();
         p.shared.in_flight.fetch_sub(item.data.len(), Relaxed);
-        give_back(&p.shared, item.data);
+        give_back(&p.shared, item.data, item.tag);
         assert!(p.push(&t, &[2u8; 1000]));
         let again = rx.try_recv().unwrap();
         assert_eq!(again.data.as_ptr(), ptr, "the pooled allocation came back");

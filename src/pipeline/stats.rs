@@ -126,6 +126,11 @@ pub struct RecordSummary {
     pub splits_deleted: u64,
     /// Bytes of this bag's split files on disk at exit.
     pub bag_size_bytes: u64,
+    /// Longest time the writer was away from the queue at once (a batch with its retention
+    /// and rotation), the most bytes queued at once, and the longest background fsync.
+    pub longest_stall: Duration,
+    pub peak_queue_bytes: u64,
+    pub longest_sync: Duration,
 }
 
 impl RecordSummary {
@@ -176,6 +181,13 @@ impl std::fmt::Display for RecordSummary {
             f,
             "splits kept {}, deleted by retention {}, bag size now {} bytes",
             self.splits_kept, self.splits_deleted, self.bag_size_bytes
+        )?;
+        writeln!(
+            f,
+            "writer: longest stall {:.1} ms, peak queue {} bytes; longest background fsync {:.1} ms",
+            self.longest_stall.as_secs_f64() * 1e3,
+            self.peak_queue_bytes,
+            self.longest_sync.as_secs_f64() * 1e3
         )?;
         for t in &self.per_topic {
             writeln!(

@@ -10,6 +10,7 @@ use crossbeam_channel::{Receiver, TryRecvError};
 
 use super::queue::{give_back, Item, Producer, Register, Shared};
 use super::stats::{RecordSummary, TopicStats, TopicSummary};
+use super::syncer::{BackgroundSync, SyncHealth, WRITEBACK_INTERVAL};
 use crate::bag::writer::{row_growth_bytes, BagSummary, BagWriter, Row};
 use crate::bag::BagError;
 use crate::clock::TimeSource;
@@ -121,6 +122,13 @@ pub struct Progress {
     pub budget_bytes: std::sync::atomic::AtomicU64,
     pub budget_files: std::sync::atomic::AtomicU64,
     pub budget_oldest_ns: std::sync::atomic::AtomicI64,
+    /// Longest time the writer spent away from the queue in one go (writing a batch with its
+    /// retention and rotations), ns: how long producers had to be absorbed by the queue.
+    pub longest_stall_ns: std::sync::atomic::AtomicU64,
+    /// Most bytes seen queued at once (sampled at every turn of the writer loop).
+    pub peak_queue_bytes: std::sync::atomic::AtomicU64,
+    /// The background syncer (closing fsyncs, write-back of the open split).
+    pub sync: Arc<SyncHealth>,
 }
 
 pub struct Pipeline {
@@ -136,7 +144,7 @@ pub struct Pipeline {
 impl Pipeline {
     /// Start the writer thread over an open bag.
     pub fn start(
-        writer: BagWriter,
+        mut writer: BagWriter,
         retention: Option<Retention>,
         clock: Arc<dyn TimeSource>,
         cfg: PipelineConfig,
@@ -161,6 +169,16 @@ impl Pipeline {
         });
         let splits_deleted = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let progress = Arc::new(Progress::default());
+        // Closing fsyncs and the open split's write-back run on their own thread, so that
+        // neither stalls the writer (and with it the queue).
+        match BackgroundSync::start(progress.sync.clone(), WRITEBACK_INTERVAL) {
+            Some(bg) => {
+                if let Err(e) = writer.set_durability(Box::new(bg)) {
+                    log::warn!("background sync unavailable ({e}); fsyncing on the writer thread");
+                }
+            }
+            None => log::warn!("cannot start the sync thread; fsyncing on the writer thread"),
+        }
         let bag_dir = writer.dir().to_path_buf();
         progress
             .splits
@@ -261,9 +279,13 @@ impl Pipeline {
                 "writer thread could not be spawned".into(),
             )),
         };
+        let p = &self.progress;
         let mut summary = RecordSummary {
             wall_time: self.started.elapsed(),
             splits_deleted: self.splits_deleted.load(Relaxed),
+            longest_stall: Duration::from_nanos(p.longest_stall_ns.load(Relaxed)),
+            peak_queue_bytes: p.peak_queue_bytes.load(Relaxed),
+            longest_sync: Duration::from_nanos(p.sync.longest_ns.load(Relaxed)),
             ..Default::default()
         };
         // Producers and the writer have stopped: these counts are final and add up.
@@ -353,7 +375,14 @@ impl WriterCtx {
         let mut last_drop_report = Instant::now();
         let mut reported_drops = 0u64;
         loop {
-            self.progress.loops.fetch_add(1, Relaxed);
+            // While the syncer is inside an fsync the loop does not count as progress: a
+            // storage stall must stop the service watchdog's pings wherever it happens.
+            if !self.progress.sync.busy.load(Relaxed) {
+                self.progress.loops.fetch_add(1, Relaxed);
+            }
+            let queued = self.shared.in_flight.load(Relaxed) as u64;
+            self.progress.peak_queue_bytes.fetch_max(queued, Relaxed);
+            let turn = Instant::now();
             let stopping = self.shared.stop.load(Relaxed);
             if self.progress.rotate_requested.swap(false, Relaxed) && !stopping {
                 // Write what is batched into the split being closed first, so the closed
@@ -371,6 +400,7 @@ impl WriterCtx {
                 if let Some(reason) = self.after_batch()? {
                     return Ok(reason);
                 }
+                self.note_stall(turn);
                 continue;
             }
             self.drain_registrations()?;
@@ -405,6 +435,7 @@ impl WriterCtx {
                 if let Some(reason) = self.after_batch()? {
                     return Ok(reason);
                 }
+                self.note_stall(turn);
                 continue;
             }
             if batch.is_empty() && (stopping || disconnected) && self.rx.is_empty() {
@@ -419,6 +450,7 @@ impl WriterCtx {
                 if let Some(reason) = self.after_batch()? {
                     return Ok(reason);
                 }
+                self.note_stall(turn);
             }
             if last_drop_report.elapsed() >= Duration::from_secs(1) {
                 reported_drops = self.report_drops(reported_drops);
@@ -436,6 +468,11 @@ impl WriterCtx {
             };
             std::thread::park_timeout(wait);
         }
+    }
+
+    fn note_stall(&self, since: Instant) {
+        let ns = since.elapsed().as_nanos() as u64;
+        self.progress.longest_stall_ns.fetch_max(ns, Relaxed);
     }
 
     fn drain_registrations(&mut self) -> Result<(), PipelineError> {
@@ -470,7 +507,7 @@ impl WriterCtx {
         let result = self.write_rows_of(batch);
         let bytes: usize = batch.iter().map(|i| i.data.len()).sum();
         for item in batch.drain(..) {
-            give_back(&self.shared, item.data);
+            give_back(&self.shared, item.data, item.tag);
         }
         self.shared.in_flight.fetch_sub(bytes, Relaxed);
         result
@@ -509,9 +546,10 @@ impl WriterCtx {
                 continue;
             }
             let chunk = &rest[..n];
+            let page = self.writer().page_size();
             let growth: u64 = chunk
                 .iter()
-                .map(|r| row_growth_bytes(r.2.len() as u64))
+                .map(|r| row_growth_bytes(r.2.len() as u64, page))
                 .sum();
             let newest = chunk.iter().map(|r| r.1).max().unwrap_or(0);
             if let Some(ret) = self.retention.as_mut() {

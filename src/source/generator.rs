@@ -30,6 +30,8 @@ pub struct GeneratorReport {
 }
 
 struct Lane {
+    /// Tags this lane's pooled buffers (`Encoder::encode_reusing`); never 0.
+    key: u16,
     handle: TopicHandle,
     encoder: Encoder,
     period_ns: u64,
@@ -44,10 +46,12 @@ pub fn run(cfg: GeneratorConfig, producer: &Producer) -> GeneratorReport {
         .profile
         .topics()
         .into_iter()
-        .map(|t| {
+        .enumerate()
+        .map(|(i, t)| {
             let mut info = t.info.clone();
             info.offered_qos_profiles = vec![QosProfile::default()];
             Lane {
+                key: i as u16 + 1,
                 encoder: t.encoder(),
                 handle: producer.add_topic(info, Some(t.definition.clone())),
                 period_ns: (1e9 / t.rate_hz).max(1.0) as u64,
@@ -61,7 +65,7 @@ pub fn run(cfg: GeneratorConfig, producer: &Producer) -> GeneratorReport {
         return report;
     }
     let start = Instant::now();
-    let mut spare: Option<Vec<u8>> = None;
+    let mut spare: Option<(Vec<u8>, u64)> = None;
     while !producer.stop_requested() && (cfg.count == 0 || report.generated < cfg.count) {
         // The lane due first; ties go to the earlier lane, which keeps the mix deterministic.
         let lane = lanes
@@ -77,27 +81,29 @@ pub fn run(cfg: GeneratorConfig, producer: &Producer) -> GeneratorReport {
                 lane.due_ns = now;
             }
         }
-        let seq = lane.seq;
+        let (seq, key) = (lane.seq, lane.key);
         let encoder = &mut lane.encoder;
+        // Buffers come back from the writer still holding a message: the encoder rewrites
+        // only what differs when the message was its own (see `Encoder::encode_reusing`).
+        let fill = |ts, buf: &mut Vec<u8>, old| encoder.encode_reusing(key, seq, ts, buf, old);
         let ok = match cfg.pace {
-            Pace::Realtime => {
-                producer.push_with(&lane.handle, |ts, buf| encoder.encode(seq, ts, buf))
-            }
+            Pace::Realtime => producer
+                .try_push_reusing(&lane.handle, None, false, fill)
+                .is_ok(),
             Pace::Max => {
-                let mut r = producer.try_push_with(&lane.handle, spare.take(), |ts, buf| {
-                    encoder.encode(seq, ts, buf)
-                });
+                let mut r = producer.try_push_reusing(&lane.handle, spare.take(), true, fill);
                 loop {
                     match r {
                         Ok(()) => break true,
-                        Err(pending) if producer.stop_requested() => {
-                            spare = Some(pending.into_buffer());
+                        Err(None) => break false,
+                        Err(Some(pending)) if producer.stop_requested() => {
+                            spare = Some(pending.into_tagged());
                             break false;
                         }
-                        Err(pending) => {
+                        Err(Some(pending)) => {
                             // Queue full: give the writer the CPU rather than drop.
                             std::thread::sleep(Duration::from_micros(50));
-                            r = producer.retry(&lane.handle, pending);
+                            r = producer.retry(&lane.handle, pending).map_err(Some);
                         }
                     }
                 }

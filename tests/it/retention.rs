@@ -500,7 +500,7 @@ fn five_thousand_splits_under_a_size_budget_keep_memory_and_time_per_split_flat(
         if w.rows_fitting(&row) == 0 {
             r.rotate(&mut w).unwrap();
         }
-        let growth = ringbag::bag::writer::row_growth_bytes(data.len() as u64);
+        let growth = ringbag::bag::writer::row_growth_bytes(data.len() as u64, w.page_size());
         r.before_batch(&mut w, growth, ts).unwrap();
         w.write_rows(&row).unwrap();
         ts += 1_000_000;
