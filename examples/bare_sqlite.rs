@@ -53,6 +53,12 @@ fn main() {
     .expect("topic");
     let mut payload = vec![0x5au8; size];
     let mut insert = MessageInsert::prepare(&conn).expect("prepare");
+    // BARE_BLOB_IO=1: insert zeroblob(n), then write the payload with incremental blob I/O
+    // (the alternative the write-path issue asked to measure).
+    let blob_io = std::env::var_os("BARE_BLOB_IO").is_some();
+    let mut zero = conn
+        .prepare("INSERT INTO messages (topic_id, timestamp, data) VALUES (?1, ?2, zeroblob(?3))")
+        .expect("prepare zeroblob");
     let t0 = Instant::now();
     let mut ts = 1_700_000_000_000_000_000i64;
     let mut written = 0u64;
@@ -60,7 +66,16 @@ fn main() {
         conn.execute_batch("BEGIN").expect("begin");
         for _ in 0..batch.min(count - written) {
             payload[size / 2] = written as u8;
-            insert.insert(1, ts, &payload).expect("insert");
+            if blob_io {
+                zero.execute(rusqlite::params![1, ts, size as i64]).expect("insert zeroblob");
+                let rowid = conn.last_insert_rowid();
+                let mut b = conn
+                    .blob_open(rusqlite::MAIN_DB, "messages", "data", rowid, false)
+                    .expect("blob_open");
+                b.write_all_at(&payload, 0).expect("blob write");
+            } else {
+                insert.insert(1, ts, &payload).expect("insert");
+            }
             ts += 1000;
             written += 1;
         }
@@ -68,6 +83,7 @@ fn main() {
     }
     let seconds = t0.elapsed().as_secs_f64();
     drop(insert);
+    drop(zero);
     drop(conn);
     let t1 = Instant::now();
     std::fs::File::open(out)

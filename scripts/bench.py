@@ -17,11 +17,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RINGBAG = ROOT / "target/release/ringbag"
 BARE = ROOT / "target/release/examples/bare_sqlite"
+COPYCOUNT = ROOT / "target/release/copycount.so"
 
 
-def run_child(cmd: list[str]) -> dict:
+def run_child(cmd: list[str], env: dict | None = None) -> dict:
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=None if env is None else {**os.environ, **env})
     # wait4 gives this child's own rusage (not the sum over all children).
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.monotonic() - t0
@@ -53,13 +55,32 @@ def dd(dirpath: Path, mib: int, sync: bool) -> dict:
     return {"name": f"dd {'+fdatasync' if sync else '(page cache)'}", "mb_s": mb / r["wall"], "wall": r["wall"]}
 
 
-def bare(dirpath: Path, size: int, count: int, batch: int, preset: str, page: int | None = None) -> dict:
+def copies(cmd: list[str], payload_bytes: int, dirpath: Path) -> dict:
+    """Bytes memcpy/memmove moved (calls of 256 B or more) and bytes handed to write(2), per
+    payload byte: the copies each message costs in user space and in the kernel."""
+    if not COPYCOUNT.exists():
+        return {}
+    out = dirpath / "copycount.json"
+    run_child(cmd, env={"LD_PRELOAD": str(COPYCOUNT), "COPYCOUNT_OUT": str(out)})
+    j = json.loads(out.read_text())
+    out.unlink()
+    return {"copies_user": j["user_copy_bytes"] / payload_bytes, "copies_kernel": j["write_bytes"] / payload_bytes}
+
+
+def bare(dirpath: Path, size: int, count: int, batch: int, preset: str, page: int | None = None,
+         count_copies: bool = False) -> dict:
     db = dirpath / "bare.db3"
-    r = run_child([str(BARE), str(db), str(size), str(count), str(batch), preset] + ([str(page)] if page else []))
+    cmd = [str(BARE), str(db), str(size), str(count), str(batch), preset] + ([str(page)] if page else [])
+    r = run_child(cmd)
     j = json.loads(r["out"])
     db.unlink(missing_ok=True)
-    return {
-        "name": f"bare rusqlite {preset}" + (f" page {page // 1024}K" if page else ""), "size": size, "messages": count,
+    extra = {}
+    if count_copies:
+        extra = copies(cmd, size * count, dirpath)
+        db.unlink(missing_ok=True)
+    return extra | {
+        "name": f"bare SQLite {preset}" + (f" page {page // 1024}K" if page else ""), "size": size, "messages": count,
+        "wall": j["seconds"],
         "msg_s": count / j["seconds"], "msg_s_sync": count / (j["seconds"] + j["sync_seconds"]),
         "mb_s": j["payload_bytes"] / 1e6 / j["seconds"],
         "mb_s_sync": j["payload_bytes"] / 1e6 / (j["seconds"] + j["sync_seconds"]),
@@ -67,7 +88,8 @@ def bare(dirpath: Path, size: int, count: int, batch: int, preset: str, page: in
     }
 
 
-def ringbag(dirpath: Path, profile: str, count: int, rate: str, extra: list[str] | None = None) -> dict:
+def ringbag(dirpath: Path, profile: str, count: int, rate: str, extra: list[str] | None = None,
+            count_copies: bool = False) -> dict:
     out = dirpath / f"rb_{profile}_{rate}"
     shutil.rmtree(out, ignore_errors=True)
     cmd = [str(RINGBAG), "--log-level", "warn", "record", "--source", "synthetic", "--synthetic-profile", profile,
@@ -77,7 +99,15 @@ def ringbag(dirpath: Path, profile: str, count: int, rate: str, extra: list[str]
     m = re.search(r"accepted (\d+) messages, (\d+) bytes in ([\d.]+) s.*?^dropped (\d+)", r["err"], re.S | re.M)
     msgs, payload, drops = int(m.group(1)), int(m.group(2)), int(m.group(4))
     shutil.rmtree(out, ignore_errors=True)
-    return {
+    # The writer's own figures (builds before the line existed print none).
+    w = re.search(r"^writer: longest stall ([\d.]+) ms, peak queue (\d+) bytes; longest background fsync ([\d.]+) ms",
+                  r["err"], re.M)
+    extra_fields = {"stall_ms": float(w.group(1)), "peak_queue_mib": int(w.group(2)) / 2**20,
+                    "fsync_ms": float(w.group(3))} if w else {}
+    if count_copies:
+        extra_fields |= copies(cmd, payload, dirpath)
+        shutil.rmtree(out, ignore_errors=True)
+    return extra_fields | {
         "name": f"ringbag {profile} {rate}", "messages": msgs, "drops": drops,
         "msg_s": msgs / r["wall"], "mb_s": payload / 1e6 / r["wall"],
         "mb_s_sync": payload / 1e6 / (r["wall"] + sync_s),
@@ -85,19 +115,59 @@ def ringbag(dirpath: Path, profile: str, count: int, rate: str, extra: list[str]
     }
 
 
+def large_messages(work: Path, q: int) -> tuple[list[dict], list[dict]]:
+    """1 MiB and 6 MiB (1080p rgb8) messages: ringbag beside the bare loop with the same page
+    size (what ringbag picks for unbounded splits of large messages) and blobs bound in place."""
+    rows, ratios = [], []
+    for profile, size, count, batch in (("large", 1048576, 1024 // q, 8), ("camera", 6220868, 170 // q, 1)):
+        b = bare(work, size, count, batch, "write-optimized", 65536, count_copies=True)
+        r = ringbag(work, profile, count, "max", count_copies=True)
+        r["size"] = size
+        rows += [b, r]
+        ratios.append({"case": f"{profile} {size // 1024} KiB", "ringbag/bare(no sync)": r["msg_s"] / b["msg_s"],
+                       "CPU s/GB ringbag": r["cpu_s_per_gb"], "CPU s/GB bare": b["cpu_s_per_gb"]})
+    return rows, ratios
+
+
+def robot_realtime(work: Path, secs: int) -> list[dict]:
+    """The robot mix at its real rates (~176 MB/s: two 720p cameras at 30 Hz, a 1 MB cloud at
+    10 Hz, IMU, tf) on the measured filesystem, with 64 MiB and 1 GiB splits: drops and the
+    writer's longest stall (the queue absorbs it or drops)."""
+    rows = []
+    for split in ("64MiB", "1GiB"):
+        r = ringbag(work, "robot", 570 * secs, "realtime", ["-b", split])
+        r["name"] = f"ringbag robot realtime {secs}s, -b {split}"
+        rows.append(r)
+    return rows
+
+
 def main() -> None:
+    global RINGBAG
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dir", default=None, help="filesystem to measure (default: a temp dir under target/)")
     ap.add_argument("--quick", action="store_true", help="smaller counts")
+    ap.add_argument("--ringbag", default=None, help="the ringbag binary to measure (default: target/release/ringbag)")
+    ap.add_argument("--only", choices=["all", "write", "large", "robot"], default="all",
+                    help="write: the original table; large: 1 MiB and 6 MiB rows; robot: real-time robot mix")
     a = ap.parse_args()
+    if a.ringbag:
+        RINGBAG = Path(a.ringbag).resolve()
     base = Path(a.dir) if a.dir else ROOT / "target"
     work = Path(tempfile.mkdtemp(prefix="ringbag-bench-", dir=base))
     q = 4 if a.quick else 1
     # (profile, size, count, batch as ringbag forms it: 4096 messages or 8 MiB)
     cases = [("small", 100, 2_000_000 // q, 4096), ("medium", 65536, 16_000 // q, 128), ("large", 1048576, 1000 // q, 8)]
     rows, ratios = [], []
+    long_line = "long run: not measured"
     try:
+        if a.only in ("large", "robot"):
+            if a.only == "large":
+                rows, ratios = large_messages(work, q)
+            else:
+                rows = robot_realtime(work, 30 // q)
+            raise _Done
+
         dd_cache = dd(work, 1024 // q, sync=False)
         dd_sync = dd(work, 1024 // q, sync=True)
         rows += [dd_cache, dd_sync]
@@ -128,30 +198,46 @@ def main() -> None:
         for profile, size, count, batch in (cases[0], cases[2]):
             for page in (4096, 16384, 65536):
                 rows.append(bare(work, size, count, batch, "write-optimized", page))
-        long_run = subprocess.run(
-            ["cargo", "test", "--release", "--quiet", "--test", "it", "five_thousand_splits", "--", "--nocapture"],
-            cwd=ROOT, capture_output=True, text=True)
-        long_line = next((l for l in long_run.stderr.splitlines() if l.startswith("long run:")), "long run: not measured")
+        if a.only == "all":
+            lr, lratios = large_messages(work, q)
+            rows += lr
+            ratios += lratios
+            rows += robot_realtime(work, 30 // q)
+            long_run = subprocess.run(
+                ["cargo", "test", "--release", "--quiet", "--test", "it", "five_thousand_splits", "--", "--nocapture"],
+                cwd=ROOT, capture_output=True, text=True)
+            long_line = next((l for l in long_run.stderr.splitlines() if l.startswith("long run:")), long_line)
+    except _Done:
+        pass
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if a.json:
         print(json.dumps({"rows": rows, "ratios": ratios, "long_run": long_line}, indent=2))
         return
     print(f"filesystem: {base} ({os.uname().machine}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f})")
-    hdr = f"{'run':46} {'msg/s':>12} {'MB/s':>9} {'MB/s+sync':>10} {'CPU s/GB':>9} {'drops':>6} {'peak RSS':>9}"
+    print(f"ringbag: {RINGBAG}")
+    hdr = (f"{'run':46} {'msg/s':>12} {'MB/s':>9} {'MB/s+sync':>10} {'CPU s/GB':>9} {'drops':>6} {'peak RSS':>9}"
+           f" {'stall ms':>9} {'peak queue':>10} {'copies u+k':>11}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         def f(k, fmt):
             return format(r[k], fmt) if k in r else "-"
         rss = f"{r['rss_mib']:.0f} MiB" if "rss_mib" in r else "-"
+        queue = f"{r['peak_queue_mib']:.0f} MiB" if "peak_queue_mib" in r else "-"
+        cp = f"{r['copies_user']:.2f}+{r['copies_kernel']:.2f}" if "copies_user" in r else "-"
         print(f"{r['name'] + (' ' + str(r.get('size')) + ' B' if 'size' in r else ''):46} {f('msg_s', ',.0f'):>12} "
-              f"{f('mb_s', '.1f'):>9} {f('mb_s_sync', '.1f'):>10} {f('cpu_s_per_gb', '.2f'):>9} {str(r.get('drops', '-')):>6} {rss:>9}")
+              f"{f('mb_s', '.1f'):>9} {f('mb_s_sync', '.1f'):>10} {f('cpu_s_per_gb', '.2f'):>9} {str(r.get('drops', '-')):>6} {rss:>9}"
+              f" {f('stall_ms', '.1f'):>9} {queue:>10} {cp:>11}")
     print()
     for r in ratios:
-        print(f"{r['case']:7} " + "  ".join(f"{k} {v:.2f}" for k, v in r.items() if k != "case"))
+        print(f"{r['case']:15} " + "  ".join(f"{k} {v:.2f}" for k, v in r.items() if k != "case"))
     print()
     print(long_line)
+
+
+class _Done(Exception):
+    """A section-only run (--only) has what it came for."""
 
 
 if __name__ == "__main__":

@@ -30,12 +30,18 @@ pub enum SyntheticProfile {
     Medium,
     /// One std_msgs/String topic, 1 MiB per serialized message.
     Large,
+    /// One 1920x1080 rgb8 sensor_msgs/Image topic at 30 Hz, 6.2 MB per message.
+    Camera,
 }
 
 /// Serialized sizes of the benchmark profiles, encapsulation header included.
 pub const SMALL_MESSAGE_BYTES: usize = 100;
 pub const MEDIUM_MESSAGE_BYTES: usize = 64 * 1024;
 pub const LARGE_MESSAGE_BYTES: usize = 1024 * 1024;
+
+/// Geometry of the `camera` profile's image: 1080p, as a Jetson's camera delivers it.
+pub const HD_WIDTH: u32 = 1920;
+pub const HD_HEIGHT: u32 = 1080;
 
 /// Camera geometry of the robot profile.
 pub const CAMERA_WIDTH: u32 = 1280;
@@ -106,6 +112,15 @@ impl SyntheticProfile {
                 30.0,
                 Kind::Text {
                     total_len: LARGE_MESSAGE_BYTES,
+                },
+            )],
+            SyntheticProfile::Camera => vec![SyntheticTopic::new(
+                "/camera/hd/image_raw",
+                30.0,
+                Kind::Image {
+                    frame_id: "camera_hd_optical_frame",
+                    width: HD_WIDTH,
+                    height: HD_HEIGHT,
                 },
             )],
         }
@@ -609,7 +624,12 @@ mod tests {
     fn reusing_a_buffer_gives_the_same_bytes_as_encoding_afresh() {
         // Every kind, including the point whose index wraps and point 0 (whose intensity
         // also carries seq), and a buffer from another encoder (a different key).
-        for profile in [SyntheticProfile::Robot, SyntheticProfile::Small, SyntheticProfile::Large] {
+        for profile in [
+            SyntheticProfile::Robot,
+            SyntheticProfile::Small,
+            SyntheticProfile::Large,
+            SyntheticProfile::Camera,
+        ] {
             for (k, t) in profile.topics().iter().enumerate() {
                 let key = k as u16 + 1;
                 let mut enc = t.encoder();
