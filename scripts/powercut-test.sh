@@ -15,15 +15,21 @@
 # messages played equals info's count), and every split the recorder logged as closed
 # (fsynced) before the cut must be intact: quick_check ok and exactly the logged number of
 # messages (a split retention deleted before the cut may be gone).
+# The "window" cuts record in real time into one large open split (no split closes before
+# the cut) and measure what the open split lost: the newest message that came back must be
+# at most POWERCUT_MAX_LOSS_S (default 3) seconds older than the cut. The recorder writes the
+# open split back every second (pipeline::syncer), so it is about one second; before that
+# write-back existed the whole open split was lost.
 #
-# Environment: POWERCUT_CUTS (default 12), POWERCUT_SEED (default: time), RINGBAG_BIN
+# Environment: POWERCUT_CUTS (default 14), POWERCUT_SEED (default: time), RINGBAG_BIN
 # (default: target/debug/ringbag, built if missing). Skips, with the reason, only where loop
 # devices cannot be used (no root, no /dev/loop-control, mounting refused).
 # Prints one line per cut and closes with `powercut: N passed, M failed`; exit 1 on a failure.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-CUTS="${POWERCUT_CUTS:-12}"
+CUTS="${POWERCUT_CUTS:-14}"
+MAX_LOSS_S="${POWERCUT_MAX_LOSS_S:-3}"
 SEED="${POWERCUT_SEED:-$(date +%s)}"
 RANDOM=$((SEED % 32768))
 RB="${RINGBAG_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/ringbag}"
@@ -119,8 +125,10 @@ mkdir -p "$W/logs"
 # is intact. Prints problems (nothing when all is well) and a summary on the last line.
 cat >"$W/check.py" <<'PY'
 import json, os, re, sqlite3, subprocess, sys
-rb, root, live_root, logs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+rb, root, live_root, cut_ns, max_loss_s = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+logs = sys.argv[6:]
 problems, bags, msgs = [], 0, 0
+newest = None  # newest message stamp of the bag recorded at the cut ("b")
 closed = {}  # path in the copy -> messages logged at close
 pat = re.compile(r"closed split (\S+): (\d+) messages, fsynced")
 for lg in logs:
@@ -146,6 +154,14 @@ for name in sorted(os.listdir(root)):
     elif played != count:
         problems.append(f"{name}: info says {count} messages, play gave {played}")
     msgs += count
+    if name == "b":
+        for f in os.listdir(bag):
+            if f.endswith(".db3"):
+                c = sqlite3.connect(f"file:{os.path.join(bag, f)}?mode=ro", uri=True)
+                t = c.execute("SELECT max(timestamp) FROM messages").fetchone()[0]
+                c.close()
+                if t is not None and (newest is None or t > newest):
+                    newest = t
     if os.path.exists(os.path.join(bag, ".ringbag.lock")):
         problems.append(f"{name}: still marked unclean after recovery")
 kept = 0
@@ -165,45 +181,65 @@ for path, n in sorted(closed.items()):
         continue
     if qc != "ok" or rows != n:
         problems.append(f"{os.path.basename(path)}: closed with {n} messages, now {rows} ({qc})")
+window = ""
+if cut_ns > 0:
+    # A window cut: the open split must give back all but its last moments.
+    if newest is None:
+        problems.append("window cut: nothing of the open split came back")
+    else:
+        lost_s = (cut_ns - newest) / 1e9
+        window = f", newest message {lost_s:.2f} s before the cut"
+        if lost_s > max_loss_s:
+            problems.append(f"window cut: the open split lost its last {lost_s:.2f} s (more than {max_loss_s} s)")
 for p in problems:
     print(p)
-print(f"{bags} bags, {msgs} messages, {kept}/{len(closed)} closed splits present and intact")
+print(f"{bags} bags, {msgs} messages, {kept}/{len(closed)} closed splits present and intact{window}")
 PY
 
-# preset profile retention-flags (cycled over the cuts)
+# preset profile rate retention-flags (cycled over the cuts); rate "window" is a window cut
+# (real time, one large open split, the cut 3 to 5 s in).
 CONFIGS=(
-    "write-optimized small -b 86016 --max-record-size 1MiB"
-    "resilient small -b 86016 --max-bag-files 6"
-    "none medium -b 256KiB --max-record-size 3MiB"
-    "write-optimized medium -b 1MiB --max-bag-files 5"
-    "resilient medium -b 256KiB --max-record-size 3MiB"
-    "none small -b 86016 --max-bag-files 6"
+    "write-optimized small max -b 86016 --max-record-size 1MiB"
+    "resilient small max -b 86016 --max-bag-files 6"
+    "none medium max -b 256KiB --max-record-size 3MiB"
+    "write-optimized medium max -b 1MiB --max-bag-files 5"
+    "resilient medium max -b 256KiB --max-record-size 3MiB"
+    "none small max -b 86016 --max-bag-files 6"
+    "write-optimized medium window -b 128MiB --max-record-size 300MiB"
 )
 
 echo "powercut: $CUTS cuts, seed $SEED, binary $RB"
 for ((cut = 1; cut <= CUTS; cut++)); do
-    read -r preset profile flags <<<"${CONFIGS[$(((cut - 1) % ${#CONFIGS[@]}))]}"
+    read -r preset profile rate flags <<<"${CONFIGS[$(((cut - 1) % ${#CONFIGS[@]}))]}"
+    window=0
+    if [[ $rate == window ]]; then
+        window=1
+        rate=realtime
+    fi
     root="$W/live/c$cut"
     mkdir -p "$root"
     log_a="$W/logs/c$cut-a.log"
     log_b="$W/logs/c$cut-b.log"
-    common=(--source synthetic --synthetic-profile "$profile" --synthetic-rate max
+    common=(--source synthetic --synthetic-profile "$profile"
         --storage-preset-profile "$preset" --clock system --log-level debug)
     # An older, cleanly finished bag under the same root: retention spans it too.
     # shellcheck disable=SC2086
-    "$RB" record "${common[@]}" $flags --synthetic-count 300 -o "$root/a" 2>"$log_a" >/dev/null
+    "$RB" record "${common[@]}" --synthetic-rate max $flags --synthetic-count 300 -o "$root/a" 2>"$log_a" >/dev/null
     # shellcheck disable=SC2086
-    "$RB" record "${common[@]}" $flags --recover -o "$root/b" 2>"$log_b" >/dev/null &
+    "$RB" record "${common[@]}" --synthetic-rate "$rate" $flags --recover -o "$root/b" 2>"$log_b" >/dev/null &
     pid=$!
     deadline=$((SECONDS + 20))
     until grep -q "recording into" "$log_b" 2>/dev/null || ((SECONDS > deadline)); do
         sleep 0.02
     done
-    # The random moment of the cut: 0.2 .. 2.2 s into the recording.
+    # The random moment of the cut: 0.2 .. 2.2 s into the recording (3 .. 5 s for a window cut).
     sleep "$((RANDOM % 2000 / 1000 + 0)).$(printf '%03d' $((RANDOM % 1000)))"
     sleep 0.2
+    ((window)) && sleep 2.8
     # Only lines printed before the snapshot count: those splits were fsynced before it.
     head -c "$(stat -c %s "$log_b")" "$log_b" >"$log_b.before"
+    cut_ns=0
+    ((window)) && cut_ns="$(date +%s%N)"
     cp --reflink=always "$W/xfs/ext4.img" "$W/xfs/cut.img"
     kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
@@ -226,7 +262,7 @@ for ((cut = 1; cut <= CUTS; cut++)); do
         notes+=("record --recover exit $rec_rc: $(tail -n1 "$W/logs/c$cut-recover.log")")
     fi
     salvaged=$(grep -c ", kept [0-9]*, lost" "$W/logs/c$cut-recover.log" || true)
-    out_a="$(python3 "$W/check.py" "$RB" "$W/a/c$cut" "$root" "$log_a" "$log_b.before")"
+    out_a="$(python3 "$W/check.py" "$RB" "$W/a/c$cut" "$root" "$cut_ns" "$MAX_LOSS_S" "$log_a" "$log_b.before")"
     [[ $(wc -l <<<"$out_a") -gt 1 ]] && result=FAIL
     undo_last "umount $W/a"
     undo_last "detach $dev_a"
@@ -244,14 +280,14 @@ for ((cut = 1; cut <= CUTS; cut++)); do
             notes+=("reindex $(basename "$bag") exit $rrc: $(tail -n1 "$W/logs/c$cut-reindex.out")")
         fi
     done
-    out_b="$(python3 "$W/check.py" "$RB" "$W/b/c$cut" "$root" "$log_a" "$log_b.before")"
+    out_b="$(python3 "$W/check.py" "$RB" "$W/b/c$cut" "$root" "$cut_ns" "$MAX_LOSS_S" "$log_a" "$log_b.before")"
     [[ $(wc -l <<<"$out_b") -gt 1 ]] && result=FAIL
     undo_last "umount $W/b"
     undo_last "detach $dev_b"
     rm -f "$W/xfs/cut.img" "$W/xfs/cut2.img"
 
-    printf 'cut %2d/%d %-15s %-6s %-28s %3d splits closed before the cut | recover (%d splits salvaged): %s | reindex: %s -> %s\n' \
-        "$cut" "$CUTS" "$preset" "$profile" "$flags" "$closed_n" "$salvaged" \
+    printf 'cut %2d/%d %-15s %-6s %-8s %-32s %3d splits closed before the cut | recover (%d splits salvaged): %s | reindex: %s -> %s\n' \
+        "$cut" "$CUTS" "$preset" "$profile" "$rate" "$flags" "$closed_n" "$salvaged" \
         "$(tail -n1 <<<"$out_a")" "$(tail -n1 <<<"$out_b")" "$result"
     if [[ $result == PASS ]]; then
         PASSED=$((PASSED + 1))
