@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use rusqlite::Connection;
 
-use ringbag::bag::schema::{create_tables, StoragePreset};
 use ringbag::bag::insert::MessageInsert;
+use ringbag::bag::schema::{create_tables, StoragePreset};
 use ringbag::bag::writer::apply_pragmas;
 use ringbag::bag::Flavour;
 
@@ -67,7 +67,8 @@ fn main() {
         for _ in 0..batch.min(count - written) {
             payload[size / 2] = written as u8;
             if blob_io {
-                zero.execute(rusqlite::params![1, ts, size as i64]).expect("insert zeroblob");
+                zero.execute(rusqlite::params![1, ts, size as i64])
+                    .expect("insert zeroblob");
                 let rowid = conn.last_insert_rowid();
                 let mut b = conn
                     .blob_open(rusqlite::MAIN_DB, "messages", "data", rowid, false)

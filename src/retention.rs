@@ -306,11 +306,10 @@ impl OversizeLimit {
 
     /// Whether a message of `len` payload bytes fits.
     pub fn fits(&self, len: u64) -> bool {
-        self.room
-            .is_none_or(|room| {
-                let growth = row_growth_bytes(len, self.page_size);
-                rows_disk_growth(growth, self.uses_wal, self.page_size) <= room
-            })
+        self.room.is_none_or(|room| {
+            let growth = row_growth_bytes(len, self.page_size);
+            rows_disk_growth(growth, self.uses_wal, self.page_size) <= room
+        })
     }
 }
 

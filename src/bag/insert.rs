@@ -50,7 +50,7 @@ impl MessageInsert {
                 db.as_ptr(),
                 SQL.as_ptr(),
                 -1,
-                ffi::SQLITE_PREPARE_PERSISTENT as u32,
+                ffi::SQLITE_PREPARE_PERSISTENT,
                 &mut stmt,
                 std::ptr::null_mut(),
             )

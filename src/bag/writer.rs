@@ -1014,7 +1014,10 @@ impl Drop for BagWriter {
 /// The power-cut test (scripts/powercut-test.sh) reads these lines: a split logged here is
 /// durable (file and directory fsynced) and must come back intact.
 pub fn log_durable_split(path: &Path, messages: u64) {
-    log::debug!("closed split {}: {messages} messages, fsynced", path.display());
+    log::debug!(
+        "closed split {}: {messages} messages, fsynced",
+        path.display()
+    );
 }
 
 fn open_file_info(s: &OpenSplit) -> FileInfo {
@@ -1141,14 +1144,35 @@ mod tests {
         const MIB: u64 = 1 << 20;
         // Nothing seen yet: the split size decides.
         assert_eq!(choose_page_size(WriteOptimized, 0, 0, 0), LARGE_PAGE_SIZE);
-        assert_eq!(choose_page_size(WriteOptimized, 64 * MIB, 0, 0), LARGE_PAGE_SIZE);
-        assert_eq!(choose_page_size(WriteOptimized, 64 * MIB - 1, 0, 0), SMALL_PAGE_SIZE);
-        assert_eq!(choose_page_size(WriteOptimized, 86016, 0, 0), SMALL_PAGE_SIZE);
+        assert_eq!(
+            choose_page_size(WriteOptimized, 64 * MIB, 0, 0),
+            LARGE_PAGE_SIZE
+        );
+        assert_eq!(
+            choose_page_size(WriteOptimized, 64 * MIB - 1, 0, 0),
+            SMALL_PAGE_SIZE
+        );
+        assert_eq!(
+            choose_page_size(WriteOptimized, 86016, 0, 0),
+            SMALL_PAGE_SIZE
+        );
         // Then the messages: 100 B on average go back to small pages, camera frames stay.
-        assert_eq!(choose_page_size(WriteOptimized, 0, 1000, 100_000), SMALL_PAGE_SIZE);
-        assert_eq!(choose_page_size(WriteOptimized, 0, 10, 10 * MIB), LARGE_PAGE_SIZE);
-        assert_eq!(choose_page_size(WriteOptimized, 0, 10, 40_960), LARGE_PAGE_SIZE);
-        assert_eq!(choose_page_size(WriteOptimized, 0, 10, 40_950), SMALL_PAGE_SIZE);
+        assert_eq!(
+            choose_page_size(WriteOptimized, 0, 1000, 100_000),
+            SMALL_PAGE_SIZE
+        );
+        assert_eq!(
+            choose_page_size(WriteOptimized, 0, 10, 10 * MIB),
+            LARGE_PAGE_SIZE
+        );
+        assert_eq!(
+            choose_page_size(WriteOptimized, 0, 10, 40_960),
+            LARGE_PAGE_SIZE
+        );
+        assert_eq!(
+            choose_page_size(WriteOptimized, 0, 10, 40_950),
+            SMALL_PAGE_SIZE
+        );
         // The other presets keep SQLite's default, as rosbag2's files do.
         assert_eq!(choose_page_size(Resilient, 0, 0, 0), SMALL_PAGE_SIZE);
         assert_eq!(choose_page_size(None, 0, 10, 10 * MIB), SMALL_PAGE_SIZE);
@@ -1159,8 +1183,22 @@ mod tests {
         // The size budget relies on it: one row per commit, sizes around every boundary of
         // the b-tree layout (local payload, overflow pages) for 4 KiB and 64 KiB pages.
         let sizes = [
-            0u64, 1, 100, 1000, 4000, 4061, 4062, 4100, 9000, 60_000, 65_400, 65_500, 70_000,
-            200_000, 1 << 20, 6_220_800,
+            0u64,
+            1,
+            100,
+            1000,
+            4000,
+            4061,
+            4062,
+            4100,
+            9000,
+            60_000,
+            65_400,
+            65_500,
+            70_000,
+            200_000,
+            1 << 20,
+            6_220_800,
         ];
         for page in [u64::from(SMALL_PAGE_SIZE), u64::from(LARGE_PAGE_SIZE)] {
             let tmp = tempfile::tempdir().unwrap();
@@ -1169,7 +1207,9 @@ mod tests {
             opts.max_bag_size = max_bag_size;
             let mut w = BagWriter::create(&tmp.path().join("b"), opts).unwrap();
             assert_eq!(w.page_size(), page);
-            let t = w.add_topic(TopicInfo::new("/t", "std_msgs/msg/String"), None).unwrap();
+            let t = w
+                .add_topic(TopicInfo::new("/t", "std_msgs/msg/String"), None)
+                .unwrap();
             let mut ts = 1;
             for round in 0..3 {
                 for &len in &sizes {

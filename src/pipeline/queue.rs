@@ -201,7 +201,11 @@ impl Producer {
         buf.clear();
         fill(ts, &mut buf);
         self.enqueue(topic, ts, buf, NO_TAG, false)
-            .map_err(|buf| Pending { ts, buf, tag: NO_TAG })
+            .map_err(|buf| Pending {
+                ts,
+                buf,
+                tag: NO_TAG,
+            })
     }
 
     /// Re-offer a message that `try_push_with` handed back. It keeps its original stamp: the

@@ -48,7 +48,10 @@ pub struct SyncHealth {
 }
 
 enum Job {
-    Opened { path: PathBuf, file: Arc<File> },
+    Opened {
+        path: PathBuf,
+        file: Arc<File>,
+    },
     /// Enough committed for a write-back now.
     Kick,
     Closed {
@@ -158,7 +161,9 @@ impl Durability for BackgroundSync {
             p = self.state.cv.wait(p).unwrap_or_else(|e| e.into_inner());
         }
         if p.closing.contains(path) {
-            return Err(std::io::Error::other("the sync thread ended before the split was synced"));
+            return Err(std::io::Error::other(
+                "the sync thread ended before the split was synced",
+            ));
         }
         match p.errors.remove(path) {
             Some(e) => Err(e),
@@ -172,7 +177,9 @@ impl Durability for BackgroundSync {
             p = self.state.cv.wait(p).unwrap_or_else(|e| e.into_inner());
         }
         if !p.closing.is_empty() {
-            return Err(std::io::Error::other("the sync thread ended before every split was synced"));
+            return Err(std::io::Error::other(
+                "the sync thread ended before every split was synced",
+            ));
         }
         let first = p.errors.drain().next();
         match first {
@@ -233,13 +240,16 @@ fn run(rx: Receiver<Job>, st: Arc<State>, interval: Duration) {
                 if open.as_ref().is_some_and(|o| o.path == path) {
                     open = None;
                 }
-                let r = timed(&st.health, || ops.sync_file(&path).and_then(|_| ops.sync_dir(&dir)));
+                let r = timed(&st.health, || {
+                    ops.sync_file(&path).and_then(|_| ops.sync_dir(&dir))
+                });
                 let mut p = st.pending.lock().unwrap_or_else(|e| e.into_inner());
                 p.closing.remove(&path);
                 match r {
                     Ok(()) => log_durable_split(&path, messages),
                     Err(e) => {
-                        p.failures.push((path.clone(), std::io::Error::new(e.kind(), e.to_string())));
+                        p.failures
+                            .push((path.clone(), std::io::Error::new(e.kind(), e.to_string())));
                         p.errors.insert(path, e);
                     }
                 }
@@ -302,11 +312,17 @@ mod tests {
                 h = self.cv.wait(h).unwrap();
             }
             drop(h);
-            self.calls.lock().unwrap().push(format!("file {}", path.display()));
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("file {}", path.display()));
             RealStorage.sync_file(path)
         }
         fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
-            self.calls.lock().unwrap().push(format!("dir {}", dir.display()));
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("dir {}", dir.display()));
             RealStorage.sync_dir(dir)
         }
         fn remove_file(&self, path: &Path) -> std::io::Result<()> {
@@ -336,7 +352,10 @@ mod tests {
         bg.wait(&f).unwrap();
         assert_eq!(
             *slow.calls.lock().unwrap(),
-            vec![format!("file {}", f.display()), format!("dir {}", tmp.path().display())]
+            vec![
+                format!("file {}", f.display()),
+                format!("dir {}", tmp.path().display())
+            ]
         );
         assert!(!health.busy.load(Relaxed));
         bg.wait_all().unwrap();
@@ -346,7 +365,8 @@ mod tests {
     fn a_failed_close_sync_is_reported_to_wait_and_as_a_failure() {
         let tmp = tempfile::tempdir().unwrap();
         let gone = tmp.path().join("missing.db3");
-        let mut bg = BackgroundSync::start(Arc::new(SyncHealth::default()), WRITEBACK_INTERVAL).unwrap();
+        let mut bg =
+            BackgroundSync::start(Arc::new(SyncHealth::default()), WRITEBACK_INTERVAL).unwrap();
         bg.closed(&gone, tmp.path(), 0, Arc::new(RealStorage));
         let e = bg.wait(&gone).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound);

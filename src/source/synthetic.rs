@@ -635,12 +635,18 @@ mod tests {
                 let mut enc = t.encoder();
                 let mut buf = Vec::new();
                 let mut tag = crate::pipeline::NO_TAG;
-                for seq in [0u64, 1, 2, 1279, 1280, 65_535, 65_536, 65_537, 7, 7, 3_000_001] {
+                for seq in [
+                    0u64, 1, 2, 1279, 1280, 65_535, 65_536, 65_537, 7, 7, 3_000_001,
+                ] {
                     let stamp = 1_700_000_000_123_456_789 + seq as i64;
                     tag = enc.encode_reusing(key, seq, stamp, &mut buf, tag);
                     let mut fresh = Vec::new();
                     enc.encode(seq, stamp, &mut fresh);
-                    assert!(buf == fresh, "{} seq {seq}: reused bytes differ", t.info.name);
+                    assert!(
+                        buf == fresh,
+                        "{} seq {seq}: reused bytes differ",
+                        t.info.name
+                    );
                 }
                 // A buffer tagged by another topic is encoded from scratch.
                 let other = (u64::from(key) + 1) << 48 | 5;
