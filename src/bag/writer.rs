@@ -1142,40 +1142,30 @@ mod tests {
     fn the_page_size_is_large_only_for_large_splits_of_large_messages() {
         use StoragePreset::*;
         const MIB: u64 = 1 << 20;
-        // Nothing seen yet: the split size decides.
-        assert_eq!(choose_page_size(WriteOptimized, 0, 0, 0), LARGE_PAGE_SIZE);
-        assert_eq!(
-            choose_page_size(WriteOptimized, 64 * MIB, 0, 0),
-            LARGE_PAGE_SIZE
-        );
-        assert_eq!(
-            choose_page_size(WriteOptimized, 64 * MIB - 1, 0, 0),
-            SMALL_PAGE_SIZE
-        );
-        assert_eq!(
-            choose_page_size(WriteOptimized, 86016, 0, 0),
-            SMALL_PAGE_SIZE
-        );
-        // Then the messages: 100 B on average go back to small pages, camera frames stay.
-        assert_eq!(
-            choose_page_size(WriteOptimized, 0, 1000, 100_000),
-            SMALL_PAGE_SIZE
-        );
-        assert_eq!(
-            choose_page_size(WriteOptimized, 0, 10, 10 * MIB),
-            LARGE_PAGE_SIZE
-        );
-        assert_eq!(
-            choose_page_size(WriteOptimized, 0, 10, 40_960),
-            LARGE_PAGE_SIZE
-        );
-        assert_eq!(
-            choose_page_size(WriteOptimized, 0, 10, 40_950),
-            SMALL_PAGE_SIZE
-        );
-        // The other presets keep SQLite's default, as rosbag2's files do.
-        assert_eq!(choose_page_size(Resilient, 0, 0, 0), SMALL_PAGE_SIZE);
-        assert_eq!(choose_page_size(None, 0, 10, 10 * MIB), SMALL_PAGE_SIZE);
+        let (l, s) = (LARGE_PAGE_SIZE, SMALL_PAGE_SIZE);
+        // (preset, -b, messages seen, bytes seen, page size)
+        let cases = [
+            // Nothing seen yet: the split size decides.
+            (WriteOptimized, 0, 0, 0, l),
+            (WriteOptimized, 64 * MIB, 0, 0, l),
+            (WriteOptimized, 64 * MIB - 1, 0, 0, s),
+            (WriteOptimized, 86016, 0, 0, s),
+            // Then the messages: 100 B on average go back to small pages, camera frames stay.
+            (WriteOptimized, 0, 1000, 100_000, s),
+            (WriteOptimized, 0, 10, 10 * MIB, l),
+            (WriteOptimized, 0, 10, 40_960, l),
+            (WriteOptimized, 0, 10, 40_950, s),
+            // The other presets keep SQLite's default, as rosbag2's files do.
+            (Resilient, 0, 0, 0, s),
+            (None, 0, 10, 10 * MIB, s),
+        ];
+        for (preset, b, rows, bytes, want) in cases {
+            assert_eq!(
+                choose_page_size(preset, b, rows, bytes),
+                want,
+                "{preset:?} -b {b}, {rows} rows of {bytes} bytes"
+            );
+        }
     }
 
     #[test]

@@ -45,6 +45,9 @@ impl Default for PipelineConfig {
     }
 }
 
+/// A writer turn this long is logged (debug) when it is the longest so far.
+const SLOW_TURN_NS: u64 = 20_000_000;
+
 /// Smallest batch byte cap under a retention limit (a single larger message still goes).
 const MIN_BATCH_BYTES: u64 = 64 * 1024;
 
@@ -472,7 +475,16 @@ impl WriterCtx {
 
     fn note_stall(&self, since: Instant) {
         let ns = since.elapsed().as_nanos() as u64;
-        self.progress.longest_stall_ns.fetch_max(ns, Relaxed);
+        let before = self.progress.longest_stall_ns.fetch_max(ns, Relaxed);
+        if ns > before && ns >= SLOW_TURN_NS {
+            // Where a new longest stall happened, for whoever chases one (`--log-level debug`).
+            log::debug!(
+                "writer: new longest stall {:.1} ms (split {}, {} bytes queued)",
+                ns as f64 / 1e6,
+                self.progress.splits.load(Relaxed),
+                self.shared.in_flight.load(Relaxed)
+            );
+        }
     }
 
     fn drain_registrations(&mut self) -> Result<(), PipelineError> {
