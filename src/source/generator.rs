@@ -92,6 +92,10 @@ pub fn run(cfg: GeneratorConfig, producer: &Producer) -> GeneratorReport {
                 .is_ok(),
             Pace::Max => {
                 let mut r = producer.try_push_reusing(&lane.handle, spare.take(), true, fill);
+                // Queue full: back off from 50 us to 1 ms. The queue holds ~100 ms of work
+                // at full speed, so the writer never waits for us, and we do not wake a few
+                // thousand times per message (that was 8,000 context switches per GiB).
+                let mut nap = Duration::from_micros(50);
                 loop {
                     match r {
                         Ok(()) => break true,
@@ -102,7 +106,8 @@ pub fn run(cfg: GeneratorConfig, producer: &Producer) -> GeneratorReport {
                         }
                         Err(Some(pending)) => {
                             // Queue full: give the writer the CPU rather than drop.
-                            std::thread::sleep(Duration::from_micros(50));
+                            std::thread::sleep(nap);
+                            nap = (nap * 2).min(Duration::from_millis(1));
                             r = producer.retry(&lane.handle, pending).map_err(Some);
                         }
                     }
