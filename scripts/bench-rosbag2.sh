@@ -13,10 +13,13 @@
 # average before each run. Every rosbag2 bag is checked to hold all COUNT rows (rosbag2's cache
 # drops messages once full and only logs it), and ringbag must report 0 dropped.
 #
-# Usage: scripts/bench-rosbag2.sh [--runs N] [--dir DIR] [--ringbag] [--only large|small]
+# Usage: scripts/bench-rosbag2.sh [--runs N] [--dir DIR] [--ringbag] [--fresh] [--only large|small]
 #   --runs N    runs per program and case (default 3)
 #   --dir DIR   where the bags go (default /dev/shm/ringbag-bench-rosbag2, removed after)
 #   --ringbag   also build (cargo --release) and run ringbag and the bare loop
+#   --fresh     also a rosbag2 row with a new payload buffer allocated and filled per message
+#               (as a subscription hands it over); by default all messages share one buffer,
+#               as ringbag's synthetic source reuses its buffers and the bare loop its one
 #   --only C    one case: large (1 MiB x 1024) or small (100 B x 2,000,000)
 # Needs a sourced ROS 2 with rosbag2_cpp and the sqlite3 storage plugin (e.g.
 # `source /work/ros-env-humble.sh`); without one it says so and exits 0: a manual benchmark,
@@ -24,14 +27,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-runs=3 dir=/dev/shm/ringbag-bench-rosbag2 with_ringbag=0 only=
+runs=3 dir=/dev/shm/ringbag-bench-rosbag2 with_ringbag=0 fresh=0 only=
 while [ $# -gt 0 ]; do
     case "$1" in
         --runs) runs="$2"; shift 2 ;;
         --dir) dir="$2"; shift 2 ;;
         --ringbag) with_ringbag=1; shift ;;
+        --fresh) fresh=1; shift ;;
         --only) only="$2"; shift 2 ;;
-        *) echo "usage: $0 [--runs N] [--dir DIR] [--ringbag] [--only large|small]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--runs N] [--dir DIR] [--ringbag] [--fresh] [--only large|small]" >&2; exit 2 ;;
     esac
 done
 case "$only" in ''|large|small) ;; *) echo "bench-rosbag2: --only large|small, got '$only'" >&2; exit 2 ;; esac
@@ -63,13 +67,13 @@ trap 'rm -rf "$work"; rmdir "$dir" 2>/dev/null || true' EXIT
 
 # The driver: one child at a time, wall from a monotonic clock around it, CPU (user+sys) and
 # peak RSS from wait4 on that child alone, the 1-minute load average read just before it.
-WORK="$work" RUNS="$runs" ONLY="$only" WITH_RINGBAG="$with_ringbag" WRITER="$writer" \
+WORK="$work" RUNS="$runs" ONLY="$only" WITH_RINGBAG="$with_ringbag" FRESH="$fresh" WRITER="$writer" \
     DISTRO="$distro" R2_VERSION="$r2_version" python3 - <<'PY'
 import json, os, re, sqlite3, statistics, subprocess, sys, time
 from pathlib import Path
 
 work, runs = Path(os.environ["WORK"]), int(os.environ["RUNS"])
-with_ringbag = os.environ["WITH_RINGBAG"] == "1"
+with_ringbag, fresh = os.environ["WITH_RINGBAG"] == "1", os.environ["FRESH"] == "1"
 writer = os.environ["WRITER"]
 ringbag, bare = "target/release/ringbag", "target/release/examples/bare_sqlite"
 rosbag2_name = f"rosbag2 {os.environ['DISTRO']} ({os.environ['R2_VERSION']})"
@@ -99,10 +103,10 @@ def fail(what: str) -> None:
     sys.exit(f"bench-rosbag2: {what}")
 
 
-def rosbag2(size: int, count: int) -> dict:
+def rosbag2(size: int, count: int, fresh: bool = False) -> dict:
     out = work / "r2"
     subprocess.run(["rm", "-rf", str(out)], check=True)
-    r = run([writer, str(out), str(size), str(count)])
+    r = run([writer, str(out), str(size), str(count)] + (["--fresh"] if fresh else []))
     j = json.loads(r["out"].strip().splitlines()[-1])
     dbs = sorted(out.glob("*.db3"))
     rows = sum(sqlite3.connect(db).execute("SELECT count(*) FROM messages").fetchone()[0] for db in dbs)
@@ -139,6 +143,8 @@ def bare_run(size: int, count: int, batch: int, page: int) -> dict:
 rows = []
 for name, profile, size, count, batch, page in cases:
     progs = [(rosbag2_name, lambda: rosbag2(size, count))]
+    if fresh:
+        progs.append((rosbag2_name + " fresh", lambda: rosbag2(size, count, fresh=True)))
     if with_ringbag:
         progs += [("ringbag", lambda: ringbag_run(profile, count)),
                   ("bare SQLite loop", lambda: bare_run(size, count, batch, page))]
@@ -147,7 +153,7 @@ for name, profile, size, count, batch, page in cases:
         for prog, fn in progs:
             r = fn()
             samples[prog].append(r)
-            print(f"  {name:18} {prog:28} run {i + 1}: wall {r['wall']:.3f} s, CPU {r['cpu']:.3f} s, "
+            print(f"  {name:18} {prog:34} run {i + 1}: wall {r['wall']:.3f} s, CPU {r['cpu']:.3f} s, "
                   f"load {r['load']:.2f}", file=sys.stderr, flush=True)
     for prog, _ in progs:
         s = samples[prog]

@@ -4,14 +4,17 @@
 // it takes them. Only the write loop and the writer's close are timed: close is where the cache
 // consumer drains what is still queued, so the figure covers every message reaching SQLite.
 //
-// usage: rosbag2_writer OUT_DIR MESSAGE_BYTES COUNT [--cache BYTES]
+// usage: rosbag2_writer OUT_DIR MESSAGE_BYTES COUNT [--cache BYTES] [--fresh]
 //   OUT_DIR must not exist (rosbag2 refuses an existing bag directory).
 //   --cache: max_cache_size in bytes. The default holds the whole run (COUNT * MESSAGE_BYTES
 //   plus 1 MiB, at least the 100 MiB `ros2 bag record` uses): rosbag2's cache drops messages
 //   once its producer buffer is full, and a benchmark that drops messages measures less work.
 //   The calling script checks the row count of the bag to prove nothing was dropped.
+//   --fresh: a newly allocated and filled payload per message, inside the timed loop, as a
+//   recorder's subscription hands rosbag2 a new buffer per message. Off by default: that cost
+//   belongs to the source, and ringbag's synthetic source reuses its buffers.
 // Prints one JSON line:
-//   {"messages":N,"payload_bytes":..,"seconds":..,"cpu_seconds":..,"cache_bytes":..}
+//   {"messages":N,"payload_bytes":..,"seconds":..,"cpu_seconds":..,"cache_bytes":..,"fresh":..}
 // where cpu_seconds is user+sys of the whole process (all threads) over the timed part.
 //
 // Builds against Humble (0.15) and Jazzy (0.26): the two differ in the message's stamp fields,
@@ -82,7 +85,8 @@ double cpu_seconds()
 
 int usage()
 {
-  std::fprintf(stderr, "usage: rosbag2_writer OUT_DIR MESSAGE_BYTES COUNT [--cache BYTES]\n");
+  std::fprintf(
+    stderr, "usage: rosbag2_writer OUT_DIR MESSAGE_BYTES COUNT [--cache BYTES] [--fresh]\n");
   return 2;
 }
 
@@ -118,7 +122,7 @@ std::shared_ptr<rcutils_uint8_array_t> make_payload(size_t size)
 
 int main(int argc, char ** argv)
 {
-  if (argc != 4 && argc != 6) {
+  if (argc < 4) {
     return usage();
   }
   const std::string out_dir = argv[1];
@@ -132,20 +136,27 @@ int main(int argc, char ** argv)
       static_cast<unsigned long long>(size));
     return 2;
   }
+  if (count > (UINT64_MAX - (1u << 20)) / size) {
+    std::fprintf(stderr, "rosbag2_writer: COUNT * MESSAGE_BYTES overflows 64 bits\n");
+    return 2;
+  }
   uint64_t cache = count * size + (1u << 20);
   if (cache < 100ull * 1024 * 1024) {
     cache = 100ull * 1024 * 1024;
   }
-  if (argc == 6) {
-    if (std::strcmp(argv[4], "--cache") != 0 || !parse_u64(argv[5], cache)) {
+  bool fresh = false;
+  for (int i = 4; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--cache") == 0 && i + 1 < argc && parse_u64(argv[i + 1], cache)) {
+      ++i;
+    } else if (std::strcmp(argv[i], "--fresh") == 0) {
+      fresh = true;
+    } else {
       return usage();
     }
   }
 
-  // One payload shared by every message: the cache keeps shared pointers and SQLite copies
-  // out of it, so nothing writes into it after this. A recorder would get a fresh buffer per
-  // message from its subscription; that cost belongs to the source, not the write path
-  // measured here (ringbag's synthetic source likewise reuses its buffers).
+  // By default one payload shared by every message: the cache keeps shared pointers and
+  // SQLite copies out of it, so nothing writes into it after this (see --fresh).
   auto payload = make_payload(size);
   if (!payload) {
     std::fprintf(stderr, "rosbag2_writer: cannot allocate %llu bytes\n",
@@ -176,7 +187,16 @@ int main(int argc, char ** argv)
     for (uint64_t i = 0; i < count; ++i) {
       // A new message per write, as rosbag2's recorder makes one per received message.
       auto msg = std::make_shared<rosbag2_storage::SerializedBagMessage>();
-      msg->serialized_data = payload;
+      if (fresh) {
+        msg->serialized_data = make_payload(size);
+        if (!msg->serialized_data) {
+          std::fprintf(stderr, "rosbag2_writer: cannot allocate %llu bytes\n",
+            static_cast<unsigned long long>(size));
+          return 1;
+        }
+      } else {
+        msg->serialized_data = payload;
+      }
       msg->topic_name = topic.name;
       set_stamp(*msg, stamp);
       stamp += 1000;
@@ -188,9 +208,9 @@ int main(int argc, char ** argv)
 
     std::printf(
       "{\"messages\":%llu,\"payload_bytes\":%llu,\"seconds\":%.6f,\"cpu_seconds\":%.6f,"
-      "\"cache_bytes\":%llu}\n",
+      "\"cache_bytes\":%llu,\"fresh\":%s}\n",
       static_cast<unsigned long long>(count), static_cast<unsigned long long>(count * size),
-      elapsed.count(), cpu, static_cast<unsigned long long>(cache));
+      elapsed.count(), cpu, static_cast<unsigned long long>(cache), fresh ? "true" : "false");
   } catch (const std::exception & e) {
     std::fprintf(stderr, "rosbag2_writer: %s: %s\n", out_dir.c_str(), e.what());
     return 1;
