@@ -50,6 +50,7 @@ fi
 distro="${ROS_DISTRO:-unknown}"
 r2_version=$(sed -n 's:.*<version>\(.*\)</version>.*:\1:p' "$ament_prefix/share/rosbag2_cpp/package.xml" | head -n1)
 
+mkdir -p target
 build="target/rosbag2-writer-$distro"
 echo "bench-rosbag2: building $build/rosbag2_writer against ROS 2 $distro (rosbag2_cpp $r2_version, $ament_prefix)"
 nice -n 10 cmake -S scripts/bench -B "$build" -DCMAKE_BUILD_TYPE=Release >"$build.cmake.log" 2>&1 \
