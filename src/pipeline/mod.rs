@@ -12,4 +12,6 @@ mod writer_thread;
 
 pub use queue::{Pending, Producer, TopicHandle};
 pub use stats::{RecordSummary, TopicStats};
-pub use writer_thread::{Pipeline, PipelineConfig, PipelineError, Progress, StopReason};
+pub use writer_thread::{
+    Continuous, Pipeline, PipelineConfig, PipelineError, Progress, StopReason, Tap,
+};
