@@ -105,6 +105,19 @@ pub struct ServiceConfig {
     pub synthetic_count: Option<u64>,
     /// The service's status file, rewritten atomically every second.
     pub status_file: Option<PathBuf>,
+    /// Black box (see `ringbag record --help`): the ring's size, window and file.
+    pub snapshot_size: Option<Quantity>,
+    pub snapshot_duration: Option<Quantity>,
+    pub snapshot_file: Option<PathBuf>,
+    #[serde(default)]
+    pub snapshot_topics: Vec<String>,
+    pub snapshot_regex: Option<String>,
+    /// `["/camera/front/image_raw=2", ...]`
+    #[serde(default)]
+    pub topic_rate: Vec<String>,
+    pub trigger_topic: Option<String>,
+    /// Default /run/ringbag/control.sock with a ring.
+    pub control_socket: Option<PathBuf>,
 }
 
 /// `source = "ros" | "synthetic"`.
@@ -146,6 +159,7 @@ pub struct Checked {
     pub synthetic_rate: SyntheticRate,
     pub synthetic_count: u64,
     pub max_cache_size: u64,
+    pub snapshot: crate::snapshot::SnapshotSettings,
 }
 
 /// 1-based line and column (in characters) of byte `offset` in `text`.
@@ -383,6 +397,23 @@ impl ServiceConfig {
         if let Err(m) = check_root(&output_root) {
             return Err(err("output_root", m));
         }
+        let snapshot = config.snapshot_settings(&output_root).map_err(|m| {
+            let key = [
+                "snapshot_size",
+                "snapshot_duration",
+                "snapshot_file",
+                "snapshot_topics",
+                "snapshot_regex",
+                "topic_rate",
+                "trigger_topic",
+                "control_socket",
+            ]
+            .into_iter()
+            .find(|k| m.starts_with(k))
+            .unwrap_or("snapshot_size");
+            let m = m.strip_prefix(key).unwrap_or(&m).trim_start_matches(':').trim();
+            err(key, m.to_string())
+        })?;
         let status_file = config
             .status_file
             .clone()
@@ -404,8 +435,46 @@ impl ServiceConfig {
             synthetic_rate: config.synthetic_rate.unwrap_or(SyntheticRate::Realtime),
             synthetic_count: config.synthetic_count.unwrap_or(0),
             max_cache_size,
+            snapshot,
             config,
         })
+    }
+
+    /// The snapshot keys, checked as `record`'s flags are (same rules, key names). With a
+    /// ring, the control socket defaults to /run/ringbag/control.sock and the ring lives in
+    /// /run/ringbag (tmpfs).
+    fn snapshot_settings(
+        &self,
+        root: &Path,
+    ) -> Result<crate::snapshot::SnapshotSettings, String> {
+        let text = |q: &Option<Quantity>| {
+            q.as_ref().map(|q| match q {
+                Quantity::Number(n) => n.to_string(),
+                Quantity::Text(t) => t.clone(),
+            })
+        };
+        let size = text(&self.snapshot_size);
+        let duration = text(&self.snapshot_duration);
+        let socket = self.control_socket.clone().or_else(|| {
+            size.as_ref().map(|_| {
+                PathBuf::from(crate::snapshot::control::DEFAULT_CONTROL_SOCKET)
+            })
+        });
+        crate::cli::resolve::snapshot_settings(
+            &crate::cli::resolve::SnapshotOptions {
+                size: size.as_deref(),
+                duration: duration.as_deref(),
+                file: self.snapshot_file.as_deref(),
+                topics: &self.snapshot_topics,
+                regex: self.snapshot_regex.as_deref(),
+                rates: &self.topic_rate,
+                trigger_topic: self.trigger_topic.as_deref(),
+                control_socket: socket.as_deref(),
+            },
+            Path::new(crate::snapshot::SERVICE_RING_DIR),
+            root,
+            "",
+        )
     }
 
     /// The clock settings, defaults as on the command line.
