@@ -411,7 +411,11 @@ impl ServiceConfig {
             .into_iter()
             .find(|k| m.starts_with(k))
             .unwrap_or("snapshot_size");
-            let m = m.strip_prefix(key).unwrap_or(&m).trim_start_matches(':').trim();
+            let m = m
+                .strip_prefix(key)
+                .unwrap_or(&m)
+                .trim_start_matches(':')
+                .trim();
             err(key, m.to_string())
         })?;
         let status_file = config
@@ -443,10 +447,7 @@ impl ServiceConfig {
     /// The snapshot keys, checked as `record`'s flags are (same rules, key names). With a
     /// ring, the control socket defaults to /run/ringbag/control.sock and the ring lives in
     /// /run/ringbag (tmpfs).
-    fn snapshot_settings(
-        &self,
-        root: &Path,
-    ) -> Result<crate::snapshot::SnapshotSettings, String> {
+    fn snapshot_settings(&self, root: &Path) -> Result<crate::snapshot::SnapshotSettings, String> {
         let text = |q: &Option<Quantity>| {
             q.as_ref().map(|q| match q {
                 Quantity::Number(n) => n.to_string(),
@@ -456,9 +457,8 @@ impl ServiceConfig {
         let size = text(&self.snapshot_size);
         let duration = text(&self.snapshot_duration);
         let socket = self.control_socket.clone().or_else(|| {
-            size.as_ref().map(|_| {
-                PathBuf::from(crate::snapshot::control::DEFAULT_CONTROL_SOCKET)
-            })
+            size.as_ref()
+                .map(|_| PathBuf::from(crate::snapshot::control::DEFAULT_CONTROL_SOCKET))
         });
         crate::cli::resolve::snapshot_settings(
             &crate::cli::resolve::SnapshotOptions {

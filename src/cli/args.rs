@@ -75,7 +75,12 @@ pub struct TriggerArgs {
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub pre: Option<f64>,
     /// Seconds after the trigger to keep.
-    #[arg(long, value_name = "S", default_value_t = 10.0, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = 10.0,
+        allow_negative_numbers = true
+    )]
     pub post: f64,
     /// The recorder's control socket.
     #[arg(long, value_name = "PATH", default_value = crate::snapshot::control::DEFAULT_CONTROL_SOCKET)]

@@ -65,7 +65,9 @@ fn cmd_trigger(a: &args::TriggerArgs) -> i32 {
         }
         Ok(Outcome::RateLimited { suppressed }) => fail(
             EXIT_FAILURE,
-            format!("rate-limited: too many snapshots in a short time ({suppressed} refused in a row)"),
+            format!(
+                "rate-limited: too many snapshots in a short time ({suppressed} refused in a row)"
+            ),
         ),
         Ok(Outcome::Refused { why }) => fail(EXIT_FAILURE, format!("refused: {why}")),
         Err(e @ ControlError::NoRecorder { .. }) => fail(EXIT_BAD_INPUT, e),

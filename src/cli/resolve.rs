@@ -158,7 +158,10 @@ pub fn snapshot_settings(
             regex::Regex::new(re).map_err(|e| {
                 let last = e.to_string();
                 let last = last.lines().last().unwrap_or("invalid").trim().to_string();
-                format!("{} {re}: not a valid regular expression: {last}", name("snapshot-regex"))
+                format!(
+                    "{} {re}: not a valid regular expression: {last}",
+                    name("snapshot-regex")
+                )
             })
         })
         .transpose()?;
@@ -172,7 +175,11 @@ pub fn snapshot_settings(
             ("control-socket", o.control_socket.is_some()),
         ];
         if let Some((n, _)) = needs.iter().find(|(_, set)| *set) {
-            return Err(format!("{} needs {} (the ring)", name(n), name("snapshot-size")));
+            return Err(format!(
+                "{} needs {} (the ring)",
+                name(n),
+                name("snapshot-size")
+            ));
         }
         return Ok(SnapshotSettings {
             ring: None,
@@ -184,10 +191,7 @@ pub fn snapshot_settings(
     };
     let size = parse_bytes(size).map_err(|e| format!("{}: {e}", name("snapshot-size")))?;
     if size < 1 << 20 {
-        return Err(format!(
-            "{} {size}: at least 1 MiB",
-            name("snapshot-size")
-        ));
+        return Err(format!("{} {size}: at least 1 MiB", name("snapshot-size")));
     }
     let window_ns = o
         .duration
@@ -196,7 +200,10 @@ pub fn snapshot_settings(
         .unwrap_or(0);
     let trigger_topic = o
         .trigger_topic
-        .map(|t| TriggerTopic::parse(t).map_err(|e| e.replacen("--trigger-topic", &name("trigger-topic"), 1)))
+        .map(|t| {
+            TriggerTopic::parse(t)
+                .map_err(|e| e.replacen("--trigger-topic", &name("trigger-topic"), 1))
+        })
         .transpose()?;
     let ring = RingSettings {
         size,
@@ -208,7 +215,8 @@ pub fn snapshot_settings(
     };
     let path = ring.ring_file(root);
     let capacity = Ring::capacity_for(size);
-    crate::snapshot::ring::check_room(&path, Ring::file_size(capacity)).map_err(|e| e.to_string())?;
+    crate::snapshot::ring::check_room(&path, Ring::file_size(capacity))
+        .map_err(|e| e.to_string())?;
     Ok(SnapshotSettings {
         ring: Some(ring),
         policy: policy::TopicPolicy {

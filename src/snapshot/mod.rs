@@ -245,7 +245,9 @@ impl Tap for SnapshotTap {
                 if !t.ring_refused {
                     t.ring_refused = true;
                     let why = match e {
-                        AppendError::TooLarge => "larger than the whole ring (raise --snapshot-size)",
+                        AppendError::TooLarge => {
+                            "larger than the whole ring (raise --snapshot-size)"
+                        }
                         AppendError::TopicTableFull => "the ring's topic table is full",
                     };
                     log::warn!(
@@ -443,7 +445,10 @@ mod tests {
         assert!(cam.iter().all(|c| *c == Continuous::RingOnly));
         // 1 s of a 100 Hz IMU at 10 Hz: 10 written, 90 throttled.
         assert_eq!(imu.iter().filter(|c| **c == Continuous::Write).count(), 10);
-        assert_eq!(imu.iter().filter(|c| **c == Continuous::Throttled).count(), 90);
+        assert_eq!(
+            imu.iter().filter(|c| **c == Continuous::Throttled).count(),
+            90
+        );
         assert_eq!(tap.message(2, 5, &bool_msg(false)), Continuous::Write);
         assert!(rx.try_recv().is_err(), "false does not fire");
         tap.message(2, 6, &bool_msg(true));

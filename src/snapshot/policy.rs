@@ -64,7 +64,9 @@ pub fn parse_rate(s: &str) -> Result<(String, f64), String> {
         .parse()
         .map_err(|_| format!("{s}: {hz} is not a number of Hz"))?;
     if !(hz.is_finite() && hz > 0.0 && hz <= 1e6) {
-        return Err(format!("{s}: the rate must be above 0 and at most 1000000 Hz"));
+        return Err(format!(
+            "{s}: the rate must be above 0 and at most 1000000 Hz"
+        ));
     }
     Ok((t.to_string(), hz))
 }

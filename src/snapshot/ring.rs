@@ -231,10 +231,12 @@ impl Ring {
             path: path.to_path_buf(),
             source,
         };
-        if capacity < MIN_CAPACITY || capacity % 8 != 0 {
+        if capacity < MIN_CAPACITY || !capacity.is_multiple_of(8) {
             return Err(RingError::Invalid {
                 path: path.to_path_buf(),
-                message: format!("data area of {capacity} bytes: needs at least {MIN_CAPACITY}, a multiple of 8"),
+                message: format!(
+                    "data area of {capacity} bytes: needs at least {MIN_CAPACITY}, a multiple of 8"
+                ),
             });
         }
         let size = Ring::file_size(capacity);
@@ -278,7 +280,8 @@ impl Ring {
         ring.atomic(H_TAIL).store(0, Relaxed);
         ring.atomic(H_HEAD).store(0, Relaxed);
         ring.atomic(H_SEQ).store(0, Relaxed);
-        ring.atomic(H_PID).store(u64::from(std::process::id()), Relaxed);
+        ring.atomic(H_PID)
+            .store(u64::from(std::process::id()), Relaxed);
         ring.atomic(H_STATE).store(STATE_RUNNING, Release);
         Ok(ring)
     }
@@ -331,7 +334,7 @@ impl Ring {
         let mut c = [0u8; 8];
         ring.read_bytes(H_CAPACITY as u64, &mut c);
         let capacity = u64::from_le_bytes(c);
-        if capacity < MIN_CAPACITY || capacity % 8 != 0 || capacity > (1 << 48) {
+        if capacity < MIN_CAPACITY || !capacity.is_multiple_of(8) || capacity > (1 << 48) {
             return Err(invalid(format!("implausible capacity {capacity}")));
         }
         ring.capacity = capacity;
@@ -395,7 +398,7 @@ impl Ring {
 
     /// The header word at `off`, as an atomic.
     fn atomic(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off % 8 == 0 && (off as u64) + 8 <= HEADER_BYTES);
+        debug_assert!(off.is_multiple_of(8) && (off as u64) + 8 <= HEADER_BYTES);
         // SAFETY: the map is at least DATA_AT > HEADER_BYTES bytes long and page-aligned, so
         // `off` (a multiple of 8 inside the header) is in bounds and 8-byte aligned; the
         // memory lives as long as `self`; header words are only ever accessed through these
@@ -405,7 +408,10 @@ impl Ring {
 
     /// Copy `src` into the file at byte `at` (absolute).
     fn write_bytes(&self, at: u64, src: &[u8]) {
-        assert!(at + src.len() as u64 <= self.map.len() as u64, "ring write in bounds");
+        assert!(
+            at + src.len() as u64 <= self.map.len() as u64,
+            "ring write in bounds"
+        );
         // SAFETY: in bounds (asserted); only the single writer of this region writes it (the
         // writer thread for the data area and topic slots, the snapshot thread for the trigger
         // slots); concurrent readers validate what they copy (see the module comment).
@@ -420,7 +426,10 @@ impl Ring {
 
     /// Copy from the file at byte `at` (absolute) into `dst`.
     fn read_bytes(&self, at: u64, dst: &mut [u8]) {
-        assert!(at + dst.len() as u64 <= self.map.len() as u64, "ring read in bounds");
+        assert!(
+            at + dst.len() as u64 <= self.map.len() as u64,
+            "ring read in bounds"
+        );
         // SAFETY: in bounds (asserted); the bytes may be changing under a concurrent writer,
         // which is why callers validate them (CRC, tail re-check) before use.
         unsafe {
@@ -520,7 +529,9 @@ impl Ring {
             if self.phys(pos) + size > self.backed {
                 return Step::Damaged {
                     next: None,
-                    why: format!("record at position {pos} lies beyond the end of the truncated file"),
+                    why: format!(
+                        "record at position {pos} lies beyond the end of the truncated file"
+                    ),
                 };
             }
             buf.clear();
@@ -864,8 +875,7 @@ impl RingWriter {
         h[16..24].copy_from_slice(&ts.to_le_bytes());
         let hcrc = crc32fast::hash(&h[..24]);
         h[24..28].copy_from_slice(&hcrc.to_le_bytes());
-        self.ring
-            .write_bytes(DATA_AT + self.ring.phys(pos), &h);
+        self.ring.write_bytes(DATA_AT + self.ring.phys(pos), &h);
     }
 }
 
@@ -927,7 +937,9 @@ mod tests {
         let cap = 1 << 20;
         let (_d, r) = ring(cap, 0);
         let mut w = RingWriter::new(r.clone());
-        let t = w.add_topic(RingTopic::new(&TopicInfo::new("/a", "x/msg/Y"), None)).unwrap();
+        let t = w
+            .add_topic(RingTopic::new(&TopicInfo::new("/a", "x/msg/Y"), None))
+            .unwrap();
         let total = 1_000_000u64;
         for i in 0..total {
             w.append(t, i as i64, &payload(i, size_of(i))).unwrap();
@@ -949,7 +961,11 @@ mod tests {
         assert!(kept_bytes <= cap);
         assert!(r.head() - r.tail() <= cap);
         let with_older = (r.head() - r.tail()) + record_size(size_of(first - 1));
-        assert!(with_older > cap, "record {} was evicted though it would fit", first - 1);
+        assert!(
+            with_older > cap,
+            "record {} was evicted though it would fit",
+            first - 1
+        );
         assert_eq!(w.evicted, first);
         assert_eq!(r.seq(), total);
     }
@@ -1038,7 +1054,8 @@ mod tests {
         use std::io::{Seek, SeekFrom, Write};
         f.seek(SeekFrom::Start(last + REC_HEADER + 10)).unwrap();
         f.write_all(b"garbage").unwrap();
-        f.seek(SeekFrom::Start(last - record_size(1000) + 4)).unwrap();
+        f.seek(SeekFrom::Start(last - record_size(1000) + 4))
+            .unwrap();
         f.write_all(&[0xff; 4]).unwrap();
         drop(f);
         let r = Ring::open_existing(&path).unwrap();

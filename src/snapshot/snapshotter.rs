@@ -71,7 +71,12 @@ impl Copier {
         }
     }
 
-    fn bag_topic(&mut self, ring: &Ring, bag: &mut BagWriter, id: u32) -> Result<Option<usize>, BagError> {
+    fn bag_topic(
+        &mut self,
+        ring: &Ring,
+        bag: &mut BagWriter,
+        id: u32,
+    ) -> Result<Option<usize>, BagError> {
         if let Some(Some(i)) = self.topic_idx.get(id as usize) {
             return Ok(Some(*i));
         }
@@ -160,10 +165,9 @@ impl Copier {
                 .map(|&(idx, ts, at, len)| (idx, ts, &arena[at..at + len])),
         )?;
         self.stats.messages += self.rows.len() as u64;
-        let (lo, hi) = self
-            .rows
-            .iter()
-            .fold((i64::MAX, i64::MIN), |(lo, hi), r| (lo.min(r.1), hi.max(r.1)));
+        let (lo, hi) = self.rows.iter().fold((i64::MAX, i64::MIN), |(lo, hi), r| {
+            (lo.min(r.1), hi.max(r.1))
+        });
         self.stats.first_ns = Some(self.stats.first_ns.map_or(lo, |f| f.min(lo)));
         self.stats.last_ns = Some(self.stats.last_ns.map_or(hi, |l| l.max(hi)));
         self.rows.clear();
@@ -283,7 +287,10 @@ impl Snapshotter {
             .decide(now, pre, post, self.open.as_ref().map(|o| &o.window))
         {
             Decision::Extend { end_ns } => {
-                let o = self.open.as_mut().expect("extend only with an open snapshot");
+                let o = self
+                    .open
+                    .as_mut()
+                    .expect("extend only with an open snapshot");
                 o.window.end_ns = end_ns;
                 o.triggers += 1;
                 if !o.reasons.contains(&reason) && o.reasons.len() < 16 {
@@ -417,8 +424,14 @@ impl Snapshotter {
         let s = &copier.stats;
         let custom = [
             ("ringbag.snapshot.reason", reasons.join("; ")),
-            ("ringbag.snapshot.trigger_time", utc_text(window.first_trigger_ns)),
-            ("ringbag.snapshot.trigger_time_ns", window.first_trigger_ns.to_string()),
+            (
+                "ringbag.snapshot.trigger_time",
+                utc_text(window.first_trigger_ns),
+            ),
+            (
+                "ringbag.snapshot.trigger_time_ns",
+                window.first_trigger_ns.to_string(),
+            ),
             (
                 "ringbag.snapshot.origin",
                 origins
@@ -429,7 +442,10 @@ impl Snapshotter {
             ),
             ("ringbag.snapshot.triggers", triggers.to_string()),
             ("ringbag.snapshot.window_end_ns", window.end_ns.to_string()),
-            ("ringbag.snapshot.evicted_bytes_before_copy", s.evicted_bytes.to_string()),
+            (
+                "ringbag.snapshot.evicted_bytes_before_copy",
+                s.evicted_bytes.to_string(),
+            ),
             ("ringbag.snapshot.damaged_records", s.damaged.to_string()),
         ];
         for (k, v) in custom {

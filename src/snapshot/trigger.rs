@@ -93,8 +93,12 @@ pub struct Window {
 pub enum Decision {
     Start(Window),
     /// Extend the open snapshot to this end.
-    Extend { end_ns: i64 },
-    RateLimited { suppressed: u64 },
+    Extend {
+        end_ns: i64,
+    },
+    RateLimited {
+        suppressed: u64,
+    },
 }
 
 /// Overlap and storm rules.
@@ -192,7 +196,7 @@ mod tests {
         );
         // A shorter post-window never shortens it.
         assert_eq!(
-            p.decide(106 * S, None, 1 * S, Some(&w)),
+            p.decide(106 * S, None, S, Some(&w)),
             Decision::Extend { end_ns: 110 * S }
         );
         // Extension is capped.
