@@ -671,4 +671,46 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn snapshot_keys_resolve_like_the_flags_and_errors_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("bags");
+        let text = format!(
+            "output_root = \"{}\"\nsource = \"synthetic\"\nsnapshot_size = \"8MiB\"\n\
+             snapshot_duration = 30\nsnapshot_file = \"{}/ring\"\n\
+             snapshot_regex = \"^/camera/\"\ntopic_rate = [\"/imu=50\"]\n\
+             trigger_topic = \"/estop:std_msgs/msg/Bool\"\n",
+            root.display(),
+            dir.path().display()
+        );
+        let c = ServiceConfig::check(&text, Path::new("c.toml")).unwrap();
+        let ring = c.snapshot.ring.as_ref().expect("ring on");
+        assert_eq!(ring.size, 8 << 20);
+        assert_eq!(ring.window_ns, 30_000_000_000);
+        assert_eq!(
+            ring.control_socket.as_deref(),
+            Some(Path::new("/run/ringbag/control.sock"))
+        );
+        assert!(!c.snapshot.policy.route("/camera/x").continuous);
+        assert!(c.snapshot.policy.route("/tf").continuous);
+        assert_eq!(c.snapshot.policy.rates, vec![("/imu".to_string(), 50.0)]);
+        let bad = text.replace("std_msgs/msg/Bool", "nav_msgs/msg/Odometry");
+        let e = ServiceConfig::check(&bad, Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("c.toml:8:"), "{e}");
+        assert!(e.contains("trigger_topic: "), "{e}");
+        assert!(e.contains("unknown trigger topic type"), "{e}");
+        let e = ServiceConfig::check(
+            &format!(
+                "output_root = \"{}\"\nsnapshot_topics = [\"/a\"]\n",
+                root.display()
+            ),
+            Path::new("c.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("snapshot_topics: needs snapshot_size"), "{e}");
+    }
 }

@@ -248,6 +248,7 @@ pub fn run_with(
                 .as_ref()
                 .and_then(|r| r.trigger_topic.clone()),
             snapshots.as_ref().and_then(|s| s.sender()),
+            snapshots.as_mut().and_then(|s| s.take_finished()),
         )))
     } else {
         None
@@ -381,6 +382,7 @@ fn start_snapshots(
         root: root.to_path_buf(),
         writer: settings.writer.clone(),
         clock,
+        finished: None,
     };
     Ok(Some(Snapshots::start(
         ring,

@@ -33,6 +33,11 @@ pub trait Tap: Send {
     fn topic(&mut self, id: u32, info: &TopicInfo, definition: Option<&MessageDefinition>);
     /// One message, in queue order; says whether the continuous bag writes it too.
     fn message(&mut self, id: u32, ts: i64, data: &[u8]) -> Continuous;
+    /// Bags finished under the recording root since the last call (snapshot bags): the
+    /// retention budget adopts them, so they count against it while recording goes on.
+    fn finished_bags(&mut self) -> Vec<std::path::PathBuf> {
+        Vec::new()
+    }
 }
 
 /// Free space kept in hand beyond each batch, for metadata.yaml and split headers.
@@ -674,6 +679,11 @@ impl WriterCtx {
     }
 
     fn after_batch(&mut self) -> Result<Option<StopReason>, PipelineError> {
+        if let (Some(tap), Some(ret)) = (self.tap.as_mut(), self.retention.as_mut()) {
+            for dir in tap.finished_bags() {
+                ret.adopt_bag(&dir);
+            }
+        }
         let Some(ret) = self.retention.as_mut() else {
             self.writer().take_newly_closed();
             return Ok(None);

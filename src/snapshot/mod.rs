@@ -165,6 +165,7 @@ pub struct SnapshotTap {
     policy: TopicPolicy,
     trigger_topic: Option<TriggerTopic>,
     triggers: Option<Sender<Cmd>>,
+    finished: Option<crossbeam_channel::Receiver<PathBuf>>,
     topics: Vec<Option<TapTopic>>,
 }
 
@@ -174,12 +175,14 @@ impl SnapshotTap {
         policy: TopicPolicy,
         trigger_topic: Option<TriggerTopic>,
         triggers: Option<Sender<Cmd>>,
+        finished: Option<crossbeam_channel::Receiver<PathBuf>>,
     ) -> Self {
         SnapshotTap {
             ring,
             policy,
             trigger_topic,
             triggers,
+            finished,
             topics: Vec::new(),
         }
     }
@@ -285,6 +288,13 @@ impl Tap for SnapshotTap {
         }
         Continuous::Write
     }
+
+    fn finished_bags(&mut self) -> Vec<PathBuf> {
+        self.finished
+            .as_ref()
+            .map(|rx| rx.try_iter().collect())
+            .unwrap_or_default()
+    }
 }
 
 /// The running snapshot machinery of one recording: the ring, the snapshot thread and the
@@ -294,16 +304,19 @@ pub struct Snapshots {
     tx: Option<Sender<Cmd>>,
     thread: Option<JoinHandle<Vec<PathBuf>>>,
     control: Option<control::ControlServer>,
+    finished: Option<crossbeam_channel::Receiver<PathBuf>>,
 }
 
 impl Snapshots {
     /// Start the snapshot thread over `ring` and (with a path) the control socket.
     pub fn start(
         ring: Arc<Ring>,
-        cfg: snapshotter::Config,
+        mut cfg: snapshotter::Config,
         control_socket: Option<&Path>,
     ) -> Result<Snapshots, SnapshotError> {
         let (tx, rx) = crossbeam_channel::unbounded();
+        let (ftx, frx) = crossbeam_channel::unbounded();
+        cfg.finished = Some(ftx);
         let control = control_socket
             .map(|p| control::ControlServer::start(p, tx.clone()))
             .transpose()?;
@@ -317,7 +330,13 @@ impl Snapshots {
             tx: Some(tx),
             thread: Some(thread),
             control,
+            finished: Some(frx),
         })
+    }
+
+    /// Finished snapshot bags, once (for the writer thread's retention, through the tap).
+    pub fn take_finished(&mut self) -> Option<crossbeam_channel::Receiver<PathBuf>> {
+        self.finished.take()
     }
 
     /// A sender for triggers (the tap's trigger topic).
@@ -431,6 +450,7 @@ mod tests {
             policy,
             Some(TriggerTopic::parse("/estop").unwrap()),
             Some(tx),
+            None,
         );
         tap.topic(0, &TopicInfo::new("/cam", "sensor_msgs/msg/Image"), None);
         tap.topic(1, &TopicInfo::new("/imu", "sensor_msgs/msg/Imu"), None);

@@ -37,6 +37,8 @@ pub struct Config {
     /// Flavour, preset and split size of snapshot bags (those of the continuous bag).
     pub writer: WriterOptions,
     pub clock: Arc<dyn TimeSource>,
+    /// Told of every finished snapshot bag (the writer thread's retention adopts them).
+    pub finished: Option<Sender<PathBuf>>,
 }
 
 /// What a finished snapshot holds (for logs and tests).
@@ -461,6 +463,9 @@ impl Snapshotter {
                     summary.size_bytes,
                     opened.elapsed().as_secs_f64()
                 );
+                if let Some(tx) = &self.cfg.finished {
+                    let _ = tx.send(dir.clone());
+                }
                 self.finished.push(dir);
             }
             (Some(e), _) | (None, Err(e)) => {
