@@ -58,7 +58,13 @@ fn main() {
     for i in 0..n {
         w.append(topic, i as i64, &data).expect("append");
     }
-    report("ring", size, n, t0.elapsed().as_secs_f64(), thread_cpu_s() - c0);
+    report(
+        "ring",
+        size,
+        n,
+        t0.elapsed().as_secs_f64(),
+        thread_cpu_s() - c0,
+    );
 
     let dir = Path::new(&a[2]);
     let _ = std::fs::remove_dir_all(dir);
@@ -76,6 +82,12 @@ fn main() {
         i += k;
     }
     bag.finish().expect("finish");
-    report("sqlite", size, n, t0.elapsed().as_secs_f64(), thread_cpu_s() - c0);
+    report(
+        "sqlite",
+        size,
+        n,
+        t0.elapsed().as_secs_f64(),
+        thread_cpu_s() - c0,
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
