@@ -289,6 +289,23 @@ pub fn run_with(
             ));
         }
     };
+    // rosbag2's `~/snapshot` service, with a live ROS source and a ring.
+    #[cfg(all(feature = "ros", ringbag_std_srvs))]
+    let ros_service = match (
+        &settings.source,
+        snapshots.as_ref().and_then(|s| s.sender()),
+    ) {
+        (SourceSettings::Ros(_), Some(tx)) => {
+            match crate::snapshot::ros_service::RosSnapshotService::start(tx) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    log::warn!("{e}; snapshots by ROS service are off (the other triggers work)");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     // The main thread only watches: signals, the source ending, the writer stopping itself.
     let progress = pipeline.progress();
     let mut last_status = std::time::Instant::now() - STATUS_INTERVAL;
@@ -325,6 +342,10 @@ pub fn run_with(
     let source_result = source
         .join()
         .unwrap_or_else(|_| Err("source thread panicked".to_string()));
+    #[cfg(all(feature = "ros", ringbag_std_srvs))]
+    if let Some(s) = ros_service {
+        s.stop();
+    }
     if let Some(s) = snapshots.as_mut() {
         s.stop_control();
     }

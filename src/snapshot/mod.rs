@@ -12,6 +12,8 @@
 pub mod control;
 pub mod policy;
 pub mod ring;
+#[cfg(all(feature = "ros", ringbag_std_srvs))]
+pub mod ros_service;
 pub mod snapshotter;
 pub mod trigger;
 

@@ -705,11 +705,20 @@ fn lock(file: File, path: &Path) -> Result<nix::fcntl::Flock<File>, RingError> {
     })
 }
 
-/// Free bytes on the filesystem holding `path` (its parent when it does not exist yet).
+/// Free bytes on the filesystem that will hold `path`: that of its nearest existing ancestor
+/// (the ring's directory may not exist yet, e.g. /run/ringbag before the service starts).
 pub fn available_bytes(path: &Path) -> u64 {
     let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
+        .ancestors()
+        .skip(1)
+        .map(|d| {
+            if d.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                d
+            }
+        })
+        .find(|d| d.is_dir())
         .unwrap_or(Path::new("."));
     nix::sys::statvfs::statvfs(dir)
         .map(|s| {
