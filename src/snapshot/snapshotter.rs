@@ -561,3 +561,97 @@ pub fn recover(
         pending,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bag::reader::{Bag, ReadFilter};
+    use crate::bag::{Flavour, TopicInfo};
+    use crate::snapshot::ring::{RingTopic, RingWriter};
+    use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+
+    const MS: i64 = 1_000_000;
+
+    struct FakeClock(AtomicI64);
+    impl TimeSource for FakeClock {
+        fn now_ns(&self) -> i64 {
+            self.0.load(Relaxed)
+        }
+    }
+
+    fn stamps(bag: &Path) -> Vec<i64> {
+        Bag::open(bag)
+            .unwrap()
+            .messages(&ReadFilter::default())
+            .unwrap()
+            .map(|m| m.unwrap().timestamp)
+            .collect()
+    }
+
+    #[test]
+    fn a_snapshot_holds_exactly_its_window_and_the_next_one_starts_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = Arc::new(Ring::create(&dir.path().join("ring"), 4 << 20, 0).unwrap());
+        let mut w = RingWriter::new(ring.clone());
+        let t = w
+            .add_topic(RingTopic::new(
+                &TopicInfo::new("/a", "std_msgs/msg/String"),
+                None,
+            ))
+            .unwrap();
+        for i in 0..10_000i64 {
+            w.append(t, i * MS, &i.to_le_bytes()).unwrap();
+        }
+        // The clock is long past every window: each snapshot closes once copied.
+        let clock = Arc::new(FakeClock(AtomicI64::new(1_000_000 * MS)));
+        let (ftx, frx) = crossbeam_channel::unbounded();
+        let cfg = Config {
+            root: dir.path().join("root"),
+            writer: WriterOptions::new(Flavour::Jazzy),
+            clock,
+            finished: Some(ftx),
+        };
+        std::fs::create_dir_all(&cfg.root).unwrap();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let worker = std::thread::spawn(move || Snapshotter::new(ring, cfg).run(rx));
+        let trigger = |at_ms: i64, pre_s: Option<f64>, post_s: f64| {
+            let (rtx, rrx) = crossbeam_channel::bounded(1);
+            tx.send(Cmd::Trigger {
+                req: TriggerRequest {
+                    reason: Some("test".into()),
+                    pre_s,
+                    post_s: Some(post_s),
+                },
+                origin: Origin::Socket,
+                at_ns: Some(at_ms * MS),
+                reply: Some(rtx),
+            })
+            .unwrap();
+            rrx.recv_timeout(Duration::from_secs(10)).unwrap()
+        };
+        assert!(matches!(
+            trigger(5_000, Some(1.0), 2.0),
+            Outcome::Started { .. }
+        ));
+        let first = frx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(
+            stamps(&first),
+            (4_000..=7_000).map(|i| i * MS).collect::<Vec<_>>()
+        );
+        // Pre-window "all of the ring", but the previous snapshot already holds up to 7 s.
+        assert!(matches!(trigger(9_000, None, 0.5), Outcome::Started { .. }));
+        let second = frx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(
+            stamps(&second),
+            (7_001..=9_500).map(|i| i * MS).collect::<Vec<_>>()
+        );
+        let meta = Bag::open(&second).unwrap().metadata;
+        assert_eq!(
+            meta.custom_data["ringbag.snapshot.trigger_time_ns"],
+            (9_000 * MS).to_string()
+        );
+        assert_eq!(meta.custom_data["ringbag.snapshot.reason"], "test");
+        drop(tx);
+        assert_eq!(worker.join().unwrap(), vec![first, second]);
+    }
+}
