@@ -182,6 +182,8 @@ pub struct RecordHead {
 pub enum Step {
     /// A record; its data is in the caller's buffer. `next` is the position after it.
     Record { head: RecordHead, next: u64 },
+    /// A valid record header the caller did not want; its data was not read.
+    Skipped { head: RecordHead, next: u64 },
     /// The position was overwritten; reading resumes at `tail`.
     Evicted { tail: u64 },
     /// Nothing published at this position yet.
@@ -487,6 +489,12 @@ impl Ring {
     /// Read the record at `pos` into `buf`. Safe to call while the writer appends: a record
     /// overwritten during the copy is reported as `Evicted`.
     pub fn read(&self, pos: u64, buf: &mut Vec<u8>) -> Step {
+        self.read_if(pos, buf, |_| true)
+    }
+
+    /// As [`Ring::read`], but a record whose header `want` refuses is passed over without
+    /// copying or checking its data (`Skipped`): cheap enough to keep up with the writer.
+    pub fn read_if(&self, pos: u64, buf: &mut Vec<u8>, want: impl Fn(&RecordHead) -> bool) -> Step {
         let head = self.head();
         let mut pos = pos;
         loop {
@@ -533,6 +541,9 @@ impl Ring {
                         "record at position {pos} lies beyond the end of the truncated file"
                     ),
                 };
+            }
+            if !want(&h) {
+                return Step::Skipped { head: h, next };
             }
             buf.clear();
             buf.resize(h.len as usize, 0);
@@ -901,6 +912,7 @@ pub fn scan(ring: &Ring, mut f: impl FnMut(RecordHead, &[u8])) -> (u64, u64) {
                 n += 1;
                 pos = next;
             }
+            Step::Skipped { next, .. } => pos = next,
             Step::Evicted { tail } => pos = tail,
             Step::End => break,
             Step::Damaged { next, why } => {
@@ -1133,6 +1145,7 @@ mod tests {
                             }
                         }
                         Step::Damaged { why, .. } => panic!("{why}"),
+                        Step::Skipped { .. } => unreachable!("read wants every record"),
                     }
                 }
                 good

@@ -19,6 +19,8 @@ use crate::clock::TimeSource;
 const CLOSE_GRACE_NS: i64 = 300_000_000;
 /// Rows per bag transaction while copying (bytes).
 const COPY_BATCH_BYTES: usize = 16 << 20;
+/// Ring bytes one copy call scans before the thread looks for triggers again.
+const COPY_SCAN_BYTES: u64 = 64 << 20;
 
 /// A request to the snapshot thread.
 pub enum Cmd {
@@ -51,6 +53,17 @@ pub struct CopyStats {
     pub damaged: u64,
     pub first_ns: Option<i64>,
     pub last_ns: Option<i64>,
+}
+
+/// Where a copy call stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Copied {
+    /// At the ring's head: nothing more to copy yet.
+    Head,
+    /// Past the window's end (with grace): the snapshot is complete.
+    PastEnd,
+    /// Its byte budget used up: call again.
+    Budget,
 }
 
 /// Copies records from a ring into a bag: ring topic ids → bag topic indexes, batches.
@@ -94,8 +107,9 @@ impl Copier {
         Ok(Some(idx))
     }
 
-    /// Copy records from `*cursor` up to the ring's head whose stamps are in `[start, end]`.
-    /// Returns true when the head was reached.
+    /// Copy records from `*cursor` up to the ring's head whose stamps are in `[start, end]`,
+    /// at most about `budget_bytes` of the ring per call (so triggers are answered between
+    /// calls).
     fn copy(
         &mut self,
         ring: &Ring,
@@ -103,17 +117,26 @@ impl Copier {
         cursor: &mut u64,
         start: i64,
         end: i64,
-        budget_bytes: usize,
-    ) -> Result<bool, BagError> {
-        let mut copied = 0usize;
-        let mut at_head = false;
-        while copied < budget_bytes {
-            match ring.read(*cursor, &mut self.buf) {
-                Step::Record { head, next } => {
+        budget_bytes: u64,
+    ) -> Result<Copied, BagError> {
+        let mut scanned = 0u64;
+        let mut result = Copied::Budget;
+        while scanned < budget_bytes {
+            let step = ring.read_if(*cursor, &mut self.buf, |h| h.ts >= start && h.ts <= end);
+            match step {
+                Step::Skipped { head, next } => {
+                    scanned += next - *cursor;
                     *cursor = next;
-                    if head.ts < start || head.ts > end {
-                        continue;
+                    // Stamps are receive times, ordered to within the writer's batching: a
+                    // record this far past the end means nothing later belongs in the window.
+                    if head.ts > end.saturating_add(CLOSE_GRACE_NS) {
+                        result = Copied::PastEnd;
+                        break;
                     }
+                }
+                Step::Record { head, next } => {
+                    scanned += next - *cursor;
+                    *cursor = next;
                     let Some(idx) = self.bag_topic(ring, bag, head.topic)? else {
                         self.stats.damaged += 1;
                         continue;
@@ -121,7 +144,6 @@ impl Copier {
                     let at = self.arena.len();
                     self.arena.extend_from_slice(&self.buf);
                     self.rows.push((idx, head.ts, at, self.buf.len()));
-                    copied += self.buf.len();
                     if self.arena.len() >= COPY_BATCH_BYTES {
                         self.flush(bag)?;
                     }
@@ -137,7 +159,7 @@ impl Copier {
                     *cursor = tail;
                 }
                 Step::End => {
-                    at_head = true;
+                    result = Copied::Head;
                     break;
                 }
                 Step::Damaged { next, why } => {
@@ -153,7 +175,7 @@ impl Copier {
             }
         }
         self.flush(bag)?;
-        Ok(at_head)
+        Ok(result)
     }
 
     fn flush(&mut self, bag: &mut BagWriter) -> Result<(), BagError> {
@@ -392,18 +414,19 @@ impl Snapshotter {
                 &mut o.cursor,
                 o.window.start_ns,
                 o.window.end_ns,
-                COPY_BATCH_BYTES * 4,
+                COPY_SCAN_BYTES,
             ) {
-                Ok(true) => break Ok(()),
+                Ok(Copied::PastEnd) => break Ok(true),
+                Ok(Copied::Head) => break Ok(false),
                 // More to copy: keep going unless a trigger waits (checked by the caller).
-                Ok(false) if stopping => continue,
-                Ok(false) => return true,
+                Ok(Copied::Budget) if stopping => continue,
+                Ok(Copied::Budget) => return true,
                 Err(e) => break Err(e),
             }
         };
         let now = self.cfg.clock.now_ns();
         let due = now > o.window.end_ns.saturating_add(CLOSE_GRACE_NS);
-        if result.is_ok() && !due && !stopping {
+        if matches!(result, Ok(false)) && !due && !stopping {
             return false;
         }
         let o = self.open.take().expect("open snapshot");
@@ -517,7 +540,8 @@ pub fn recover(
     let mut bag = BagWriter::create(&dir, writer)?;
     let mut copier = Copier::new();
     let mut cursor = ring.tail();
-    while !copier.copy(&ring, &mut bag, &mut cursor, i64::MIN, i64::MAX, usize::MAX)? {}
+    while copier.copy(&ring, &mut bag, &mut cursor, i64::MIN, i64::MAX, u64::MAX)? != Copied::Head {
+    }
     let s = copier.stats.clone();
     bag.set_custom_data(
         "ringbag.snapshot.recovered",
