@@ -335,6 +335,7 @@ impl Snapshotter {
             Decision::RateLimited { suppressed } => {
                 // The first of a storm as a warning, then every 100th: a storm must not
                 // flood the journal; the total goes into the next snapshot's log line.
+                log::debug!("trigger ({reason}, {origin:?}): rate-limited ({suppressed} in a row)");
                 if suppressed == 1 || suppressed % 100 == 0 {
                     log::warn!(
                         "trigger ({reason}, {origin:?}): rate-limited ({suppressed} in a row; at most {} snapshots at once, then one a minute)",

@@ -379,6 +379,26 @@ fn bad_snapshot_input_is_one_line_and_exit_2() {
         assert!(e.contains(needle), "{extra:?}: {e}");
         assert!(!out_dir.exists(), "{extra:?}: nothing created");
     }
+    // The default ring file lives on /dev/shm (tmpfs): larger than its free space.
+    let o = run(&[
+        "record",
+        "--source",
+        "synthetic",
+        "--synthetic-count",
+        "1",
+        "--snapshot-size",
+        "100TiB",
+        "-o",
+        &out_dir.to_string_lossy(),
+    ]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.contains("ringbag: error: /dev/shm/ringbag-") && e.contains("does not fit"),
+        "{e}"
+    );
+    assert!(!out_dir.exists());
     // A trigger with no recorder running.
     let o = run(&[
         "trigger",
