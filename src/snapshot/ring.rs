@@ -853,8 +853,9 @@ impl RingWriter {
             self.evict_one();
         }
         if self.tail == self.head && self.tail + cap < end {
-            // Empty ring: no record to evict, jump.
-            self.tail = end - cap;
+            // Everything evicted and still no room before the lap's end: the ring restarts at
+            // the record's position (no wrap marker needed: nothing before it is kept).
+            self.tail = pos;
         }
         // By time: the window ends at the newest stamp.
         self.newest_ts = self.newest_ts.max(ts);
@@ -870,7 +871,7 @@ impl RingWriter {
         self.ring.atomic(H_TAIL).store(self.tail, Release);
         // Readers must see the new tail before any byte below changes (seqlock writer side).
         fence(SeqCst);
-        if let Some(w) = wrap_from {
+        if let Some(w) = wrap_from.filter(|w| self.tail <= *w) {
             let room = cap - self.ring.phys(w);
             if room >= REC_HEADER {
                 self.write_header(w, WRAP, 0, (room - REC_HEADER) as u32, 0);
@@ -1004,6 +1005,24 @@ mod tests {
         assert_eq!(stamps.first(), Some(&98_990));
         assert_eq!(stamps.last(), Some(&99_990));
         assert_eq!(stamps.len(), 101);
+    }
+
+    #[test]
+    fn records_nearly_as_large_as_the_ring_each_evict_the_last_and_read_back_whole() {
+        let (_d, r) = ring(MIN_CAPACITY, 0);
+        let mut w = RingWriter::new(r.clone());
+        for i in 0..50u64 {
+            let len = 30_000 + (i as usize * 997) % 30_000;
+            w.append(0, i as i64, &payload(i, len)).unwrap();
+            let mut seen = Vec::new();
+            let (_, damaged) = scan(&r, |h, data| {
+                assert_eq!(data, payload(h.ts as u64, data.len()).as_slice());
+                seen.push(h.ts);
+            });
+            assert_eq!(damaged, 0, "after record {i}");
+            assert_eq!(seen.last(), Some(&(i as i64)));
+            assert!(seen.len() <= 2);
+        }
     }
 
     #[test]
