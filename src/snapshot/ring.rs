@@ -543,6 +543,10 @@ impl Ring {
                 };
             }
             if !want(&h) {
+                // The header may belong to a newer record if the tail passed meanwhile.
+                if !self.still_valid(pos) {
+                    return Step::Evicted { tail: self.tail() };
+                }
                 return Step::Skipped { head: h, next };
             }
             buf.clear();
