@@ -249,6 +249,7 @@ pub fn run_with(
                 .and_then(|r| r.trigger_topic.clone()),
             snapshots.as_ref().and_then(|s| s.sender()),
             snapshots.as_mut().and_then(|s| s.take_finished()),
+            snapshots.as_ref().map(|s| s.in_progress()),
         )))
     } else {
         None
@@ -404,6 +405,7 @@ fn start_snapshots(
         writer: settings.writer.clone(),
         clock,
         finished: None,
+        in_progress: None,
     };
     Ok(Some(Snapshots::start(
         ring,

@@ -385,6 +385,9 @@ pub struct Retention {
     /// Whether `empty_split_bytes` was measured (else it is the fallback guess).
     empty_split_learned: bool,
     deleted_total: u64,
+    /// Bytes of a bag being written under the root beside the recording (a snapshot), counted
+    /// against `max_record_size` until it is finished and adopted ([`Retention::adopt_bag`]).
+    in_progress_bytes: u64,
 }
 
 impl Retention {
@@ -400,6 +403,7 @@ impl Retention {
             empty_split_bytes: MIN_EMPTY_SPLIT_BYTES,
             empty_split_learned: false,
             deleted_total: 0,
+            in_progress_bytes: 0,
         }
     }
 
@@ -468,6 +472,11 @@ impl Retention {
         }
         self.old_meta_bytes += b.meta_bytes + BAG_DIR_RESERVE_BYTES;
         self.old.push_back(b);
+    }
+
+    /// See `in_progress_bytes`: set before each batch by the pipeline.
+    pub fn set_in_progress_bytes(&mut self, bytes: u64) {
+        self.in_progress_bytes = bytes;
     }
 
     /// A finished bag that appeared under the root while recording (a snapshot bag): its
@@ -679,6 +688,7 @@ impl Retention {
                 + need
                 + self.metadata_reserve(meta)
                 + BAG_DIR_RESERVE_BYTES
+                + self.in_progress_bytes
                 + self.old_meta_bytes
                 // The front older bag's metadata.yaml is rewritten when it loses a split.
                 + self.old.front().map_or(0, |b| b.meta_bytes);

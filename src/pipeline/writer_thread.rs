@@ -38,6 +38,10 @@ pub trait Tap: Send {
     fn finished_bags(&mut self) -> Vec<std::path::PathBuf> {
         Vec::new()
     }
+    /// Bytes of such a bag still being written: on the budget until it is finished.
+    fn in_progress_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// Free space kept in hand beyond each batch, for metadata.yaml and split headers.
@@ -683,6 +687,7 @@ impl WriterCtx {
             for dir in tap.finished_bags() {
                 ret.adopt_bag(&dir);
             }
+            ret.set_in_progress_bytes(tap.in_progress_bytes());
         }
         let Some(ret) = self.retention.as_mut() else {
             self.writer().take_newly_closed();

@@ -18,6 +18,7 @@ pub mod snapshotter;
 pub mod trigger;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -168,6 +169,7 @@ pub struct SnapshotTap {
     trigger_topic: Option<TriggerTopic>,
     triggers: Option<Sender<Cmd>>,
     finished: Option<crossbeam_channel::Receiver<PathBuf>>,
+    in_progress: Option<Arc<AtomicU64>>,
     topics: Vec<Option<TapTopic>>,
 }
 
@@ -178,6 +180,7 @@ impl SnapshotTap {
         trigger_topic: Option<TriggerTopic>,
         triggers: Option<Sender<Cmd>>,
         finished: Option<crossbeam_channel::Receiver<PathBuf>>,
+        in_progress: Option<Arc<AtomicU64>>,
     ) -> Self {
         SnapshotTap {
             ring,
@@ -185,6 +188,7 @@ impl SnapshotTap {
             trigger_topic,
             triggers,
             finished,
+            in_progress,
             topics: Vec::new(),
         }
     }
@@ -297,6 +301,10 @@ impl Tap for SnapshotTap {
             .map(|rx| rx.try_iter().collect())
             .unwrap_or_default()
     }
+
+    fn in_progress_bytes(&self) -> u64 {
+        self.in_progress.as_ref().map_or(0, |b| b.load(Relaxed))
+    }
 }
 
 /// The running snapshot machinery of one recording: the ring, the snapshot thread and the
@@ -307,6 +315,7 @@ pub struct Snapshots {
     thread: Option<JoinHandle<Vec<PathBuf>>>,
     control: Option<control::ControlServer>,
     finished: Option<crossbeam_channel::Receiver<PathBuf>>,
+    in_progress: Arc<AtomicU64>,
 }
 
 impl Snapshots {
@@ -319,6 +328,8 @@ impl Snapshots {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (ftx, frx) = crossbeam_channel::unbounded();
         cfg.finished = Some(ftx);
+        let in_progress = Arc::new(AtomicU64::new(0));
+        cfg.in_progress = Some(in_progress.clone());
         let control = control_socket
             .map(|p| control::ControlServer::start(p, tx.clone()))
             .transpose()?;
@@ -333,7 +344,13 @@ impl Snapshots {
             thread: Some(thread),
             control,
             finished: Some(frx),
+            in_progress,
         })
+    }
+
+    /// Bytes of the snapshot bag being written (0 when none), for the retention budget.
+    pub fn in_progress(&self) -> Arc<AtomicU64> {
+        self.in_progress.clone()
     }
 
     /// Finished snapshot bags, once (for the writer thread's retention, through the tap).
@@ -452,6 +469,7 @@ mod tests {
             policy,
             Some(TriggerTopic::parse("/estop").unwrap()),
             Some(tx),
+            None,
             None,
         );
         tap.topic(0, &TopicInfo::new("/cam", "sensor_msgs/msg/Image"), None);

@@ -41,6 +41,8 @@ pub struct Config {
     pub clock: Arc<dyn TimeSource>,
     /// Told of every finished snapshot bag (the writer thread's retention adopts them).
     pub finished: Option<Sender<PathBuf>>,
+    /// Bytes on disk of the snapshot bag being written (the budget counts it meanwhile).
+    pub in_progress: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// What a finished snapshot holds (for logs and tests).
@@ -198,6 +200,15 @@ impl Copier {
         self.arena.clear();
         Ok(())
     }
+}
+
+/// Bytes of a bag's split files (with their sidecars) as they are on disk now.
+fn bag_bytes_on_disk(dir: &Path) -> u64 {
+    crate::bag::reader::find_split_files(dir)
+        .unwrap_or_default()
+        .iter()
+        .map(|f| crate::bag::writer::split_size_on_disk(&dir.join(f)))
+        .sum()
 }
 
 /// `2026-12-02T03-04-05Z_snapshot_estop` (or `_crash`), unique under `root`.
@@ -425,6 +436,12 @@ impl Snapshotter {
                 Err(e) => break Err(e),
             }
         };
+        if let Some(b) = &self.cfg.in_progress {
+            b.store(
+                bag_bytes_on_disk(&o.dir),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
         let now = self.cfg.clock.now_ns();
         let due = now > o.window.end_ns.saturating_add(CLOSE_GRACE_NS);
         if matches!(result, Ok(false)) && !due && !stopping {
@@ -490,11 +507,16 @@ impl Snapshotter {
                 if let Some(tx) = &self.cfg.finished {
                     let _ = tx.send(dir.clone());
                 }
+                // After the bag is handed over: for a moment it may count twice, never zero
+                // times, so the budget is never exceeded by it.
                 self.finished.push(dir);
             }
             (Some(e), _) | (None, Err(e)) => {
                 log::error!(ringbag_bag = shown.as_str(); "snapshot {shown}: {e}");
             }
+        }
+        if let Some(b) = &self.cfg.in_progress {
+            b.store(0, std::sync::atomic::Ordering::Relaxed);
         }
         self.planner.closed(window.end_ns);
         self.ring.set_pending_trigger(None);
@@ -635,6 +657,7 @@ mod tests {
             writer: WriterOptions::new(Flavour::Jazzy),
             clock,
             finished: Some(ftx),
+            in_progress: None,
         };
         std::fs::create_dir_all(&cfg.root).unwrap();
         let (tx, rx) = crossbeam_channel::unbounded();
