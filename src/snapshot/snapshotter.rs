@@ -20,7 +20,7 @@ const CLOSE_GRACE_NS: i64 = 300_000_000;
 /// Rows per bag transaction while copying (bytes).
 const COPY_BATCH_BYTES: usize = 16 << 20;
 /// Ring bytes one copy call scans before the thread looks for triggers again.
-const COPY_SCAN_BYTES: u64 = 64 << 20;
+const COPY_SCAN_BYTES: u64 = 16 << 20;
 
 /// A request to the snapshot thread.
 pub enum Cmd {
@@ -420,14 +420,21 @@ impl Snapshotter {
             return false;
         };
         let result = loop {
-            match o.copier.copy(
+            let copied = o.copier.copy(
                 &self.ring,
                 &mut o.bag,
                 &mut o.cursor,
                 o.window.start_ns,
                 o.window.end_ns,
                 COPY_SCAN_BYTES,
-            ) {
+            );
+            if let Some(b) = &self.cfg.in_progress {
+                b.store(
+                    bag_bytes_on_disk(&o.dir),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+            }
+            match copied {
                 Ok(Copied::PastEnd) => break Ok(true),
                 Ok(Copied::Head) => break Ok(false),
                 // More to copy: keep going unless a trigger waits (checked by the caller).
@@ -436,12 +443,6 @@ impl Snapshotter {
                 Err(e) => break Err(e),
             }
         };
-        if let Some(b) = &self.cfg.in_progress {
-            b.store(
-                bag_bytes_on_disk(&o.dir),
-                std::sync::atomic::Ordering::Relaxed,
-            );
-        }
         let now = self.cfg.clock.now_ns();
         let due = now > o.window.end_ns.saturating_add(CLOSE_GRACE_NS);
         if matches!(result, Ok(false)) && !due && !stopping {
