@@ -72,10 +72,19 @@ fn ros_facts() {
     // Without a sourced distro (CI's `r2r/doc-only` check) the Humble layout is assumed,
     // which is also the layout of r2r_rcl's saved doc-only bindings: run that check with
     // ROS_DISTRO unset (scripts/test.sh does) even in a shell where Jazzy is sourced.
+    println!("cargo:rustc-check-cfg=cfg(ringbag_std_srvs)");
+    println!("cargo:rerun-if-env-changed=AMENT_PREFIX_PATH");
     if std::env::var_os("CARGO_FEATURE_ROS").is_some() {
         let distro = std::env::var("ROS_DISTRO").unwrap_or_default();
         if matches!(distro.as_str(), "iron" | "jazzy" | "kilted" | "rolling") {
             println!("cargo:rustc-cfg=ringbag_rmw_type_hash");
+        }
+        // The snapshot service `~/snapshot` needs std_srvs, which r2r generates only from a
+        // sourced distro (its doc-only bindings lack it): same rule as above, a distro set.
+        let has_std_srvs = std::env::var_os("AMENT_PREFIX_PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("share/std_srvs").is_dir()));
+        if !distro.is_empty() && has_std_srvs {
+            println!("cargo:rustc-cfg=ringbag_std_srvs");
         }
     }
 }

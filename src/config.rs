@@ -105,6 +105,19 @@ pub struct ServiceConfig {
     pub synthetic_count: Option<u64>,
     /// The service's status file, rewritten atomically every second.
     pub status_file: Option<PathBuf>,
+    /// Black box (see `ringbag record --help`): the ring's size, window and file.
+    pub snapshot_size: Option<Quantity>,
+    pub snapshot_duration: Option<Quantity>,
+    pub snapshot_file: Option<PathBuf>,
+    #[serde(default)]
+    pub snapshot_topics: Vec<String>,
+    pub snapshot_regex: Option<String>,
+    /// `["/camera/front/image_raw=2", ...]`
+    #[serde(default)]
+    pub topic_rate: Vec<String>,
+    pub trigger_topic: Option<String>,
+    /// Default /run/ringbag/control.sock with a ring.
+    pub control_socket: Option<PathBuf>,
 }
 
 /// `source = "ros" | "synthetic"`.
@@ -146,6 +159,7 @@ pub struct Checked {
     pub synthetic_rate: SyntheticRate,
     pub synthetic_count: u64,
     pub max_cache_size: u64,
+    pub snapshot: crate::snapshot::SnapshotSettings,
 }
 
 /// 1-based line and column (in characters) of byte `offset` in `text`.
@@ -383,6 +397,27 @@ impl ServiceConfig {
         if let Err(m) = check_root(&output_root) {
             return Err(err("output_root", m));
         }
+        let snapshot = config.snapshot_settings(&output_root).map_err(|m| {
+            let key = [
+                "snapshot_size",
+                "snapshot_duration",
+                "snapshot_file",
+                "snapshot_topics",
+                "snapshot_regex",
+                "topic_rate",
+                "trigger_topic",
+                "control_socket",
+            ]
+            .into_iter()
+            .find(|k| m.starts_with(k))
+            .unwrap_or("snapshot_size");
+            let m = m
+                .strip_prefix(key)
+                .unwrap_or(&m)
+                .trim_start_matches(':')
+                .trim();
+            err(key, m.to_string())
+        })?;
         let status_file = config
             .status_file
             .clone()
@@ -404,8 +439,42 @@ impl ServiceConfig {
             synthetic_rate: config.synthetic_rate.unwrap_or(SyntheticRate::Realtime),
             synthetic_count: config.synthetic_count.unwrap_or(0),
             max_cache_size,
+            snapshot,
             config,
         })
+    }
+
+    /// The snapshot keys, checked as `record`'s flags are (same rules, key names). With a
+    /// ring, the control socket defaults to /run/ringbag/control.sock and the ring lives in
+    /// /run/ringbag (tmpfs).
+    fn snapshot_settings(&self, root: &Path) -> Result<crate::snapshot::SnapshotSettings, String> {
+        let text = |q: &Option<Quantity>| {
+            q.as_ref().map(|q| match q {
+                Quantity::Number(n) => n.to_string(),
+                Quantity::Text(t) => t.clone(),
+            })
+        };
+        let size = text(&self.snapshot_size);
+        let duration = text(&self.snapshot_duration);
+        let socket = self.control_socket.clone().or_else(|| {
+            size.as_ref()
+                .map(|_| PathBuf::from(crate::snapshot::control::DEFAULT_CONTROL_SOCKET))
+        });
+        crate::cli::resolve::snapshot_settings(
+            &crate::cli::resolve::SnapshotOptions {
+                size: size.as_deref(),
+                duration: duration.as_deref(),
+                file: self.snapshot_file.as_deref(),
+                topics: &self.snapshot_topics,
+                regex: self.snapshot_regex.as_deref(),
+                rates: &self.topic_rate,
+                trigger_topic: self.trigger_topic.as_deref(),
+                control_socket: socket.as_deref(),
+            },
+            Path::new(crate::snapshot::SERVICE_RING_DIR),
+            root,
+            "",
+        )
     }
 
     /// The clock settings, defaults as on the command line.
@@ -601,5 +670,47 @@ mod tests {
                 "{text}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn snapshot_keys_resolve_like_the_flags_and_errors_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("bags");
+        let text = format!(
+            "output_root = \"{}\"\nsource = \"synthetic\"\nsnapshot_size = \"8MiB\"\n\
+             snapshot_duration = 30\nsnapshot_file = \"{}/ring\"\n\
+             snapshot_regex = \"^/camera/\"\ntopic_rate = [\"/imu=50\"]\n\
+             trigger_topic = \"/estop:std_msgs/msg/Bool\"\n",
+            root.display(),
+            dir.path().display()
+        );
+        let c = ServiceConfig::check(&text, Path::new("c.toml")).unwrap();
+        let ring = c.snapshot.ring.as_ref().expect("ring on");
+        assert_eq!(ring.size, 8 << 20);
+        assert_eq!(ring.window_ns, 30_000_000_000);
+        assert_eq!(
+            ring.control_socket.as_deref(),
+            Some(Path::new("/run/ringbag/control.sock"))
+        );
+        assert!(!c.snapshot.policy.route("/camera/x").continuous);
+        assert!(c.snapshot.policy.route("/tf").continuous);
+        assert_eq!(c.snapshot.policy.rates, vec![("/imu".to_string(), 50.0)]);
+        let bad = text.replace("std_msgs/msg/Bool", "nav_msgs/msg/Odometry");
+        let e = ServiceConfig::check(&bad, Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("c.toml:8:"), "{e}");
+        assert!(e.contains("trigger_topic: "), "{e}");
+        assert!(e.contains("unknown trigger topic type"), "{e}");
+        let e = ServiceConfig::check(
+            &format!(
+                "output_root = \"{}\"\nsnapshot_topics = [\"/a\"]\n",
+                root.display()
+            ),
+            Path::new("c.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("snapshot_topics: needs snapshot_size"), "{e}");
     }
 }

@@ -14,5 +14,6 @@ pub mod record;
 pub mod retention;
 pub mod service;
 pub mod signals;
+pub mod snapshot;
 pub mod source;
 pub mod units;

@@ -33,6 +33,8 @@ pub struct RecordSettings {
     pub recover: bool,
     /// Where to write `{"committed": N, "splits": K}` every ~100 ms.
     pub status_file: Option<PathBuf>,
+    /// The snapshot ring, triggers and per-topic policy.
+    pub snapshot: crate::snapshot::SnapshotSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +56,8 @@ pub enum RecordError {
     /// `--status-file` cannot be written at start: bad input.
     #[error("{}: cannot write the status file: {reason}", path.display())]
     StatusFile { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::SnapshotError),
 }
 
 impl RecordError {
@@ -65,7 +69,7 @@ impl RecordError {
                 | RecordError::StatusFile { .. }
                 | RecordError::Clock(_)
                 | RecordError::Bag(BagError::AlreadyExists { .. })
-        )
+        ) || matches!(self, RecordError::Snapshot(e) if e.is_bad_input())
     }
 }
 
@@ -194,6 +198,12 @@ pub fn run_with(
             );
         }
     }
+    // The black box next: a ring a crashed run left becomes a bag before anything else (so
+    // the budget below counts it), then a fresh ring, its thread and its control socket.
+    let mut snapshots = match start_snapshots(&settings, &root, clock.clone()) {
+        Ok(s) => s,
+        Err(e) => return Err(failure(e.into(), None)),
+    };
     // With --recover the parent directory is a recording root (as the service uses it): the
     // budget then spans the recovered bags too, oldest first. Otherwise only this bag counts.
     let retention = if settings.recover {
@@ -210,7 +220,11 @@ pub fn run_with(
     let writer = BagWriter::create(&settings.output, settings.writer.clone())
         .map_err(|e| failure(create_error(e), None))?;
     // From here a clean stop saves something: the first SIGINT/SIGTERM asks for it.
-    if let Err(e) = signals::install() {
+    let signals_installed = signals::install().and_then(|()| match &snapshots {
+        Some(_) => signals::install_snapshot_trigger(),
+        None => Ok(()),
+    });
+    if let Err(e) = signals_installed {
         if let Err(fe) = writer.finish() {
             log::error!("{fe}");
         }
@@ -221,7 +235,32 @@ pub fn run_with(
         "recording into {}",
         settings.output.display()
     );
-    let pipeline = Pipeline::start(writer, Some(retention), clock, settings.pipeline.clone());
+    let tap: Option<Box<dyn crate::pipeline::Tap>> = if settings.snapshot.active() {
+        let ring = snapshots
+            .as_ref()
+            .map(|s| crate::snapshot::ring::RingWriter::new(s.ring.clone()));
+        Some(Box::new(crate::snapshot::SnapshotTap::new(
+            ring,
+            settings.snapshot.policy.clone(),
+            settings
+                .snapshot
+                .ring
+                .as_ref()
+                .and_then(|r| r.trigger_topic.clone()),
+            snapshots.as_ref().and_then(|s| s.sender()),
+            snapshots.as_mut().and_then(|s| s.take_finished()),
+            snapshots.as_ref().map(|s| s.in_progress()),
+        )))
+    } else {
+        None
+    };
+    let pipeline = Pipeline::start_with_tap(
+        writer,
+        Some(retention),
+        clock,
+        settings.pipeline.clone(),
+        tap,
+    );
     let producer = pipeline.producer();
     let source = {
         let producer = producer.clone();
@@ -251,6 +290,23 @@ pub fn run_with(
             ));
         }
     };
+    // rosbag2's `~/snapshot` service, with a live ROS source and a ring.
+    #[cfg(all(feature = "ros", ringbag_std_srvs))]
+    let ros_service = match (
+        &settings.source,
+        snapshots.as_ref().and_then(|s| s.sender()),
+    ) {
+        (SourceSettings::Ros(_), Some(tx)) => {
+            match crate::snapshot::ros_service::RosSnapshotService::start(tx) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    log::warn!("{e}; snapshots by ROS service are off (the other triggers work)");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     // The main thread only watches: signals, the source ending, the writer stopping itself.
     let progress = pipeline.progress();
     let mut last_status = std::time::Instant::now() - STATUS_INTERVAL;
@@ -268,6 +324,12 @@ pub fn run_with(
         if hooks.tick(&running) {
             break;
         }
+        if let Some(s) = &snapshots {
+            if signals::take_snapshot_trigger() {
+                log::info!("SIGUSR2: snapshot requested");
+                s.trigger("sigusr2", crate::snapshot::trigger::Origin::Signal);
+            }
+        }
         if let Some(st) = status.as_mut() {
             if last_status.elapsed() >= STATUS_INTERVAL {
                 last_status = std::time::Instant::now();
@@ -281,7 +343,18 @@ pub fn run_with(
     let source_result = source
         .join()
         .unwrap_or_else(|_| Err("source thread panicked".to_string()));
+    #[cfg(all(feature = "ros", ringbag_std_srvs))]
+    if let Some(s) = ros_service {
+        s.stop();
+    }
+    if let Some(s) = snapshots.as_mut() {
+        s.stop_control();
+    }
     let (result, summary) = pipeline.finish();
+    // The writer thread has appended its last message to the ring: finish the open snapshot.
+    if let Some(s) = snapshots.take() {
+        s.finish();
+    }
     if let Some(st) = status.as_mut() {
         st.update(&progress);
     }
@@ -290,6 +363,55 @@ pub fn run_with(
         (Ok(_), Err(e)) => Err(failure(RecordError::Source(e), Some(summary))),
         (Ok((bag, stop)), Ok(())) => Ok(RecordOutcome { bag, stop, summary }),
     }
+}
+
+/// Recover a ring a crashed run left under `root`, then create the new ring and start the
+/// snapshot thread (and control socket). None without `--snapshot-size`.
+fn start_snapshots(
+    settings: &RecordSettings,
+    root: &std::path::Path,
+    clock: Arc<dyn TimeSource>,
+) -> Result<Option<crate::snapshot::Snapshots>, crate::snapshot::SnapshotError> {
+    use crate::snapshot::{ring::Ring, snapshotter, Snapshots};
+    let Some(rs) = &settings.snapshot.ring else {
+        return Ok(None);
+    };
+    let path = rs.ring_file(root);
+    std::fs::create_dir_all(root).map_err(|source| crate::snapshot::ring::RingError::Io {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    // A failure to write the crash bag is logged, not fatal: recording matters more.
+    if let Err(e) = snapshotter::recover(&path, root, settings.writer.clone(), clock.now_ns()) {
+        log::error!("{}: cannot write the crash bag: {e}", path.display());
+    }
+    let ring = Arc::new(Ring::create(
+        &path,
+        Ring::capacity_for(rs.size),
+        rs.window_ns,
+    )?);
+    log::info!(
+        "snapshot ring {}: {} bytes{}",
+        path.display(),
+        ring.capacity(),
+        if rs.window_ns > 0 {
+            format!(", at most {} s", rs.window_ns as f64 / 1e9)
+        } else {
+            String::new()
+        }
+    );
+    let cfg = snapshotter::Config {
+        root: root.to_path_buf(),
+        writer: settings.writer.clone(),
+        clock,
+        finished: None,
+        in_progress: None,
+    };
+    Ok(Some(Snapshots::start(
+        ring,
+        cfg,
+        rs.control_socket.as_deref(),
+    )?))
 }
 
 const STATUS_INTERVAL: Duration = Duration::from_millis(100);

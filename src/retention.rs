@@ -402,6 +402,9 @@ pub struct Retention {
     /// Whether `empty_split_bytes` was measured (else it is the fallback guess).
     empty_split_learned: bool,
     deleted_total: u64,
+    /// Bytes of a bag being written under the root beside the recording (a snapshot), counted
+    /// against `max_record_size` until it is finished and adopted ([`Retention::adopt_bag`]).
+    in_progress_bytes: u64,
 }
 
 impl Retention {
@@ -417,6 +420,7 @@ impl Retention {
             empty_split_bytes: MIN_EMPTY_SPLIT_BYTES,
             empty_split_learned: false,
             deleted_total: 0,
+            in_progress_bytes: 0,
         }
     }
 
@@ -463,24 +467,45 @@ impl Retention {
             (a.meta.starting_time_ns, &a.dir).cmp(&(b.meta.starting_time_ns, &b.dir))
         });
         for b in bags {
-            for s in &b.splits {
-                let path = b.dir.join(&s.rel);
-                let start = b
-                    .meta
-                    .files
-                    .iter()
-                    .find(|f| f.path == s.rel && f.message_count > 0)
-                    .map_or(NO_START, |f| f.starting_time_ns);
-                r.push(Entry {
-                    owner: Owner::Old,
-                    size: split_size_on_disk(&path),
-                    start_ns: start,
-                });
-            }
-            r.old_meta_bytes += b.meta_bytes + BAG_DIR_RESERVE_BYTES;
-            r.old.push_back(b);
+            r.push_old_bag(b);
         }
         Ok(r)
+    }
+
+    fn push_old_bag(&mut self, b: OldBag) {
+        for s in &b.splits {
+            let path = b.dir.join(&s.rel);
+            let start = b
+                .meta
+                .files
+                .iter()
+                .find(|f| f.path == s.rel && f.message_count > 0)
+                .map_or(NO_START, |f| f.starting_time_ns);
+            self.push(Entry {
+                owner: Owner::Old,
+                size: split_size_on_disk(&path),
+                start_ns: start,
+            });
+        }
+        self.old_meta_bytes += b.meta_bytes + BAG_DIR_RESERVE_BYTES;
+        self.old.push_back(b);
+    }
+
+    /// See `in_progress_bytes`: set before each batch by the pipeline.
+    pub fn set_in_progress_bytes(&mut self, bytes: u64) {
+        self.in_progress_bytes = bytes;
+    }
+
+    /// A finished bag that appeared under the root while recording (a snapshot bag): its
+    /// splits join the budget behind everything already on it and are deleted in that order.
+    /// The next [`Retention::after_batch`] enforces the limits with it counted. A bag that
+    /// cannot be read is left alone, with a warning.
+    pub fn adopt_bag(&mut self, dir: &Path) {
+        match OldBag::open(dir) {
+            Ok(Some(b)) => self.push_old_bag(b),
+            Ok(None) => {}
+            Err(e) => log::warn!("retention: leaving {} alone: {e}", dir.display()),
+        }
     }
 
     /// Use another source of free-space figures (tests).
@@ -681,6 +706,7 @@ impl Retention {
                 + need
                 + self.metadata_reserve(meta)
                 + BAG_DIR_RESERVE_BYTES
+                + self.in_progress_bytes
                 + self.old_meta_bytes
                 // The front older bag's metadata.yaml is rewritten when it loses a split.
                 + self.old.front().map_or(0, |b| b.meta_bytes);

@@ -125,6 +125,31 @@ pub fn install_service_requests() -> Result<(), nix::Error> {
     Ok(())
 }
 
+/// SIGUSR2 (take a snapshot) arrived and was not yet taken.
+static SNAPSHOT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_snapshot_signal(_: libc::c_int) {
+    SNAPSHOT.store(true, SeqCst);
+}
+
+/// A recording with a snapshot ring: SIGUSR2 only sets a flag [`take_snapshot_trigger`] reads
+/// (its default action would end the process).
+pub fn install_snapshot_trigger() -> Result<(), nix::Error> {
+    let action = SigAction::new(
+        SigHandler::Handler(on_snapshot_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    // SAFETY: the handler only stores to an atomic.
+    unsafe { sigaction(Signal::SIGUSR2, &action) }?;
+    Ok(())
+}
+
+/// True once for each SIGUSR2 burst since the last call.
+pub fn take_snapshot_trigger() -> bool {
+    SNAPSHOT.swap(false, SeqCst)
+}
+
 /// True once for each SIGHUP burst since the last call.
 pub fn take_reload() -> bool {
     RELOAD.swap(false, SeqCst)

@@ -804,3 +804,66 @@ fn a_live_topic_is_registered_with_its_full_definition_and_type_hash() {
         assert_eq!(definition.type_description_hash, hash);
     }
 }
+
+/// The recorder's `~/snapshot` service (std_srvs/srv/Trigger) hands a trigger to the snapshot
+/// thread and answers with its outcome.
+#[cfg(ringbag_std_srvs)]
+#[test]
+fn the_snapshot_service_triggers_and_answers_with_the_bag() {
+    use ringbag::snapshot::ros_service::{service_name, RosSnapshotService};
+    use ringbag::snapshot::snapshotter::Cmd;
+    use ringbag::snapshot::trigger::{Origin, Outcome};
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    require_ros!();
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let service = RosSnapshotService::start(tx).expect("service starts");
+    // Stands in for the snapshot thread.
+    let answerer = std::thread::spawn(move || match rx.recv_timeout(PATIENCE) {
+        Ok(Cmd::Trigger { origin, reply, .. }) => {
+            assert_eq!(origin, Origin::Service);
+            reply
+                .expect("the service waits for an answer")
+                .send(Outcome::Started {
+                    bag: "/bags/x_snapshot_ros-service".into(),
+                })
+                .unwrap();
+        }
+        Err(e) => panic!("no trigger arrived: {e}"),
+    });
+    let ctx = r2r::Context::create().unwrap();
+    let mut node = r2r::Node::create(ctx, "snapshot_client", "").unwrap();
+    let client = node
+        .create_client::<r2r::std_srvs::srv::Trigger::Service>(
+            &service_name(),
+            r2r::QosProfile::services_default(),
+        )
+        .unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut available = Box::pin(r2r::Node::is_available(&client).unwrap());
+    wait_until("the snapshot service is available", || {
+        node.spin_once(Duration::from_millis(20));
+        matches!(available.as_mut().poll(&mut cx), Poll::Ready(Ok(())))
+    });
+    let mut response = Box::pin(
+        client
+            .request(&r2r::std_srvs::srv::Trigger::Request {})
+            .unwrap(),
+    );
+    let mut answer = None;
+    wait_until("the snapshot service answers", || {
+        node.spin_once(Duration::from_millis(20));
+        if let Poll::Ready(r) = response.as_mut().poll(&mut cx) {
+            answer = Some(r.unwrap());
+        }
+        answer.is_some()
+    });
+    let answer = answer.unwrap();
+    assert!(answer.success);
+    assert_eq!(
+        answer.message,
+        "snapshot started: /bags/x_snapshot_ros-service"
+    );
+    answerer.join().unwrap();
+    service.stop();
+}

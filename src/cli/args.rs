@@ -62,6 +62,29 @@ pub enum Command {
     Daemon(DaemonArgs),
     /// Show the running service's status file (exit 3 when it is older than 5 s).
     Status(StatusArgs),
+    /// Ask a running recorder for a snapshot bag of its memory ring (`record --snapshot-size`).
+    Trigger(TriggerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TriggerArgs {
+    /// Why: stored in the bag's custom_data and in its name.
+    #[arg(long, default_value = "manual")]
+    pub reason: String,
+    /// Seconds before the trigger to keep [default: all of the ring].
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
+    pub pre: Option<f64>,
+    /// Seconds after the trigger to keep.
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = 10.0,
+        allow_negative_numbers = true
+    )]
+    pub post: f64,
+    /// The recorder's control socket.
+    #[arg(long, value_name = "PATH", default_value = crate::snapshot::control::DEFAULT_CONTROL_SOCKET)]
+    pub control_socket: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -324,6 +347,39 @@ pub struct RecordArgs {
     /// messages are committed to the bag and survive a kill of the process.
     #[arg(long, value_name = "PATH")]
     pub status_file: Option<PathBuf>,
+
+    /// Black box: keep the newest messages in a memory ring of this size (bytes or with
+    /// units, e.g. 2GiB; at least 1MiB) on tmpfs, written to a bag only on a trigger. The ring
+    /// survives a crash of the recorder (not a reboot). [default: off]
+    #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
+    pub snapshot_size: Option<String>,
+    /// Keep at most this long in the ring (seconds or with s/m/h); whichever of size and
+    /// duration is reached first evicts the oldest. [default: bounded by size only]
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+    pub snapshot_duration: Option<String>,
+    /// The ring file [default: /dev/shm/ringbag-<recording root>-<crc>.ring, so the next
+    /// record into the same root finds a ring a crash left].
+    #[arg(long, value_name = "PATH")]
+    pub snapshot_file: Option<PathBuf>,
+    /// Topics kept in the ring only, not recorded continuously. With neither this nor
+    /// --snapshot-regex, every topic is ring-only.
+    #[arg(long, num_args = 1.., value_name = "TOPIC")]
+    pub snapshot_topics: Vec<String>,
+    /// Topics matching this regular expression are kept in the ring only.
+    #[arg(long, value_name = "RE")]
+    pub snapshot_regex: Option<String>,
+    /// Record TOPIC continuously at most HZ messages per second (repeatable); the ring keeps
+    /// every message. Left-out messages are counted as throttled, not as drops.
+    #[arg(long, value_name = "TOPIC=HZ")]
+    pub topic_rate: Vec<String>,
+    /// A message on this topic triggers a snapshot; a std_msgs/msg/Bool only when true.
+    /// TYPE (optional): any, std_msgs/msg/Bool or std_msgs/msg/Empty.
+    #[arg(long, value_name = "TOPIC[:TYPE]")]
+    pub trigger_topic: Option<String>,
+    /// Listen for `ringbag trigger` on this unix socket. [default: none; the service uses
+    /// /run/ringbag/control.sock]
+    #[arg(long, value_name = "PATH")]
+    pub control_socket: Option<PathBuf>,
 
     #[command(flatten)]
     pub clock: ClockArgs,

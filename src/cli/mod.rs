@@ -38,6 +38,40 @@ pub fn main_entry() -> i32 {
         Command::Reindex(a) => cmd_reindex(&a),
         Command::Daemon(a) => cmd_daemon(&a),
         Command::Status(a) => cmd_status(&a),
+        Command::Trigger(a) => cmd_trigger(&a),
+    }
+}
+
+/// `ringbag trigger`: one request to the recorder's control socket; prints its answer.
+fn cmd_trigger(a: &args::TriggerArgs) -> i32 {
+    use crate::snapshot::control::{send_trigger, ControlError};
+    use crate::snapshot::trigger::{Outcome, TriggerRequest};
+    let req = TriggerRequest {
+        reason: Some(a.reason.clone()),
+        pre_s: a.pre,
+        post_s: Some(a.post),
+    };
+    if let Err(e) = req.windows() {
+        return fail(EXIT_BAD_INPUT, e);
+    }
+    match send_trigger(&a.control_socket, &req) {
+        Ok(Outcome::Started { bag }) => {
+            eprintln!("ringbag: snapshot started: {bag}");
+            EXIT_OK
+        }
+        Ok(Outcome::Extended { bag }) => {
+            eprintln!("ringbag: snapshot extended: {bag}");
+            EXIT_OK
+        }
+        Ok(Outcome::RateLimited { suppressed }) => fail(
+            EXIT_FAILURE,
+            format!(
+                "rate-limited: too many snapshots in a short time ({suppressed} refused in a row)"
+            ),
+        ),
+        Ok(Outcome::Refused { why }) => fail(EXIT_FAILURE, format!("refused: {why}")),
+        Err(e @ ControlError::NoRecorder { .. }) => fail(EXIT_BAD_INPUT, e),
+        Err(e) => fail(EXIT_FAILURE, e),
     }
 }
 
@@ -141,7 +175,7 @@ fn clap_failure(e: &clap::Error) -> i32 {
         }
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => fail(
             EXIT_BAD_INPUT,
-            "a command is required: record, info, play, clock, reindex, daemon or status (see `ringbag --help`)",
+            "a command is required: record, info, play, clock, reindex, daemon, status or trigger (see `ringbag --help`)",
         ),
         _ => fail(
             EXIT_BAD_INPUT,

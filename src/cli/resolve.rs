@@ -76,6 +76,21 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
     check_output_path(&output)?;
     let retention = retention_policy(a, max_bag_size, max_bag_duration_ns)?;
     let pipeline = PipelineConfig::for_limits(max_cache_size, max_bag_size, &retention);
+    let snapshot = snapshot_settings(
+        &SnapshotOptions {
+            size: a.snapshot_size.as_deref(),
+            duration: a.snapshot_duration.as_deref(),
+            file: a.snapshot_file.as_deref(),
+            topics: &a.snapshot_topics,
+            regex: a.snapshot_regex.as_deref(),
+            rates: &a.topic_rate,
+            trigger_topic: a.trigger_topic.as_deref(),
+            control_socket: a.control_socket.as_deref(),
+        },
+        std::path::Path::new(crate::snapshot::DEFAULT_RING_DIR),
+        &recording_root(&output),
+        "--",
+    )?;
     Ok(RecordSettings {
         output,
         writer: WriterOptions {
@@ -91,6 +106,125 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         clock,
         recover: a.recover,
         status_file: a.status_file.clone(),
+        snapshot,
+    })
+}
+
+/// The recording root of a bag: its parent directory (`.` for a bare name).
+pub fn recording_root(output: &Path) -> PathBuf {
+    output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf()
+}
+
+/// The snapshot options as written (command line or config file).
+pub struct SnapshotOptions<'a> {
+    pub size: Option<&'a str>,
+    pub duration: Option<&'a str>,
+    pub file: Option<&'a Path>,
+    pub topics: &'a [String],
+    pub regex: Option<&'a str>,
+    pub rates: &'a [String],
+    pub trigger_topic: Option<&'a str>,
+    pub control_socket: Option<&'a Path>,
+}
+
+/// Check the snapshot options and the ring's room on its filesystem. `prefix` is `--` for
+/// flags (messages then name `--snapshot-size`), empty for config keys (`snapshot_size`).
+pub fn snapshot_settings(
+    o: &SnapshotOptions,
+    ring_dir: &Path,
+    root: &Path,
+    prefix: &str,
+) -> Result<crate::snapshot::SnapshotSettings, String> {
+    use crate::snapshot::{policy, ring::Ring, RingSettings, SnapshotSettings, TriggerTopic};
+    let name = |n: &str| {
+        if prefix.is_empty() {
+            n.replace('-', "_")
+        } else {
+            format!("{prefix}{n}")
+        }
+    };
+    let rates = o
+        .rates
+        .iter()
+        .map(|r| policy::parse_rate(r).map_err(|e| format!("{}: {e}", name("topic-rate"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ring_only_regex = o
+        .regex
+        .map(|re| {
+            regex::Regex::new(re).map_err(|e| {
+                let last = e.to_string();
+                let last = last.lines().last().unwrap_or("invalid").trim().to_string();
+                format!(
+                    "{} {re}: not a valid regular expression: {last}",
+                    name("snapshot-regex")
+                )
+            })
+        })
+        .transpose()?;
+    let Some(size) = o.size else {
+        let needs = [
+            ("snapshot-duration", o.duration.is_some()),
+            ("snapshot-file", o.file.is_some()),
+            ("snapshot-topics", !o.topics.is_empty()),
+            ("snapshot-regex", o.regex.is_some()),
+            ("trigger-topic", o.trigger_topic.is_some()),
+            ("control-socket", o.control_socket.is_some()),
+        ];
+        if let Some((n, _)) = needs.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "{} needs {} (the ring)",
+                name(n),
+                name("snapshot-size")
+            ));
+        }
+        return Ok(SnapshotSettings {
+            ring: None,
+            policy: policy::TopicPolicy {
+                rates,
+                ..Default::default()
+            },
+        });
+    };
+    let size = parse_bytes(size).map_err(|e| format!("{}: {e}", name("snapshot-size")))?;
+    if size < 1 << 20 {
+        return Err(format!("{} {size}: at least 1 MiB", name("snapshot-size")));
+    }
+    let window_ns = o
+        .duration
+        .map(|d| parse_duration_ns(d).map_err(|e| format!("{}: {e}", name("snapshot-duration"))))
+        .transpose()?
+        .unwrap_or(0);
+    let trigger_topic = o
+        .trigger_topic
+        .map(|t| {
+            TriggerTopic::parse(t)
+                .map_err(|e| e.replacen("--trigger-topic", &name("trigger-topic"), 1))
+        })
+        .transpose()?;
+    let ring = RingSettings {
+        size,
+        window_ns,
+        file: o.file.map(Path::to_path_buf),
+        dir: ring_dir.to_path_buf(),
+        trigger_topic,
+        control_socket: o.control_socket.map(Path::to_path_buf),
+    };
+    let path = ring.ring_file(root);
+    let capacity = Ring::capacity_for(size);
+    crate::snapshot::ring::check_room(&path, Ring::file_size(capacity))
+        .map_err(|e| e.to_string())?;
+    Ok(SnapshotSettings {
+        ring: Some(ring),
+        policy: policy::TopicPolicy {
+            ring: true,
+            ring_only: o.topics.to_vec(),
+            ring_only_regex,
+            rates,
+        },
     })
 }
 

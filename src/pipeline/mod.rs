@@ -14,4 +14,6 @@ mod writer_thread;
 pub use queue::{Pending, Producer, TopicHandle, NO_TAG};
 pub use stats::{RecordSummary, TopicStats};
 pub use syncer::{SyncHealth, WRITEBACK_BYTES, WRITEBACK_INTERVAL};
-pub use writer_thread::{Pipeline, PipelineConfig, PipelineError, Progress, StopReason};
+pub use writer_thread::{
+    Continuous, Pipeline, PipelineConfig, PipelineError, Progress, StopReason, Tap,
+};

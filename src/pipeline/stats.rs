@@ -2,8 +2,9 @@
 //! thread (reader). Relaxed ordering: they are statistics, not synchronisation.
 //!
 //! Every message offered to the recorder ends in exactly one place, so the counts add up:
-//! `offered = written + dropped_queue_full + dropped_after_stop + oversize + unwritten`, where
-//! `accepted = written + oversize + unwritten` (accepted means it entered the queue).
+//! `offered = written + ring_only + throttled + dropped_queue_full + dropped_after_stop +
+//! oversize + unwritten`, where `accepted = written + ring_only + throttled + oversize +
+//! unwritten` (accepted means it entered the queue).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -29,6 +30,10 @@ pub struct TopicStats {
     /// Never reached ringbag: lost inside the middleware, as it reported them (the
     /// subscription's message-lost event). Not part of `offered`: these were never offered.
     pub lost_in_middleware: AtomicU64,
+    /// Accepted and kept in the snapshot ring only (`--snapshot-topics`): recorded, not lost.
+    pub ring_only: AtomicU64,
+    /// Accepted and left out of continuous recording by `--topic-rate`: by choice, not lost.
+    pub throttled: AtomicU64,
 }
 
 impl TopicStats {
@@ -61,13 +66,19 @@ impl TopicStats {
     pub fn lost_in_middleware(&self) -> u64 {
         self.lost_in_middleware.load(Relaxed)
     }
+    pub fn ring_only(&self) -> u64 {
+        self.ring_only.load(Relaxed)
+    }
+    pub fn throttled(&self) -> u64 {
+        self.throttled.load(Relaxed)
+    }
     /// Accepted but neither written nor dropped as oversize: still queued, or discarded when
     /// the writer stopped (`--max-splits`, a full disk, an I/O error). Final once producers
     /// and the writer have stopped.
     pub fn unwritten(&self) -> u64 {
         // Read `written`/`oversize` before `accepted`: both only grow after `accepted` did,
         // so the difference never goes negative between the loads.
-        let done = self.written() + self.oversize();
+        let done = self.written() + self.oversize() + self.ring_only() + self.throttled();
         self.accepted().saturating_sub(done)
     }
     /// Everything offered and not recorded, whatever the cause.
@@ -87,6 +98,8 @@ pub struct TopicSummary {
     pub oversize: u64,
     pub unwritten: u64,
     pub lost_in_middleware: u64,
+    pub ring_only: u64,
+    pub throttled: u64,
 }
 
 impl TopicSummary {
@@ -100,6 +113,8 @@ impl TopicSummary {
             oversize: t.oversize(),
             unwritten: t.unwritten(),
             lost_in_middleware: t.lost_in_middleware(),
+            ring_only: t.ring_only(),
+            throttled: t.throttled(),
         }
     }
     pub fn dropped(&self) -> u64 {
@@ -118,6 +133,9 @@ pub struct RecordSummary {
     pub unwritten: u64,
     /// Reported lost by the middleware before reaching ringbag (live ROS 2 only).
     pub lost_in_middleware: u64,
+    /// Kept in the snapshot ring only, and left out by `--topic-rate` (neither is a loss).
+    pub ring_only: u64,
+    pub throttled: u64,
     pub bytes_accepted: u64,
     pub per_topic: Vec<TopicSummary>,
     pub wall_time: Duration,
@@ -145,6 +163,8 @@ impl RecordSummary {
         self.oversize += t.oversize;
         self.unwritten += t.unwritten;
         self.lost_in_middleware += t.lost_in_middleware;
+        self.ring_only += t.ring_only;
+        self.throttled += t.throttled;
         self.per_topic.push(t);
     }
 }
@@ -177,6 +197,13 @@ impl std::fmt::Display for RecordSummary {
             "lost in the middleware before reaching ringbag {} (as the subscriptions' message-lost events reported)",
             self.lost_in_middleware
         )?;
+        if self.ring_only + self.throttled > 0 {
+            writeln!(
+                f,
+                "kept in the snapshot ring only {}, left out by --topic-rate {} (neither is a loss)",
+                self.ring_only, self.throttled
+            )?;
+        }
         writeln!(
             f,
             "splits kept {}, deleted by retention {}, bag size now {} bytes",
@@ -200,6 +227,13 @@ impl std::fmt::Display for RecordSummary {
                 t.unwritten,
                 t.lost_in_middleware
             )?;
+            if t.ring_only + t.throttled > 0 {
+                writeln!(
+                    f,
+                    "  {:<40} ring only {:>10}  throttled {:>10}",
+                    "", t.ring_only, t.throttled
+                )?;
+            }
         }
         Ok(())
     }

@@ -12,9 +12,38 @@ use super::queue::{give_back, Item, Producer, Register, Shared};
 use super::stats::{RecordSummary, TopicStats, TopicSummary};
 use super::syncer::{BackgroundSync, SyncHealth, WRITEBACK_INTERVAL};
 use crate::bag::writer::{row_growth_bytes, BagSummary, BagWriter, Row};
-use crate::bag::BagError;
+use crate::bag::{BagError, MessageDefinition, TopicInfo};
 use crate::clock::TimeSource;
 use crate::retention::{OversizeLimit, Retention, RetentionError, Verdict};
+
+/// Where the continuous bag stands on a message, as a [`Tap`] decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Continuous {
+    Write,
+    /// Kept in the snapshot ring only.
+    RingOnly,
+    /// Left out by `--topic-rate`.
+    Throttled,
+}
+
+/// What the writer thread does with messages besides the bag: the snapshot ring and the
+/// per-topic policies (`snapshot::Tap`). Runs on the writer thread, so it must be quick and
+/// never block (a memcpy into the ring is).
+pub trait Tap: Send {
+    /// A topic was registered (before any of its messages reaches [`Tap::message`]).
+    fn topic(&mut self, id: u32, info: &TopicInfo, definition: Option<&MessageDefinition>);
+    /// One message, in queue order; says whether the continuous bag writes it too.
+    fn message(&mut self, id: u32, ts: i64, data: &[u8]) -> Continuous;
+    /// Bags finished under the recording root since the last call (snapshot bags): the
+    /// retention budget adopts them, so they count against it while recording goes on.
+    fn finished_bags(&mut self) -> Vec<std::path::PathBuf> {
+        Vec::new()
+    }
+    /// Bytes of such a bag still being written: on the budget until it is finished.
+    fn in_progress_bytes(&self) -> u64 {
+        0
+    }
+}
 
 /// Free space kept in hand beyond each batch, for metadata.yaml and split headers.
 pub const DISK_RESERVE_BYTES: u64 = 1 << 20;
@@ -147,10 +176,21 @@ pub struct Pipeline {
 impl Pipeline {
     /// Start the writer thread over an open bag.
     pub fn start(
+        writer: BagWriter,
+        retention: Option<Retention>,
+        clock: Arc<dyn TimeSource>,
+        cfg: PipelineConfig,
+    ) -> Pipeline {
+        Pipeline::start_with_tap(writer, retention, clock, cfg, None)
+    }
+
+    /// [`Pipeline::start`] with a [`Tap`] (the snapshot ring and per-topic policies).
+    pub fn start_with_tap(
         mut writer: BagWriter,
         retention: Option<Retention>,
         clock: Arc<dyn TimeSource>,
         cfg: PipelineConfig,
+        tap: Option<Box<dyn Tap>>,
     ) -> Pipeline {
         let (tx, rx) = crossbeam_channel::bounded(cfg.queue_slots.max(1));
         let (reg_tx, reg_rx) = crossbeam_channel::unbounded();
@@ -199,6 +239,7 @@ impl Pipeline {
             written_scratch: Vec::new(),
             clock: clock.clone(),
             splits_deleted: splits_deleted.clone(),
+            tap,
         };
         let handle = std::thread::Builder::new()
             .name("ringbag-writer".into())
@@ -329,6 +370,7 @@ struct WriterCtx {
     written_scratch: Vec<u64>,
     clock: Arc<dyn TimeSource>,
     splits_deleted: Arc<std::sync::atomic::AtomicU64>,
+    tap: Option<Box<dyn Tap>>,
 }
 
 impl WriterCtx {
@@ -489,6 +531,9 @@ impl WriterCtx {
 
     fn drain_registrations(&mut self) -> Result<(), PipelineError> {
         while let Ok(reg) = self.reg_rx.try_recv() {
+            if let Some(tap) = self.tap.as_mut() {
+                tap.topic(reg.id, &reg.info, reg.definition.as_ref());
+            }
             let idx = self.writer().add_topic(reg.info, reg.definition)?;
             let id = reg.id as usize;
             if self.topic_map.len() <= id {
@@ -538,6 +583,20 @@ impl WriterCtx {
             let Some(idx) = self.topic_map.get(item.topic as usize).copied().flatten() else {
                 continue; // Unknown topic: stays "unwritten" in the counts.
             };
+            if let Some(tap) = self.tap.as_mut() {
+                let route = tap.message(item.topic, item.ts, &item.data);
+                if route != Continuous::Write {
+                    // Counted per message on the writer thread, only for messages left out.
+                    if let Some(Some(s)) = self.topic_stats.get(item.topic as usize) {
+                        let counter = match route {
+                            Continuous::RingOnly => &s.ring_only,
+                            _ => &s.throttled,
+                        };
+                        counter.fetch_add(1, Relaxed);
+                    }
+                    continue;
+                }
+            }
             if !self.fits_budget(item, &limit) {
                 continue;
             }
@@ -674,6 +733,12 @@ impl WriterCtx {
     }
 
     fn after_batch(&mut self) -> Result<Option<StopReason>, PipelineError> {
+        if let (Some(tap), Some(ret)) = (self.tap.as_mut(), self.retention.as_mut()) {
+            for dir in tap.finished_bags() {
+                ret.adopt_bag(&dir);
+            }
+            ret.set_in_progress_bytes(tap.in_progress_bytes());
+        }
         let Some(ret) = self.retention.as_mut() else {
             self.writer().take_newly_closed();
             return Ok(None);

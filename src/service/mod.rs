@@ -154,6 +154,7 @@ pub fn record_settings(c: &Checked, bag: PathBuf) -> RecordSettings {
         // The root is a recording root: recover what a crash left, budget over every bag.
         recover: true,
         status_file: None,
+        snapshot: c.snapshot.clone(),
     }
 }
 

@@ -14,3 +14,4 @@ mod record;
 mod recovery;
 mod retention;
 mod service;
+mod snapshot;

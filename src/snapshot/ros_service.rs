@@ -1,0 +1,118 @@
+//! The ROS service `~/snapshot` (`std_srvs/srv/Trigger`) of the recorder node, as rosbag2's
+//! snapshot mode offers it: `ros2 service call /ringbag_recorder/snapshot std_srvs/srv/Trigger`.
+//!
+//! The recorder's subscriptions live on their own rcl node; the service gets a small r2r node
+//! of its own (`ringbag_recorder_snapshot`) in its own thread, with the recorder's node name in
+//! the service's absolute name, so the name reads as the recorder's `~/snapshot`. Only built
+//! against a sourced ROS 2 with std_srvs (`cfg(ringbag_std_srvs)`, set by build.rs): r2r's
+//! saved doc-only bindings have no std_srvs.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use futures_core::Stream;
+
+use super::snapshotter::Cmd;
+use super::trigger::{Origin, Outcome, TriggerRequest};
+
+type Trigger = r2r::std_srvs::srv::Trigger::Service;
+
+/// The service's absolute name: the recorder node's `~/snapshot`.
+pub fn service_name() -> String {
+    format!("/{}/snapshot", crate::source::ros::RECORDER_NODE_NAME)
+}
+
+/// The service thread; stops when dropped or [`RosSnapshotService::stop`]ped.
+pub struct RosSnapshotService {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl RosSnapshotService {
+    pub fn start(tx: Sender<Cmd>) -> Result<RosSnapshotService, String> {
+        let ctx = r2r::Context::create().map_err(|e| format!("ROS context: {e}"))?;
+        let mut node = r2r::Node::create(ctx, "ringbag_recorder_snapshot", "")
+            .map_err(|e| format!("ROS node for {}: {e}", service_name()))?;
+        let requests = node
+            .create_service::<Trigger>(&service_name(), r2r::QosProfile::services_default())
+            .map_err(|e| format!("ROS service {}: {e}", service_name()))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("ringbag-ros-snapshot".into())
+                .spawn(move || serve(node, requests, &tx, &stop))
+                .map_err(|e| e.to_string())?
+        };
+        log::info!("ROS service {}: listening for triggers", service_name());
+        Ok(RosSnapshotService {
+            stop,
+            handle: Some(handle),
+        })
+    }
+
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for RosSnapshotService {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn serve(
+    mut node: r2r::Node,
+    mut requests: impl Stream<Item = r2r::ServiceRequest<Trigger>> + Unpin,
+    tx: &Sender<Cmd>,
+    stop: &AtomicBool,
+) {
+    // r2r hands requests over as a futures Stream; spin_once fills it, so a no-op waker and
+    // polling after each spin is all the executor this needs.
+    let mut cx = Context::from_waker(Waker::noop());
+    while !stop.load(Relaxed) {
+        node.spin_once(Duration::from_millis(50));
+        while let Poll::Ready(Some(req)) = Pin::new(&mut requests).poll_next(&mut cx) {
+            let (rtx, rrx) = crossbeam_channel::bounded(1);
+            let sent = tx.send(Cmd::Trigger {
+                req: TriggerRequest {
+                    reason: Some("ros service".into()),
+                    ..Default::default()
+                },
+                origin: Origin::Service,
+                at_ns: None,
+                reply: Some(rtx),
+            });
+            let outcome = sent
+                .ok()
+                .and_then(|_| rrx.recv_timeout(Duration::from_secs(5)).ok());
+            let (success, message) = match outcome {
+                Some(Outcome::Started { bag }) => (true, format!("snapshot started: {bag}")),
+                Some(Outcome::Extended { bag }) => (true, format!("snapshot extended: {bag}")),
+                Some(Outcome::RateLimited { suppressed }) => (
+                    false,
+                    format!("rate-limited ({suppressed} refused in a row)"),
+                ),
+                Some(Outcome::Refused { why }) => (false, why),
+                None => (false, "the recorder is stopping".into()),
+            };
+            let response = r2r::std_srvs::srv::Trigger::Response { success, message };
+            if let Err(e) = req.respond(response) {
+                log::warn!("ROS service {}: cannot respond: {e}", service_name());
+            }
+        }
+    }
+}

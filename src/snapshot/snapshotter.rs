@@ -1,0 +1,706 @@
+//! The snapshot thread: takes triggers, cuts windows out of the ring into new bags, off the
+//! writer thread (which keeps appending to the ring meanwhile). Also the crash bag written at
+//! start from a ring a dead recorder left.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use super::ring::{PendingTrigger, Ring, Step};
+use super::trigger::{reason_for_name, Decision, Origin, Outcome, Planner, TriggerRequest, Window};
+use crate::bag::writer::{BagWriter, WriterOptions};
+use crate::bag::BagError;
+use crate::clock::TimeSource;
+
+/// Wait this long past a snapshot's end before closing it: messages stamped before the end
+/// may still be in the recorder's queue or batch (the batch delay is 50 ms).
+const CLOSE_GRACE_NS: i64 = 300_000_000;
+/// Rows per bag transaction while copying (bytes).
+const COPY_BATCH_BYTES: usize = 16 << 20;
+/// Ring bytes one copy call scans before the thread looks for triggers again.
+const COPY_SCAN_BYTES: u64 = 16 << 20;
+
+/// A request to the snapshot thread.
+pub enum Cmd {
+    Trigger {
+        req: TriggerRequest,
+        origin: Origin,
+        /// The trigger's time (a trigger topic's message stamp); None = now.
+        at_ns: Option<i64>,
+        reply: Option<Sender<Outcome>>,
+    },
+}
+
+/// What the snapshot thread needs.
+pub struct Config {
+    pub root: PathBuf,
+    /// Flavour, preset and split size of snapshot bags (those of the continuous bag).
+    pub writer: WriterOptions,
+    pub clock: Arc<dyn TimeSource>,
+    /// Told of every finished snapshot bag (the writer thread's retention adopts them).
+    pub finished: Option<Sender<PathBuf>>,
+    /// Bytes on disk of the snapshot bag being written (the budget counts it meanwhile).
+    pub in_progress: Option<Arc<std::sync::atomic::AtomicU64>>,
+}
+
+/// What a finished snapshot holds (for logs and tests).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CopyStats {
+    pub messages: u64,
+    /// Records overwritten in the ring before they could be copied (the bag writer was slower
+    /// than the ring wrapped), as bytes of the ring skipped.
+    pub evicted_bytes: u64,
+    pub damaged: u64,
+    pub first_ns: Option<i64>,
+    pub last_ns: Option<i64>,
+}
+
+/// Where a copy call stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Copied {
+    /// At the ring's head: nothing more to copy yet.
+    Head,
+    /// Past the window's end (with grace): the snapshot is complete.
+    PastEnd,
+    /// Its byte budget used up: call again.
+    Budget,
+}
+
+/// Copies records from a ring into a bag: ring topic ids → bag topic indexes, batches.
+struct Copier {
+    topic_idx: Vec<Option<usize>>,
+    arena: Vec<u8>,
+    rows: Vec<(usize, i64, usize, usize)>,
+    buf: Vec<u8>,
+    stats: CopyStats,
+}
+
+impl Copier {
+    fn new() -> Self {
+        Copier {
+            topic_idx: Vec::new(),
+            arena: Vec::new(),
+            rows: Vec::new(),
+            buf: Vec::new(),
+            stats: CopyStats::default(),
+        }
+    }
+
+    fn bag_topic(
+        &mut self,
+        ring: &Ring,
+        bag: &mut BagWriter,
+        id: u32,
+    ) -> Result<Option<usize>, BagError> {
+        if let Some(Some(i)) = self.topic_idx.get(id as usize) {
+            return Ok(Some(*i));
+        }
+        let topics = ring.topics();
+        let Some(t) = topics.get(id as usize) else {
+            return Ok(None);
+        };
+        let idx = bag.add_topic(t.info(), t.definition())?;
+        if self.topic_idx.len() <= id as usize {
+            self.topic_idx.resize(id as usize + 1, None);
+        }
+        self.topic_idx[id as usize] = Some(idx);
+        Ok(Some(idx))
+    }
+
+    /// Copy records from `*cursor` up to the ring's head whose stamps are in `[start, end]`,
+    /// at most about `budget_bytes` of the ring per call (so triggers are answered between
+    /// calls).
+    fn copy(
+        &mut self,
+        ring: &Ring,
+        bag: &mut BagWriter,
+        cursor: &mut u64,
+        start: i64,
+        end: i64,
+        budget_bytes: u64,
+    ) -> Result<Copied, BagError> {
+        let mut scanned = 0u64;
+        let mut result = Copied::Budget;
+        while scanned < budget_bytes {
+            let step = ring.read_if(*cursor, &mut self.buf, |h| h.ts >= start && h.ts <= end);
+            match step {
+                Step::Skipped { head, next } => {
+                    scanned += next - *cursor;
+                    *cursor = next;
+                    // Stamps are receive times, ordered to within the writer's batching: a
+                    // record this far past the end means nothing later belongs in the window.
+                    if head.ts > end.saturating_add(CLOSE_GRACE_NS) {
+                        result = Copied::PastEnd;
+                        break;
+                    }
+                }
+                Step::Record { head, next } => {
+                    scanned += next - *cursor;
+                    *cursor = next;
+                    let Some(idx) = self.bag_topic(ring, bag, head.topic)? else {
+                        self.stats.damaged += 1;
+                        continue;
+                    };
+                    let at = self.arena.len();
+                    self.arena.extend_from_slice(&self.buf);
+                    self.rows.push((idx, head.ts, at, self.buf.len()));
+                    if self.arena.len() >= COPY_BATCH_BYTES {
+                        self.flush(bag)?;
+                    }
+                }
+                Step::Evicted { tail } => {
+                    if self.stats.evicted_bytes == 0 {
+                        log::warn!(
+                            "{}: the ring overwrote records before the snapshot copied them (the bag is written slower than the ring wraps); skipping ahead",
+                            ring.path().display()
+                        );
+                    }
+                    self.stats.evicted_bytes += tail.saturating_sub(*cursor);
+                    *cursor = tail;
+                }
+                Step::End => {
+                    result = Copied::Head;
+                    break;
+                }
+                Step::Damaged { next, why } => {
+                    self.stats.damaged += 1;
+                    log::warn!("{}: {why}; skipped", ring.path().display());
+                    match next {
+                        Some(p) => *cursor = p,
+                        None => {
+                            *cursor = ring.head();
+                        }
+                    }
+                }
+            }
+        }
+        self.flush(bag)?;
+        Ok(result)
+    }
+
+    fn flush(&mut self, bag: &mut BagWriter) -> Result<(), BagError> {
+        if self.rows.is_empty() {
+            return Ok(());
+        }
+        let arena = &self.arena;
+        bag.write_batch(
+            self.rows
+                .iter()
+                .map(|&(idx, ts, at, len)| (idx, ts, &arena[at..at + len])),
+        )?;
+        self.stats.messages += self.rows.len() as u64;
+        let (lo, hi) = self.rows.iter().fold((i64::MAX, i64::MIN), |(lo, hi), r| {
+            (lo.min(r.1), hi.max(r.1))
+        });
+        self.stats.first_ns = Some(self.stats.first_ns.map_or(lo, |f| f.min(lo)));
+        self.stats.last_ns = Some(self.stats.last_ns.map_or(hi, |l| l.max(hi)));
+        self.rows.clear();
+        self.arena.clear();
+        Ok(())
+    }
+}
+
+/// Bytes of a bag's split files (with their sidecars) as they are on disk now.
+fn bag_bytes_on_disk(dir: &Path) -> u64 {
+    crate::bag::reader::find_split_files(dir)
+        .unwrap_or_default()
+        .iter()
+        .map(|f| crate::bag::writer::split_size_on_disk(&dir.join(f)))
+        .sum()
+}
+
+/// `2026-12-02T03-04-05Z_snapshot_estop` (or `_crash`), unique under `root`.
+pub fn snapshot_dir(root: &Path, at_ns: i64, kind: &str, reason: &str) -> PathBuf {
+    let t = chrono::DateTime::from_timestamp_nanos(at_ns);
+    let base = format!(
+        "{}_{kind}_{}",
+        t.format("%Y-%m-%dT%H-%M-%SZ"),
+        reason_for_name(reason)
+    );
+    let mut dir = root.join(&base);
+    let mut n = 2;
+    while dir.symlink_metadata().is_ok() {
+        dir = root.join(format!("{base}-{n}"));
+        n += 1;
+    }
+    dir
+}
+
+fn utc_text(ns: i64) -> String {
+    chrono::DateTime::from_timestamp_nanos(ns)
+        .format("%Y-%m-%dT%H:%M:%S%.9fZ")
+        .to_string()
+}
+
+/// The snapshot being written.
+struct Open {
+    bag: BagWriter,
+    dir: PathBuf,
+    window: Window,
+    cursor: u64,
+    reasons: Vec<String>,
+    origins: Vec<Origin>,
+    triggers: u64,
+    copier: Copier,
+    opened: Instant,
+}
+
+/// The thread's state.
+pub struct Snapshotter {
+    ring: Arc<Ring>,
+    cfg: Config,
+    planner: Planner,
+    open: Option<Open>,
+    /// Finished snapshot bags, for the caller (retention, tests).
+    pub finished: Vec<PathBuf>,
+}
+
+impl Snapshotter {
+    pub fn new(ring: Arc<Ring>, cfg: Config) -> Self {
+        Snapshotter {
+            ring,
+            cfg,
+            planner: Planner::default(),
+            open: None,
+            finished: Vec::new(),
+        }
+    }
+
+    /// Run until `rx` disconnects (the recorder stops); then finish the open snapshot with
+    /// what the ring holds and return the bags written.
+    pub fn run(mut self, rx: Receiver<Cmd>) -> Vec<PathBuf> {
+        let mut more = false;
+        loop {
+            let wait = if more {
+                Duration::ZERO
+            } else if self.open.is_some() {
+                Duration::from_millis(10)
+            } else {
+                Duration::from_millis(100)
+            };
+            match rx.recv_timeout(wait) {
+                Ok(Cmd::Trigger {
+                    req,
+                    origin,
+                    at_ns,
+                    reply,
+                }) => {
+                    let out = self.trigger(&req, origin, at_ns);
+                    if let Some(r) = reply {
+                        let _ = r.send(out);
+                    }
+                    // Take every queued trigger before copying (a storm is answered fast).
+                    continue;
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            more = self.pump(false);
+        }
+        self.pump(true);
+        self.finished
+    }
+
+    fn trigger(&mut self, req: &TriggerRequest, origin: Origin, at_ns: Option<i64>) -> Outcome {
+        let reason = req
+            .reason
+            .clone()
+            .filter(|r| !r.trim().is_empty())
+            .unwrap_or_else(|| format!("{origin:?}").to_lowercase());
+        let (pre, post) = match req.windows() {
+            Ok(w) => w,
+            Err(why) => {
+                log::warn!("trigger ({reason}) refused: {why}");
+                return Outcome::Refused { why };
+            }
+        };
+        let now = at_ns.unwrap_or_else(|| self.cfg.clock.now_ns());
+        match self
+            .planner
+            .decide(now, pre, post, self.open.as_ref().map(|o| &o.window))
+        {
+            Decision::Extend { end_ns } => {
+                let o = self
+                    .open
+                    .as_mut()
+                    .expect("extend only with an open snapshot");
+                o.window.end_ns = end_ns;
+                o.triggers += 1;
+                if !o.reasons.contains(&reason) && o.reasons.len() < 16 {
+                    o.reasons.push(reason.clone());
+                }
+                if !o.origins.contains(&origin) {
+                    o.origins.push(origin);
+                }
+                let bag = o.dir.display().to_string();
+                log::info!(
+                    ringbag_bag = bag.as_str();
+                    "trigger ({reason}, {origin:?}): extends snapshot {bag} to {}",
+                    utc_text(end_ns)
+                );
+                self.persist_pending();
+                Outcome::Extended { bag }
+            }
+            Decision::RateLimited { suppressed } => {
+                // The first of a storm as a warning, then every 100th: a storm must not
+                // flood the journal; the total goes into the next snapshot's log line.
+                log::debug!("trigger ({reason}, {origin:?}): rate-limited ({suppressed} in a row)");
+                if suppressed == 1 || suppressed % 100 == 0 {
+                    log::warn!(
+                        "trigger ({reason}, {origin:?}): rate-limited ({suppressed} in a row; at most {} snapshots at once, then one a minute)",
+                        super::trigger::STORM_BURST
+                    );
+                }
+                Outcome::RateLimited { suppressed }
+            }
+            Decision::Start(window) => match self.start(window, &reason, origin) {
+                Ok(bag) => Outcome::Started { bag },
+                Err(e) => {
+                    log::error!("trigger ({reason}): cannot start the snapshot bag: {e}");
+                    Outcome::Refused { why: e.to_string() }
+                }
+            },
+        }
+    }
+
+    fn start(&mut self, window: Window, reason: &str, origin: Origin) -> Result<String, BagError> {
+        let dir = snapshot_dir(&self.cfg.root, window.first_trigger_ns, "snapshot", reason);
+        let bag = BagWriter::create(&dir, self.cfg.writer.clone())?;
+        let cursor = self
+            .ring
+            .seek(window.start_ns.saturating_sub(1_000_000_000));
+        let shown = dir.display().to_string();
+        log::info!(
+            ringbag_bag = shown.as_str();
+            "trigger ({reason}, {origin:?}): snapshot {shown}: from {} to {}{}",
+            if window.start_ns == i64::MIN {
+                "the oldest message in the ring".to_string()
+            } else {
+                utc_text(window.start_ns)
+            },
+            utc_text(window.end_ns),
+            match self.planner.suppressed_total {
+                0 => String::new(),
+                n => format!(" ({n} triggers rate-limited so far)"),
+            }
+        );
+        self.open = Some(Open {
+            bag,
+            dir,
+            window,
+            cursor,
+            reasons: vec![reason.to_string()],
+            origins: vec![origin],
+            triggers: 1,
+            copier: Copier::new(),
+            opened: Instant::now(),
+        });
+        // Before answering: a kill -9 right after the trigger still finds it at the restart.
+        self.persist_pending();
+        Ok(shown)
+    }
+
+    fn persist_pending(&self) {
+        if let Some(o) = &self.open {
+            self.ring.set_pending_trigger(Some(&PendingTrigger {
+                reason: o.reasons.join("; "),
+                trigger_ns: o.window.first_trigger_ns,
+                start_ns: o.window.start_ns,
+                end_ns: o.window.end_ns,
+            }));
+        }
+    }
+
+    /// Copy what the ring has for the open snapshot; close it once its end has passed (or
+    /// at once when `stopping`). Returns true when there is more to copy right away.
+    fn pump(&mut self, stopping: bool) -> bool {
+        let Some(o) = self.open.as_mut() else {
+            return false;
+        };
+        let result = loop {
+            let copied = o.copier.copy(
+                &self.ring,
+                &mut o.bag,
+                &mut o.cursor,
+                o.window.start_ns,
+                o.window.end_ns,
+                COPY_SCAN_BYTES,
+            );
+            if let Some(b) = &self.cfg.in_progress {
+                b.store(
+                    bag_bytes_on_disk(&o.dir),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+            }
+            match copied {
+                Ok(Copied::PastEnd) => break Ok(true),
+                Ok(Copied::Head) => break Ok(false),
+                // More to copy: keep going unless a trigger waits (checked by the caller).
+                Ok(Copied::Budget) if stopping => continue,
+                Ok(Copied::Budget) => return true,
+                Err(e) => break Err(e),
+            }
+        };
+        let now = self.cfg.clock.now_ns();
+        let due = now > o.window.end_ns.saturating_add(CLOSE_GRACE_NS);
+        if matches!(result, Ok(false)) && !due && !stopping {
+            return false;
+        }
+        let o = self.open.take().expect("open snapshot");
+        self.close(o, result.err());
+        false
+    }
+
+    fn close(&mut self, o: Open, failure: Option<BagError>) {
+        let Open {
+            mut bag,
+            dir,
+            window,
+            reasons,
+            origins,
+            triggers,
+            copier,
+            opened,
+            ..
+        } = o;
+        let s = &copier.stats;
+        let custom = [
+            ("ringbag.snapshot.reason", reasons.join("; ")),
+            (
+                "ringbag.snapshot.trigger_time",
+                utc_text(window.first_trigger_ns),
+            ),
+            (
+                "ringbag.snapshot.trigger_time_ns",
+                window.first_trigger_ns.to_string(),
+            ),
+            (
+                "ringbag.snapshot.origin",
+                origins
+                    .iter()
+                    .map(|o| format!("{o:?}").to_lowercase())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            ("ringbag.snapshot.triggers", triggers.to_string()),
+            ("ringbag.snapshot.window_end_ns", window.end_ns.to_string()),
+            (
+                "ringbag.snapshot.evicted_bytes_before_copy",
+                s.evicted_bytes.to_string(),
+            ),
+            ("ringbag.snapshot.damaged_records", s.damaged.to_string()),
+        ];
+        for (k, v) in custom {
+            bag.set_custom_data(k, v);
+        }
+        let messages = s.messages;
+        let shown = dir.display().to_string();
+        match (failure, bag.finish()) {
+            (None, Ok(summary)) => {
+                log::info!(
+                    ringbag_bag = shown.as_str();
+                    "snapshot {shown} complete: {messages} messages, {} bytes, {:.2} s after the trigger was taken",
+                    summary.size_bytes,
+                    opened.elapsed().as_secs_f64()
+                );
+                if let Some(tx) = &self.cfg.finished {
+                    let _ = tx.send(dir.clone());
+                }
+                // After the bag is handed over: for a moment it may count twice, never zero
+                // times, so the budget is never exceeded by it.
+                self.finished.push(dir);
+            }
+            (Some(e), _) | (None, Err(e)) => {
+                log::error!(ringbag_bag = shown.as_str(); "snapshot {shown}: {e}");
+            }
+        }
+        if let Some(b) = &self.cfg.in_progress {
+            b.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.planner.closed(window.end_ns);
+        self.ring.set_pending_trigger(None);
+    }
+}
+
+/// What [`recover`] did.
+#[derive(Debug)]
+pub struct Recovered {
+    pub bag: PathBuf,
+    pub stats: CopyStats,
+    pub pending: Option<PendingTrigger>,
+}
+
+/// At start: if the ring at `path` was left by a run that died (or with a trigger whose bag
+/// was not finished), write everything it holds into a "crash" bag under `root` first.
+/// `Ok(None)`: no ring, or one that ended cleanly. A ring that cannot be read is logged and
+/// left to be replaced.
+pub fn recover(
+    path: &Path,
+    root: &Path,
+    writer: WriterOptions,
+    now_ns: i64,
+) -> Result<Option<Recovered>, BagError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let ring = match Ring::open_existing(path) {
+        Ok(r) => r,
+        Err(e) => {
+            log::warn!("{e}; not recovered, a new ring replaces it");
+            return Ok(None);
+        }
+    };
+    let pending = ring.pending_trigger();
+    if ring.was_clean() && pending.is_none() {
+        return Ok(None);
+    }
+    let (kind, reason, at) = match &pending {
+        Some(p) => ("crash", p.reason.clone(), p.trigger_ns),
+        None => ("crash", "recorder-died".to_string(), now_ns),
+    };
+    let dir = snapshot_dir(root, at, kind, &reason);
+    let mut bag = BagWriter::create(&dir, writer)?;
+    let mut copier = Copier::new();
+    let mut cursor = ring.tail();
+    while copier.copy(&ring, &mut bag, &mut cursor, i64::MIN, i64::MAX, u64::MAX)? != Copied::Head {
+    }
+    let s = copier.stats.clone();
+    bag.set_custom_data(
+        "ringbag.snapshot.recovered",
+        format!(
+            "ring {} of pid {} that {}",
+            path.display(),
+            ring.pid(),
+            if ring.was_clean() {
+                "stopped with a snapshot unfinished"
+            } else {
+                "died"
+            }
+        ),
+    );
+    bag.set_custom_data("ringbag.snapshot.damaged_records", s.damaged.to_string());
+    if let Some(p) = &pending {
+        bag.set_custom_data("ringbag.snapshot.reason", p.reason.clone());
+        bag.set_custom_data("ringbag.snapshot.trigger_time", utc_text(p.trigger_ns));
+        bag.set_custom_data("ringbag.snapshot.trigger_time_ns", p.trigger_ns.to_string());
+    } else {
+        bag.set_custom_data("ringbag.snapshot.reason", "crash".to_string());
+    }
+    bag.finish()?;
+    ring.set_pending_trigger(None);
+    ring.mark_clean();
+    log::warn!(
+        ringbag_bag:% = dir.display();
+        "the previous recorder (pid {}) left its ring {}{}: wrote its {} messages to {}",
+        ring.pid(),
+        path.display(),
+        pending
+            .as_ref()
+            .map(|p| format!(" with the snapshot \"{}\" unfinished", p.reason))
+            .unwrap_or_default(),
+        s.messages,
+        dir.display()
+    );
+    Ok(Some(Recovered {
+        bag: dir,
+        stats: s,
+        pending,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bag::reader::{Bag, ReadFilter};
+    use crate::bag::{Flavour, TopicInfo};
+    use crate::snapshot::ring::{RingTopic, RingWriter};
+    use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+
+    const MS: i64 = 1_000_000;
+
+    struct FakeClock(AtomicI64);
+    impl TimeSource for FakeClock {
+        fn now_ns(&self) -> i64 {
+            self.0.load(Relaxed)
+        }
+    }
+
+    fn stamps(bag: &Path) -> Vec<i64> {
+        Bag::open(bag)
+            .unwrap()
+            .messages(&ReadFilter::default())
+            .unwrap()
+            .map(|m| m.unwrap().timestamp)
+            .collect()
+    }
+
+    #[test]
+    fn a_snapshot_holds_exactly_its_window_and_the_next_one_starts_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = Arc::new(Ring::create(&dir.path().join("ring"), 4 << 20, 0).unwrap());
+        let mut w = RingWriter::new(ring.clone());
+        let t = w
+            .add_topic(RingTopic::new(
+                &TopicInfo::new("/a", "std_msgs/msg/String"),
+                None,
+            ))
+            .unwrap();
+        for i in 0..10_000i64 {
+            w.append(t, i * MS, &i.to_le_bytes()).unwrap();
+        }
+        // The clock is long past every window: each snapshot closes once copied.
+        let clock = Arc::new(FakeClock(AtomicI64::new(1_000_000 * MS)));
+        let (ftx, frx) = crossbeam_channel::unbounded();
+        let cfg = Config {
+            root: dir.path().join("root"),
+            writer: WriterOptions::new(Flavour::Jazzy),
+            clock,
+            finished: Some(ftx),
+            in_progress: None,
+        };
+        std::fs::create_dir_all(&cfg.root).unwrap();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let worker = std::thread::spawn(move || Snapshotter::new(ring, cfg).run(rx));
+        let trigger = |at_ms: i64, pre_s: Option<f64>, post_s: f64| {
+            let (rtx, rrx) = crossbeam_channel::bounded(1);
+            tx.send(Cmd::Trigger {
+                req: TriggerRequest {
+                    reason: Some("test".into()),
+                    pre_s,
+                    post_s: Some(post_s),
+                },
+                origin: Origin::Socket,
+                at_ns: Some(at_ms * MS),
+                reply: Some(rtx),
+            })
+            .unwrap();
+            rrx.recv_timeout(Duration::from_secs(10)).unwrap()
+        };
+        assert!(matches!(
+            trigger(5_000, Some(1.0), 2.0),
+            Outcome::Started { .. }
+        ));
+        let first = frx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(
+            stamps(&first),
+            (4_000..=7_000).map(|i| i * MS).collect::<Vec<_>>()
+        );
+        // Pre-window "all of the ring", but the previous snapshot already holds up to 7 s.
+        assert!(matches!(trigger(9_000, None, 0.5), Outcome::Started { .. }));
+        let second = frx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(
+            stamps(&second),
+            (7_001..=9_500).map(|i| i * MS).collect::<Vec<_>>()
+        );
+        let meta = Bag::open(&second).unwrap().metadata;
+        assert_eq!(
+            meta.custom_data["ringbag.snapshot.trigger_time_ns"],
+            (9_000 * MS).to_string()
+        );
+        assert_eq!(meta.custom_data["ringbag.snapshot.reason"], "test");
+        drop(tx);
+        assert_eq!(worker.join().unwrap(), vec![first, second]);
+    }
+}
