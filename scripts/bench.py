@@ -67,6 +67,22 @@ def copies(cmd: list[str], payload_bytes: int, dirpath: Path) -> dict:
     return {"copies_user": j["user_copy_bytes"] / payload_bytes, "copies_kernel": j["write_bytes"] / payload_bytes}
 
 
+def imu_gap_ms(bag: Path) -> float | None:
+    """Longest gap between consecutive /imu stamps (400 Hz: 2.5 ms apart) across the bag's
+    splits: a message dropped or held up anywhere shows as a longer gap."""
+    import sqlite3
+    stamps = []
+    for f in sorted(bag.glob("*.db3")):
+        c = sqlite3.connect(f"file:{f}?mode=ro", uri=True)
+        stamps += [t for (t,) in c.execute(
+            "SELECT m.timestamp FROM messages m JOIN topics t ON m.topic_id = t.id WHERE t.name = '/imu'")]
+        c.close()
+    stamps.sort()
+    if len(stamps) < 2:
+        return None
+    return max(b - a for a, b in zip(stamps, stamps[1:])) / 1e6
+
+
 def bare(dirpath: Path, size: int, count: int, batch: int, preset: str, page: int | None = None,
          count_copies: bool = False) -> dict:
     db = dirpath / "bare.db3"
@@ -98,6 +114,7 @@ def ringbag(dirpath: Path, profile: str, count: int, rate: str, extra: list[str]
     sync_s = fsync_tree(out)
     m = re.search(r"accepted (\d+) messages, (\d+) bytes in ([\d.]+) s.*?^dropped (\d+)", r["err"], re.S | re.M)
     msgs, payload, drops = int(m.group(1)), int(m.group(2)), int(m.group(4))
+    imu_gap = imu_gap_ms(out) if profile == "robot" else None
     shutil.rmtree(out, ignore_errors=True)
     # The writer's own figures (builds before the line existed print none).
     w = re.search(r"^writer: longest stall ([\d.]+) ms, peak queue (\d+) bytes; longest background fsync ([\d.]+) ms",
@@ -107,6 +124,8 @@ def ringbag(dirpath: Path, profile: str, count: int, rate: str, extra: list[str]
     if count_copies:
         extra_fields |= copies(cmd, payload, dirpath)
         shutil.rmtree(out, ignore_errors=True)
+    if imu_gap is not None:
+        extra_fields["imu_gap_ms"] = imu_gap
     return extra_fields | {
         "name": f"ringbag {profile} {rate}", "messages": msgs, "drops": drops,
         "msg_s": msgs / r["wall"], "mb_s": payload / 1e6 / r["wall"],
@@ -217,7 +236,7 @@ def main() -> None:
     print(f"filesystem: {base} ({os.uname().machine}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f})")
     print(f"ringbag: {RINGBAG}")
     hdr = (f"{'run':46} {'msg/s':>12} {'MB/s':>9} {'MB/s+sync':>10} {'CPU s/GB':>9} {'drops':>6} {'peak RSS':>9}"
-           f" {'stall ms':>9} {'peak queue':>10} {'copies u+k':>11}")
+           f" {'stall ms':>9} {'peak queue':>10} {'copies u+k':>11} {'imu gap':>8}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -228,7 +247,7 @@ def main() -> None:
         cp = f"{r['copies_user']:.2f}+{r['copies_kernel']:.2f}" if "copies_user" in r else "-"
         print(f"{r['name'] + (' ' + str(r.get('size')) + ' B' if 'size' in r else ''):46} {f('msg_s', ',.0f'):>12} "
               f"{f('mb_s', '.1f'):>9} {f('mb_s_sync', '.1f'):>10} {f('cpu_s_per_gb', '.2f'):>9} {str(r.get('drops', '-')):>6} {rss:>9}"
-              f" {f('stall_ms', '.1f'):>9} {queue:>10} {cp:>11}")
+              f" {f('stall_ms', '.1f'):>9} {queue:>10} {cp:>11} {f('imu_gap_ms', '.1f'):>8}")
     print()
     for r in ratios:
         print(f"{r['case']:15} " + "  ".join(f"{k} {v:.2f}" for k, v in r.items() if k != "case"))
