@@ -520,12 +520,7 @@ impl Bag {
             .as_ref()
             .map(|m| m.topics.iter().map(|t| t.topic.clone()).collect())
             .unwrap_or_default();
-        let mut bag = Self::open_files(
-            path,
-            path,
-            readable,
-            if derive { None } else { metadata },
-        )?;
+        let mut bag = Self::open_files(path, path, readable, if derive { None } else { metadata })?;
         if derive {
             // Topics as metadata.yaml had them (their QoS) first, then what only the files name.
             let mut topics = meta_topics;
@@ -896,13 +891,14 @@ impl MessageIter {
         let c = &mut self.cursors[i];
         if let Err(e) = c.fill() {
             c.done = true;
-            c.buf.clear();
-            if self.tolerant {
-                let after = (c.returned > 0).then_some((c.returned, c.last.0));
-                self.skipped.push(Skipped::from_error(&c.path, e, after));
-                return Ok(());
+            if !self.tolerant {
+                c.buf.clear();
+                return Err(e);
             }
-            return Err(e);
+            // The rows this chunk read before the damage still play.
+            let read = c.returned + c.buf.len() as u64;
+            let after = (read > 0).then_some((read, c.last.0));
+            self.skipped.push(Skipped::from_error(&c.path, e, after));
         }
         if let Some((ts, id, _, _)) = c.buf.front() {
             self.heap.push(Reverse((*ts, c.order, *id, i)));
