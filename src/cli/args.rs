@@ -53,7 +53,7 @@ pub enum Command {
     /// Describe a bag (like `ros2 bag info`), plus the size of each split.
     Info(InfoArgs),
     /// Replay a bag (like `ros2 bag play`) to ROS topics, or print it with `--sink echo`.
-    Play(PlayArgs),
+    Play(Box<PlayArgs>),
     /// Show the clock the recorder would stamp with: source, PHC offset, drift, cost per stamp.
     Clock(ClockCmdArgs),
     /// Rebuild metadata.yaml from the .db3 files, salvaging damaged splits (after a crash).
