@@ -287,8 +287,19 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
     let regex = |what: &str, re: &Option<String>| -> Result<Option<regex::Regex>, String> {
         re.as_deref()
             .map(|p| {
-                regex::Regex::new(p)
-                    .map_err(|e| format!("{what} {p:?}: invalid regular expression: {e}"))
+                regex::Regex::new(p).map_err(|e| {
+                    // The regex crate draws the error over several lines; keep one.
+                    let text = e.to_string();
+                    let parts: Vec<&str> = text
+                        .lines()
+                        .map(str::trim)
+                        .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '^' || c == '~'))
+                        .collect();
+                    format!(
+                        "{what} {p:?}: invalid regular expression: {}",
+                        parts.join("; ")
+                    )
+                })
             })
             .transpose()
     };

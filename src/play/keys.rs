@@ -170,7 +170,7 @@ impl Keyboard {
     /// Starts the controls, or returns `None` when stdin is not a terminal (or not ours now:
     /// play runs in the background): then the keys are off without being asked.
     pub fn start() -> Option<Keyboard> {
-        use nix::sys::termios::{tcgetattr, LocalFlags, SpecialCharacterIndices};
+        use nix::sys::termios::tcgetattr;
         let stdin = std::io::stdin();
         if !nix::unistd::isatty(stdin.as_fd()).unwrap_or(false) {
             return None;
@@ -179,15 +179,16 @@ impl Keyboard {
             log::debug!("stdin is a terminal of another process group: keyboard controls off");
             return None;
         }
-        let saved = tcgetattr(stdin.as_fd()).ok()?;
-        let mut raw = saved.clone();
-        raw.local_flags
-            .remove(LocalFlags::ICANON | LocalFlags::ECHO);
-        raw.control_chars[SpecialCharacterIndices::VMIN as usize] = 1;
-        raw.control_chars[SpecialCharacterIndices::VTIME as usize] = 0;
+        let saved: libc::termios = tcgetattr(stdin.as_fd()).ok()?.into();
+        // Changed on the libc struct: nix's `From<Termios>` returns its inner copy without
+        // the edits made through its public fields.
+        let mut raw = saved;
+        raw.c_lflag &= !(libc::ICANON | libc::ECHO);
+        raw.c_cc[libc::VMIN] = 1;
+        raw.c_cc[libc::VTIME] = 0;
         // Set once per process: a second start finds the same terminal's original mode.
-        let _ = SAVED.set(saved.into());
-        let _ = RAW.set(raw.into());
+        let _ = SAVED.set(saved);
+        let _ = RAW.set(raw);
         crate::signals::set_death_hook(restore);
         for (sig, handler) in HANDLED {
             let action = SigAction::new(

@@ -136,6 +136,13 @@ pub fn skipped_paths(skipped: &[crate::bag::reader::Skipped]) -> HashSet<PathBuf
     skipped.iter().map(|s| s.path.clone()).collect()
 }
 
+/// A time since the epoch as exact seconds, e.g. `1700000000.100000000 s`.
+fn epoch_secs(ns: i64) -> String {
+    let sign = if ns < 0 { "-" } else { "" };
+    let a = ns.unsigned_abs();
+    format!("{sign}{}.{:09} s", a / 1_000_000_000, a % 1_000_000_000)
+}
+
 fn secs(ns: i64) -> String {
     format!("{:.3} s", ns as f64 / 1e9)
 }
@@ -174,7 +181,9 @@ pub fn play_bag(
     if let Some(until) = settings.playback_until_ns {
         if until < start {
             return Err(PlayError::BadInput(format!(
-                "--playback-until {until} ns: before the start of playback ({start} ns: the bag's start{})",
+                "--playback-until: {} is before the start of playback ({}: the bag's start{})",
+                epoch_secs(until),
+                epoch_secs(start),
                 if settings.start_offset_ns > 0 {
                     " + --start-offset"
                 } else {

@@ -8,6 +8,8 @@ mod errors;
 mod format;
 mod fuzz;
 mod hostile_bags;
+mod play;
+mod play_keys;
 mod reader;
 mod record;
 mod recovery;
