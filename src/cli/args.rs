@@ -368,7 +368,7 @@ pub struct RecordArgs {
     #[arg(long, value_enum)]
     pub source: Option<SourceKind>,
     /// Synthetic source profile: robot (IMU, tf, 2 cameras, point cloud), small (100 B),
-    /// medium (64 KiB), large (1 MiB).
+    /// medium (64 KiB), large (1 MiB), mixed (100 B at 1 kHz and 2 MB at 30 Hz).
     #[arg(long, value_enum, default_value = "robot")]
     pub synthetic_profile: SyntheticProfile,
     /// Synthetic source pace: realtime or max.

@@ -30,12 +30,17 @@ pub enum SyntheticProfile {
     Medium,
     /// One std_msgs/String topic, 1 MiB per serialized message.
     Large,
+    /// Two std_msgs/String topics: 100 B at 1 kHz and 2 MB at 30 Hz (the playback timing
+    /// benchmark: a fast small topic beside a slow large one).
+    Mixed,
 }
 
 /// Serialized sizes of the benchmark profiles, encapsulation header included.
 pub const SMALL_MESSAGE_BYTES: usize = 100;
 pub const MEDIUM_MESSAGE_BYTES: usize = 64 * 1024;
 pub const LARGE_MESSAGE_BYTES: usize = 1024 * 1024;
+/// The large topic of the `mixed` profile: 2 MB (decimal), as the playback benchmark asks.
+pub const MIXED_LARGE_MESSAGE_BYTES: usize = 2_000_000;
 
 /// Camera geometry of the robot profile.
 pub const CAMERA_WIDTH: u32 = 1280;
@@ -108,6 +113,22 @@ impl SyntheticProfile {
                     total_len: LARGE_MESSAGE_BYTES,
                 },
             )],
+            SyntheticProfile::Mixed => vec![
+                SyntheticTopic::new(
+                    "/synthetic/small",
+                    1000.0,
+                    Kind::Text {
+                        total_len: SMALL_MESSAGE_BYTES,
+                    },
+                ),
+                SyntheticTopic::new(
+                    "/synthetic/blob",
+                    30.0,
+                    Kind::Text {
+                        total_len: MIXED_LARGE_MESSAGE_BYTES,
+                    },
+                ),
+            ],
         }
     }
 }
