@@ -113,6 +113,9 @@ impl ReadAhead {
     }
 }
 
+/// How much nicer than the scheduler the reader thread runs.
+const READER_NICE: libc::c_int = 5;
+
 /// What the reader thread reads.
 pub struct ReadJob<'a> {
     pub bag: &'a Bag,
@@ -125,6 +128,11 @@ pub struct ReadJob<'a> {
 /// The reader thread's body: pass after pass (`--loop`) until done or the queue is closed.
 /// Damaged splits are left out with one warning each; everything readable plays.
 pub fn read_into(job: ReadJob<'_>, queue: &ReadAhead) {
+    // Below the scheduler: when both want a CPU, the scheduler's wake-up comes first. The
+    // read-ahead queue lets the reader fall behind for a while without any message being late.
+    // SAFETY: nice() only changes this thread's priority (Linux threads have their own); a
+    // failure leaves it as it was, which is harmless.
+    unsafe { libc::nice(READER_NICE) };
     let mut reported = job.reported;
     let mut warn_skipped = |it: &mut crate::bag::reader::MessageIter| {
         for s in it.take_skipped() {

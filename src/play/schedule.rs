@@ -150,9 +150,21 @@ impl<'a> Scheduler<'a> {
     pub fn run(mut self) -> Result<PlayReport, PlayError> {
         // Sleeps end as close to their deadline as the kernel allows (default slack: 50 µs).
         let _ = nix::sys::prctl::set_timerslack(1);
+        // The schedule starts when the first message is in hand (as ros2 bag play waits
+        // for its queue): what opening the bag and the first read cost is not counted as
+        // lateness of every message after it. `--delay` still counts from the start.
+        let mut first = Some(self.next_item()?);
+        let now = monotonic_ns();
+        if matches!(first, Some(Some(Item::Msg(_)))) && now > self.timeline.anchor_wall {
+            self.timeline.anchor_wall = now;
+        }
         self.log_anchor("start");
         loop {
-            let m = match self.next_item()? {
+            let item = match first.take() {
+                Some(item) => item,
+                None => self.next_item()?,
+            };
+            let m = match item {
                 None => break,
                 Some(Item::Msg(m)) => m,
                 Some(Item::EndOfPass) => {
