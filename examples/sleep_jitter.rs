@@ -6,8 +6,8 @@
 //!
 //! Usage: sleep_jitter HZ SECONDS SPIN_US
 
-use nix::time::{clock_gettime, clock_nanosleep, ClockId, ClockNanosleepFlags};
 use nix::sys::time::TimeSpec;
+use nix::time::{clock_gettime, clock_nanosleep, ClockId, ClockNanosleepFlags};
 
 fn now() -> i64 {
     let t = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
@@ -16,7 +16,13 @@ fn now() -> i64 {
 
 fn sleep_until(t: i64) {
     let ts = TimeSpec::new(t / 1_000_000_000, t % 1_000_000_000);
-    while clock_nanosleep(ClockId::CLOCK_MONOTONIC, ClockNanosleepFlags::TIMER_ABSTIME, &ts).is_err() {}
+    while clock_nanosleep(
+        ClockId::CLOCK_MONOTONIC,
+        ClockNanosleepFlags::TIMER_ABSTIME,
+        &ts,
+    )
+    .is_err()
+    {}
 }
 
 fn main() {

@@ -758,6 +758,8 @@ impl Bag {
                 done: false,
                 order,
                 returned: 0,
+                chunk_rows: FIRST_CHUNK_ROWS,
+                chunk_bytes: FIRST_CHUNK_BYTES,
             },
         )))
     }
@@ -807,6 +809,10 @@ pub const CURSOR_ORDER: &str = "ORDER BY timestamp, id";
 /// Rows and bytes fetched per chunk: bounded so that 1 MiB messages don't balloon memory.
 const CHUNK_ROWS: usize = 512;
 const CHUNK_BYTES: usize = 8 << 20;
+/// A split's first chunk is small and each next one twice as large, up to the bounds above:
+/// the first message after a seek comes back without reading megabytes behind it.
+const FIRST_CHUNK_ROWS: usize = 8;
+const FIRST_CHUNK_BYTES: usize = 64 << 10;
 
 struct SplitCursor {
     sql: String,
@@ -821,6 +827,9 @@ struct SplitCursor {
     order: usize,
     /// Messages handed out so far (for the note when the split fails part-way).
     returned: u64,
+    /// Bounds of the next chunk (growing to CHUNK_ROWS / CHUNK_BYTES).
+    chunk_rows: usize,
+    chunk_bytes: usize,
 }
 
 impl SplitCursor {
@@ -858,7 +867,9 @@ impl SplitCursor {
             bytes += data.len();
             self.last = (ts, id);
             self.buf.push_back((ts, id, topic, data));
-            if self.buf.len() >= CHUNK_ROWS || bytes >= CHUNK_BYTES {
+            if self.buf.len() >= self.chunk_rows || bytes >= self.chunk_bytes {
+                self.chunk_rows = (self.chunk_rows * 2).min(CHUNK_ROWS);
+                self.chunk_bytes = (self.chunk_bytes * 2).min(CHUNK_BYTES);
                 return Ok(());
             }
         }

@@ -234,6 +234,11 @@ pub struct PlayArgs {
     /// topic names).
     #[arg(long, value_name = "FILE")]
     pub qos_profile_overrides_path: Option<PathBuf>,
+    /// Run the scheduler thread SCHED_FIFO at this priority (1 to 99) for timing that holds
+    /// on a loaded machine; needs CAP_SYS_NICE or RLIMIT_RTPRIO (else one warning) [default:
+    /// normal scheduling].
+    #[arg(long, value_name = "PRIO", allow_negative_numbers = true)]
+    pub rt_priority: Option<i32>,
     /// No keyboard controls even on a terminal (they are off anyway when stdin is not one).
     #[arg(long)]
     pub disable_keyboard_controls: bool,

@@ -279,6 +279,13 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
             ));
         }
     }
+    if let Some(p) = a.rt_priority {
+        if !(1..=99).contains(&p) {
+            return Err(format!(
+                "--rt-priority {p}: must be 1 to 99 (SCHED_FIFO priorities)"
+            ));
+        }
+    }
     let names = |what: &str, list: &[String]| -> Result<Vec<String>, String> {
         list.iter()
             .map(|t| normalize_topic_name(t).map_err(|e| format!("{what} {t}: {e}")))
@@ -336,6 +343,7 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
         read_ahead_bytes,
         clock_hz: a.clock,
         qos_overrides,
+        rt_priority: a.rt_priority,
     })
 }
 

@@ -63,6 +63,8 @@ pub struct PlaySettings {
     pub clock_hz: Option<f64>,
     /// Per-topic publisher QoS, by the bag's topic name.
     pub qos_overrides: QosOverrides,
+    /// Run the scheduler thread SCHED_FIFO at this priority (1..=99).
+    pub rt_priority: Option<i32>,
 }
 
 impl PlaySettings {
@@ -83,6 +85,7 @@ impl PlaySettings {
             read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
             clock_hz: None,
             qos_overrides: QosOverrides::new(),
+            rt_priority: None,
         }
     }
 }
@@ -259,6 +262,7 @@ pub fn play_bag(
             filter,
             loop_playback: settings.loop_playback,
             reported: reported.clone(),
+            rt_priority: settings.rt_priority,
         };
         let queue = &queue;
         let reader = std::thread::Builder::new()
@@ -275,6 +279,7 @@ pub fn play_bag(
             timeline,
             span,
             clock_period_ns,
+            settings.rt_priority,
         );
         if keys {
             eprintln!(

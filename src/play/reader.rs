@@ -106,6 +106,26 @@ impl ReadAhead {
         Some(item)
     }
 
+    /// Wait (at most `timeout`) until the queue holds `span_ns` of bag time, is full by either
+    /// bound, or holds the end of a pass: the head start playback begins with.
+    pub fn wait_ready(&self, span_ns: i64, timeout: Duration) {
+        let ready = |s: &State| {
+            let full = s.messages >= self.max_messages || s.bytes >= self.max_bytes;
+            let ts = |i: Option<&Item>| match i {
+                Some(Item::Msg(m)) => Some(m.timestamp),
+                _ => None,
+            };
+            let ended = s.items.iter().any(|i| !matches!(i, Item::Msg(_)));
+            let covered = match (ts(s.items.front()), ts(s.items.back())) {
+                (Some(a), Some(b)) => b.saturating_sub(a) >= span_ns,
+                _ => false,
+            };
+            full || ended || covered
+        };
+        let s = self.lock();
+        let _ = self.has_items.wait_timeout_while(s, timeout, |s| !ready(s));
+    }
+
     /// The consumer is done: wake and stop the reader.
     pub fn close(&self) {
         self.lock().closed = true;
@@ -123,6 +143,8 @@ pub struct ReadJob<'a> {
     pub loop_playback: bool,
     /// Splits already reported skipped when the bag was opened.
     pub reported: HashSet<PathBuf>,
+    /// `--rt-priority` of the scheduler: the reader then runs SCHED_FIFO one below it.
+    pub rt_priority: Option<i32>,
 }
 
 /// The reader thread's body: pass after pass (`--loop`) until done or the queue is closed.
@@ -130,9 +152,17 @@ pub struct ReadJob<'a> {
 pub fn read_into(job: ReadJob<'_>, queue: &ReadAhead) {
     // Below the scheduler: when both want a CPU, the scheduler's wake-up comes first. The
     // read-ahead queue lets the reader fall behind for a while without any message being late.
-    // SAFETY: nice() only changes this thread's priority (Linux threads have their own); a
-    // failure leaves it as it was, which is harmless.
-    unsafe { libc::nice(READER_NICE) };
+    // With --rt-priority the reader is real-time too, one below the scheduler, so a loaded
+    // machine cannot starve it at high rates; at priority 1 it stays a normal thread (equal
+    // FIFO priorities would not preempt each other).
+    match job.rt_priority {
+        Some(p) if p > 1 && super::schedule::realtime(p - 1).is_ok() => {}
+        // SAFETY: nice() only changes this thread's priority (Linux threads have their own);
+        // a failure leaves it as it was, which is harmless.
+        _ => unsafe {
+            libc::nice(READER_NICE);
+        },
+    }
     let mut reported = job.reported;
     let mut warn_skipped = |it: &mut crate::bag::reader::MessageIter| {
         for s in it.take_skipped() {

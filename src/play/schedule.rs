@@ -17,6 +17,10 @@ use super::{PlayError, PlayReport};
 /// The last stretch before a message's time is spent spinning, not sleeping: a sleep's
 /// wake-up is late by tens of microseconds on an idle machine and more under load.
 pub const SPIN_NS: i64 = 200_000;
+/// Before the first message the scheduler waits until the read-ahead holds this much
+/// playback (wall time at the rate), or the queue is full, or at most PREFILL_MAX_WAIT_NS.
+const PREFILL_WALL_NS: i64 = 100_000_000;
+const PREFILL_MAX_WAIT_NS: u64 = 25_000_000;
 /// Longest uninterrupted wait: a stop request is noticed at least this often, so a gap of
 /// hours in a bag never delays a stop.
 const POLL_NS: i64 = 50_000_000;
@@ -99,6 +103,8 @@ pub struct Scheduler<'a> {
     pub span: Span,
     /// `/clock` period in ns, when `--clock` is on.
     pub clock_period_ns: Option<i64>,
+    /// `--rt-priority`.
+    pub rt_priority: Option<i32>,
     pub report: PlayReport,
     next_clock: i64,
     step: bool,
@@ -121,6 +127,7 @@ impl<'a> Scheduler<'a> {
         timeline: Timeline,
         span: Span,
         clock_period_ns: Option<i64>,
+        rt_priority: Option<i32>,
     ) -> Self {
         Scheduler {
             sink,
@@ -132,6 +139,7 @@ impl<'a> Scheduler<'a> {
             timeline,
             span,
             clock_period_ns,
+            rt_priority,
             report: PlayReport::default(),
             step: false,
             flushed: true,
@@ -150,9 +158,22 @@ impl<'a> Scheduler<'a> {
     pub fn run(mut self) -> Result<PlayReport, PlayError> {
         // Sleeps end as close to their deadline as the kernel allows (default slack: 50 µs).
         let _ = nix::sys::prctl::set_timerslack(1);
+        if let Some(prio) = self.rt_priority {
+            if let Err(e) = realtime(prio) {
+                log::warn!(
+                    "--rt-priority {prio}: cannot run SCHED_FIFO ({e}; needs CAP_SYS_NICE or an RLIMIT_RTPRIO of at least {prio}); playing with normal scheduling"
+                );
+            }
+        }
         // The schedule starts when the first message is in hand (as ros2 bag play waits
         // for its queue): what opening the bag and the first read cost is not counted as
         // lateness of every message after it. `--delay` still counts from the start.
+        // A head start of read-ahead first, so the reader is not on the timing path from
+        // the very first message; bounded, so it never costs the first message much.
+        self.queue.wait_ready(
+            (PREFILL_WALL_NS as f64 * self.timeline.rate) as i64,
+            Duration::from_nanos(PREFILL_MAX_WAIT_NS),
+        );
         let mut first = Some(self.next_item()?);
         let now = monotonic_ns();
         if matches!(first, Some(Some(Item::Msg(_)))) && now > self.timeline.anchor_wall {
@@ -363,6 +384,22 @@ impl<'a> Scheduler<'a> {
             self.timeline.anchor_wall,
             self.timeline.rate
         );
+    }
+}
+
+/// Put the calling thread in SCHED_FIFO at `prio`: a waking scheduler then preempts every
+/// normal task at once, instead of waiting out another task's time slice (milliseconds on a
+/// loaded machine). Only the calling thread.
+pub(super) fn realtime(prio: i32) -> std::io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: prio,
+    };
+    // SAFETY: pthread_self() is the calling thread's valid handle; `param` is a valid
+    // sched_param that outlives the call.
+    let rc = unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param) };
+    match rc {
+        0 => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
     }
 }
 
