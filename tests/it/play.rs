@@ -101,6 +101,11 @@ fn ok(o: &Output) -> Vec<Line> {
     lines(&stdout(o))
 }
 
+/// Which messages of a bag a case expects.
+type Keep = Box<dyn Fn(&Msg) -> bool>;
+/// (topic, bag_ns) in play order.
+type Played = Vec<(String, i64)>;
+
 /// (topic, bag_ns) of each played line that is not /clock.
 fn played(l: &[Line]) -> Vec<(String, i64)> {
     l.iter()
@@ -193,7 +198,7 @@ fn topic_filters_select_exactly_as_ros2_bag_play() {
     let tmp = tempfile::tempdir().unwrap();
     let msgs = mixed(40, 1);
     let bag = bag_of(tmp.path(), "f", &msgs, 9);
-    let cases: Vec<(Vec<&str>, Box<dyn Fn(&Msg) -> bool>)> = vec![
+    let cases: Vec<(Vec<&str>, Keep)> = vec![
         (vec!["--topics", "/a", "imu"], Box::new(|m| m.0 != "/b")),
         (vec!["-e", "^/(a|b)$"], Box::new(|m| m.0 != "/imu")),
         // --topics and -e add up.
@@ -294,7 +299,7 @@ fn start_offset_duration_and_until_bound_what_plays() {
     let msgs = mixed(50, 10);
     let bag = bag_of(tmp.path(), "w", &msgs, 11);
     let within = |lo: i64, hi: i64| expected(&msgs, move |m| m.2 >= T0 + lo && m.2 <= T0 + hi);
-    let cases: Vec<(Vec<String>, Vec<(String, i64)>)> = vec![
+    let cases: Vec<(Vec<String>, Played)> = vec![
         (
             vec!["--start-offset".into(), "0.2".into()],
             within(200 * MS, i64::MAX / 2),
@@ -630,7 +635,7 @@ fn a_split_damaged_part_way_plays_up_to_the_damage_then_the_next_split() {
     let err = stderr(&o);
     let got = played(&l);
     let n = got.len();
-    assert!(n >= 20 && n < 120, "played {n}: {err}");
+    assert!((20..120).contains(&n), "played {n}: {err}");
     // What played is in order, a prefix of the damaged split and all of the next one.
     let tail: Vec<(String, i64)> = expected(&msgs[100..], |_| true);
     assert_eq!(&got[n - 20..], &tail[..], "{err}");
