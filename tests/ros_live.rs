@@ -861,8 +861,11 @@ fn play_publishes_the_bag_in_order_with_its_qos_clock_and_remap() {
     w.finish().expect("finish bag");
     let span_end = rows.last().expect("rows").1;
     let overrides = tmp.path().join("qos.yaml");
-    std::fs::write(&overrides, "/rl_play/override:\n  reliability: best_effort\n")
-        .expect("override file");
+    std::fs::write(
+        &overrides,
+        "/rl_play/override:\n  reliability: best_effort\n",
+    )
+    .expect("override file");
 
     let rec = Recording::start(RosSourceOptions {
         regex: Some("^/rl_play/|^/clock$".into()),
@@ -904,19 +907,31 @@ fn play_publishes_the_bag_in_order_with_its_qos_clock_and_remap() {
     }
     assert!(status.success(), "play: {status:?}: {err}");
 
-    assert!(c.topic("/rl_play/imu").is_none(), "the old name was published");
+    assert!(
+        c.topic("/rl_play/imu").is_none(),
+        "the old name was published"
+    );
     let (_, t) = c.topic("/rl_play/imu_remapped").expect("remapped topic");
     assert_eq!(t.type_name, "sensor_msgs/msg/Imu");
-    assert_eq!(t.offered_qos_profiles[0].durability, Durability::TransientLocal);
+    assert_eq!(
+        t.offered_qos_profiles[0].durability,
+        Durability::TransientLocal
+    );
     assert_eq!(t.offered_qos_profiles[0].depth, 30);
     let (_, t) = c.topic("/rl_play/chatter").expect("chatter");
     assert_eq!(t.offered_qos_profiles[0].reliability, Reliability::Reliable);
     assert_eq!(t.offered_qos_profiles[0].durability, Durability::Volatile);
     let (_, t) = c.topic("/rl_play/override").expect("override");
-    assert_eq!(t.offered_qos_profiles[0].reliability, Reliability::BestEffort);
+    assert_eq!(
+        t.offered_qos_profiles[0].reliability,
+        Reliability::BestEffort
+    );
     let (_, t) = c.topic("/clock").expect("clock");
     assert_eq!(t.type_name, "rosgraph_msgs/msg/Clock");
-    assert_eq!(t.offered_qos_profiles[0].reliability, Reliability::BestEffort);
+    assert_eq!(
+        t.offered_qos_profiles[0].reliability,
+        Reliability::BestEffort
+    );
     for m in c.payloads("/clock") {
         assert_eq!(m.len(), 12, "{m:?}");
         assert_eq!(&m[..4], &[0, 1, 0, 0]);

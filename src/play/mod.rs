@@ -267,7 +267,19 @@ pub fn play_bag(
         let queue = &queue;
         let reader = std::thread::Builder::new()
             .name("play-reader".into())
-            .spawn_scoped(scope, move || reader::read_into(job, queue))
+            .spawn_scoped(scope, move || {
+                let path = job.bag.path.clone();
+                // A reader that dies must not leave the scheduler waiting for items forever.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    reader::read_into(job, queue)
+                }));
+                if r.is_err() {
+                    queue.push(reader::Item::Failed(BagError::invalid(
+                        path,
+                        "the reader thread failed (panicked); playback stopped",
+                    )));
+                }
+            })
             .map_err(|e| PlayError::Sink(format!("cannot start the reader thread: {e}")))?;
         let keys = commands.is_some();
         let scheduler = schedule::Scheduler::new(
