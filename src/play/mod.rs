@@ -254,6 +254,9 @@ pub fn play_bag(
         bag_start,
         bag_duration: meta.duration_ns,
         play_start: start,
+        play_end: end
+            .unwrap_or(i64::MAX)
+            .min(bag_start.saturating_add(meta.duration_ns)),
     };
     let clock_period_ns = settings.clock_hz.map(|hz| ((1e9 / hz) as i64).max(1));
     std::thread::scope(|scope| {

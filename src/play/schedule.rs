@@ -91,6 +91,9 @@ pub struct Span {
     pub bag_duration: i64,
     /// Where playback starts (bag start + `--start-offset`).
     pub play_start: i64,
+    /// Where it ends: the bag's last message, or an earlier `--playback-*` end. `/clock`
+    /// stays inside [play_start, play_end].
+    pub play_end: i64,
 }
 
 pub struct Scheduler<'a> {
@@ -318,7 +321,10 @@ impl<'a> Scheduler<'a> {
         if let (Some(period), Some(clock)) = (self.clock_period_ns, self.plan.clock) {
             let now = monotonic_ns();
             if now >= self.next_clock {
-                let t = self.timeline.bag_at(now).max(self.span.play_start);
+                let t = self.timeline.bag_at(now).clamp(
+                    self.span.play_start,
+                    self.span.play_end.max(self.span.play_start),
+                );
                 if !Self::sink_result(self.sink.publish(clock, t, &clock_cdr(t)))? {
                     return Ok(true);
                 }

@@ -444,7 +444,7 @@ fn clock_publishes_the_playback_time_as_rosgraph_clock() {
             assert_eq!(c["type"], "rosgraph_msgs/msg/Clock");
             assert_eq!(c["bytes"], 12);
             let t = c["bag_ns"].as_i64().unwrap();
-            assert!((T0..=T0 + 300 * MS + 50 * MS).contains(&t), "{t}");
+            assert!((T0..=T0 + 300 * MS).contains(&t), "{t} outside the bag");
             assert!(t >= last, "the clock never goes back");
             last = t;
             let hex = c["data_hex"].as_str().unwrap();
