@@ -1,8 +1,8 @@
 //! The machine's own timing limit for `scripts/bench.sh`'s playback section: a bare loop
 //! that waits for absolute CLOCK_MONOTONIC targets at a fixed rate, doing nothing else, and
 //! reports how late it woke. `spin_us` 0: clock_nanosleep(TIMER_ABSTIME) to the target;
-//! otherwise the same sleep to `spin_us` before it and a spin to the target (what ringbag
-//! play's scheduler does). Prints one JSON object.
+//! otherwise the same sleep to `spin_us` (at most half the wait) before it and a spin to the
+//! target (what ringbag play's scheduler does). Prints one JSON object.
 //!
 //! Usage: sleep_jitter HZ SECONDS SPIN_US
 
@@ -42,7 +42,10 @@ fn main() {
     for i in 0..n {
         let target = t0 + i * period;
         if spin > 0 {
-            if target - spin > now() {
+            // As the scheduler: spin at most half the wait, so it sleeps at high rates too.
+            let t = now();
+            let spin = spin.min((target - t) / 2);
+            if target - spin > t {
                 sleep_until(target - spin);
             }
             while now() < target {

@@ -15,7 +15,8 @@ use super::sink::{monotonic_ns, Sink, SinkError};
 use super::{PlayError, PlayReport};
 
 /// The last stretch before a message's time is spent spinning, not sleeping: a sleep's
-/// wake-up is late by tens of microseconds on an idle machine and more under load.
+/// wake-up is late by tens of microseconds on an idle machine and more under load. (Half the
+/// wait when that is shorter: see `wait_for`.)
 pub const SPIN_NS: i64 = 200_000;
 /// Before the first message the scheduler waits until the read-ahead holds this much
 /// playback (wall time at the rate), or the queue is full, or at most PREFILL_MAX_WAIT_NS.
@@ -247,6 +248,11 @@ impl<'a> Scheduler<'a> {
 
     /// Wait until a message recorded at `bag_ns` is due (or stepped to while paused).
     fn wait_for(&mut self, bag_ns: i64) -> Result<Wait, PlayError> {
+        // How long before the target the spin starts: SPIN_NS, or half the wait when
+        // messages come closer together than that (10 kHz), so the scheduler still sleeps
+        // half the time: a thread that never sleeps is preempted by the kernel's fairness,
+        // or, under --rt-priority, stopped for 50 ms a second by real-time throttling.
+        let mut spin: Option<i64> = None;
         loop {
             if self.service()? {
                 return Ok(Wait::Stop);
@@ -264,9 +270,10 @@ impl<'a> Scheduler<'a> {
             if now >= target {
                 return Ok(Wait::Due);
             }
-            if target - now > SPIN_NS {
+            let spin = *spin.get_or_insert(SPIN_NS.min((target - now) / 2));
+            if target - now > spin {
                 self.flush()?;
-                self.idle(now, target - SPIN_NS);
+                self.idle(now, target - spin);
                 continue;
             }
             while monotonic_ns() < target {
