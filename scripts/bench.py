@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RINGBAG = ROOT / "target/release/ringbag"
 BARE = ROOT / "target/release/examples/bare_sqlite"
 COPYCOUNT = ROOT / "target/release/copycount.so"
+JITTER = ROOT / "target/release/examples/sleep_jitter"
 
 
 def run_child(cmd: list[str], env: dict | None = None) -> dict:
@@ -158,6 +159,164 @@ def robot_realtime(work: Path, secs: int) -> list[dict]:
         r["name"] = f"ringbag robot realtime {secs}s, -b {split}"
         rows.append(r)
     return rows
+# ---------------------------------------------------------------- playback timing
+# The timing bag: 1 kHz x 100 B and 30 Hz x 2 MB (`--synthetic-profile mixed`) for 20 s.
+MIXED_PER_S = 1030
+# SCHED_FIFO priority of the real-time rows (`--rt-priority`, `chrt -f`).
+RT_PRIORITY = 10
+MIXED_BYTES_PER_S = 1000 * 100 + 30 * 2_000_000
+SCHEDULE = re.compile(r"schedule \(start\): bag (\d+) ns at monotonic (\d+) ns, rate ([\d.e+-]+)")
+
+
+def quantile(v: list[int], p: float) -> int:
+    return v[min(len(v) - 1, int(p * len(v)))]
+
+
+def record_mixed(out: Path, count: int, rate: str, extra: list[str] | None = None) -> None:
+    shutil.rmtree(out, ignore_errors=True)
+    run_child([str(RINGBAG), "--log-level", "warn", "record", "--source", "synthetic", "--synthetic-profile", "mixed",
+               "--synthetic-rate", rate, "--synthetic-count", str(count), "--clock", "system", "-o", str(out)]
+              + (extra or []))
+
+
+def evict(bag: Path) -> None:
+    """Drop this bag's pages from the page cache (only its own: the machine is shared)."""
+    for f in bag.glob("*.db3"):
+        fd = os.open(f, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def jitter(hz: float, secs: float, rt: bool) -> dict:
+    """The machine's limit: a bare loop waking at absolute targets (sleep, then spin 200 us)."""
+    r = run_child((["chrt", "-f", str(RT_PRIORITY)] if rt else []) + [str(JITTER), str(hz), str(secs), "200"])
+    j = json.loads(r["out"])
+    return {"name": f"bare loop {hz:g} Hz{', SCHED_FIFO' if rt else ''}", "p50_us": j["p50_ns"] / 1e3,
+            "p99_us": j["p99_ns"] / 1e3, "max_us": j["max_ns"] / 1e3, "cpu_per_s": r["cpu"] / r["wall"],
+            "rss_mib": r["rss_kib"] / 1024}
+
+
+def play_timing(bag: Path, rate: float, echo: Path, rt: bool = False) -> dict:
+    """Play `bag` through the echo sink into a tmpfs file; error of send_ns against the schedule."""
+    with open(echo, "w") as out:
+        t0 = time.monotonic()
+        p = subprocess.Popen([str(RINGBAG), "--log-level", "debug", "play", str(bag), "--sink", "echo", "-r", str(rate),
+                              "--disable-keyboard-controls"] + (["--rt-priority", str(RT_PRIORITY)] if rt else []),
+                             stdout=out, stderr=subprocess.PIPE, text=True)
+        err = p.stderr.read()
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.monotonic() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"bench: play failed:\n{err}")
+    if rt and "--rt-priority" in err:
+        sys.exit(f"bench: play could not run SCHED_FIFO:\n{err}")
+    m = SCHEDULE.search(err)
+    bag0, wall0, r = int(m.group(1)), int(m.group(2)), float(m.group(3))
+    errs, n = [], 0
+    with open(echo) as f:
+        for line in f:
+            send, bag_ns = line.split(" ", 2)[:2]
+            errs.append(int(send) - (wall0 + int((int(bag_ns) - bag0) / r)))
+            n += 1
+    echo.unlink()
+    errs.sort()
+    cpu = ru.ru_utime + ru.ru_stime
+    return {"name": f"ringbag play -r {rate:g}{f' --rt-priority {RT_PRIORITY}' if rt else ''}", "messages": n, "p50_us": quantile(errs, 0.5) / 1e3,
+            "p99_us": quantile(errs, 0.99) / 1e3, "max_us": errs[-1] / 1e3, "early": sum(e < 0 for e in errs),
+            "cpu_per_s": cpu / wall, "wall": wall, "rss_mib": ru.ru_maxrss / 1024}
+
+
+def first_message_ms(bag: Path, offset_s: float, echo: Path) -> float:
+    """From exec to the first message's send_ns (both CLOCK_MONOTONIC), with --start-offset."""
+    with open(echo, "w") as out:
+        t0 = time.monotonic_ns()
+        p = subprocess.Popen([str(RINGBAG), "play", str(bag), "--sink", "echo", "--start-offset", f"{offset_s:.3f}",
+                              "--playback-duration", "0.2", "--disable-keyboard-controls"],
+                             stdout=out, stderr=subprocess.PIPE, text=True)
+        err = p.stderr.read()
+        if p.wait() != 0:
+            sys.exit(f"bench: play failed:\n{err}")
+    with open(echo) as f:
+        first = int(f.readline().split(" ", 1)[0])
+    echo.unlink()
+    return (first - t0) / 1e6
+
+
+def playback(work: Path, quick: bool) -> dict:
+    secs = 5 if quick else 20
+    tmpfs = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
+    echo = tmpfs / f"ringbag-bench-echo-{os.getpid()}.txt"
+    timing_bag = work / "play_timing"
+    record_mixed(timing_bag, MIXED_PER_S * secs, "realtime")
+    rows = []
+    # Real-time rows only where SCHED_FIFO is allowed (root, CAP_SYS_NICE or RLIMIT_RTPRIO).
+    can_rt = shutil.which("chrt") is not None and subprocess.run(
+        ["chrt", "-f", str(RT_PRIORITY), "true"], capture_output=True).returncode == 0
+    for rate in (1.0, 10.0):
+        for rt in (False, True) if can_rt else (False,):
+            # The limit right before the run it bounds: the load on a shared machine drifts.
+            rows.append(jitter(1000 * rate, secs / rate, rt))
+            rows.append(play_timing(timing_bag, rate, echo, rt))
+    shutil.rmtree(timing_bag, ignore_errors=True)
+
+    # A >= 5 GB bag (1 GiB splits), on disk under the work directory.
+    big_gb = 1.2 if quick else 5.3
+    need = big_gb * 1e9 * 1.15 + 2e9
+    free = shutil.disk_usage(work).free
+    big = {"size_gb": None}
+    if free < need:
+        big["skipped"] = f"needs {need / 1e9:.1f} GB free in {work}, has {free / 1e9:.1f} GB"
+        return {"rows": rows, "big": big}
+    big_bag = work / "play_big"
+    try:
+        count = int(big_gb * 1e9 / MIXED_BYTES_PER_S * MIXED_PER_S)
+        record_mixed(big_bag, count, "max", ["-b", "1GiB"])
+        info = json.loads(run_child([str(RINGBAG), "info", "--json", str(big_bag)])["out"])
+        span = info["duration_ns"] / 1e9
+        big.update(size_gb=info["size_bytes"] / 1e9, splits=len(info["files"]), span_s=span,
+                   messages=info["message_count"])
+        floor = [run_child([str(RINGBAG), "--version"])["wall"] * 1e3 for _ in range(5)]
+        big["exec_floor_ms"] = sorted(floor)[2]
+        cold, warm = [], []
+        for _ in range(3):
+            evict(big_bag)
+            cold.append(first_message_ms(big_bag, span / 2, echo))
+            warm.append(first_message_ms(big_bag, span / 2, echo))
+        big["first_cold_ms"], big["first_warm_ms"] = sorted(cold)[1], sorted(warm)[1]
+        big["first_cold_all"], big["first_warm_all"] = cold, warm
+        # The whole bag at rate 1: the queue stays full, so this is the read-ahead's peak.
+        evict(big_bag)
+        whole = play_timing(big_bag, 1.0, echo)
+        whole["name"] = f"ringbag play -r 1, whole {big['size_gb']:.1f} GB bag"
+        # Its timing is the disk's: a bag recorded as fast as possible replays at that speed.
+        for k in ("p50_us", "p99_us", "max_us"):
+            whole[k] = None
+        rows.append(whole)
+        big["rss_mib"] = whole["rss_mib"]
+    finally:
+        shutil.rmtree(big_bag, ignore_errors=True)
+        echo.unlink(missing_ok=True)
+    return {"rows": rows, "big": big}
+
+
+def print_playback(pb: dict) -> None:
+    hdr = f"{'playback run':48} {'msgs':>7} {'p50 us':>8} {'p99 us':>9} {'max us':>9} {'CPU s/s':>8} {'peak RSS':>9}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in pb["rows"]:
+        def us(k, w):
+            return format(r[k], f"{w}.1f") if r.get(k) is not None else format("-", f">{w}")
+        print(f"{r['name']:48} {str(r.get('messages', '-')):>7} {us('p50_us', 8)} {us('p99_us', 9)} "
+              f"{us('max_us', 9)} {r['cpu_per_s']:8.3f} {r['rss_mib']:6.0f} MiB")
+    b = pb["big"]
+    if "skipped" in b:
+        print(f"big bag: skipped ({b['skipped']})")
+        return
+    print(f"big bag: {b['size_gb']:.2f} GB, {b['splits']} splits, {b['messages']} messages over {b['span_s']:.1f} s")
+    print(f"time to first message, --start-offset {b['span_s'] / 2:.1f} s: cold cache {b['first_cold_ms']:.1f} ms, "
+          f"warm {b['first_warm_ms']:.1f} ms (median of 3; exec floor `ringbag --version` {b['exec_floor_ms']:.1f} ms)")
+    print(f"peak RSS playing it: {b['rss_mib']:.0f} MiB (read-ahead bound 1000 messages / 128 MiB)")
 
 
 def main() -> None:
@@ -169,16 +328,29 @@ def main() -> None:
     ap.add_argument("--ringbag", default=None, help="the ringbag binary to measure (default: target/release/ringbag)")
     ap.add_argument("--only", choices=["all", "write", "large", "robot"], default="all",
                     help="write: the original table; large: 1 MiB and 6 MiB rows; robot: real-time robot mix")
+    ap.add_argument("--play-only", action="store_true", help="only the playback timing section")
     a = ap.parse_args()
     if a.ringbag:
         RINGBAG = Path(a.ringbag).resolve()
     base = Path(a.dir) if a.dir else ROOT / "target"
     work = Path(tempfile.mkdtemp(prefix="ringbag-bench-", dir=base))
     q = 4 if a.quick else 1
+    if a.play_only:
+        try:
+            pb = playback(work, a.quick)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if a.json:
+            print(json.dumps({"playback": pb}, indent=2))
+        else:
+            print(f"filesystem: {base} ({os.uname().machine}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f})")
+            print_playback(pb)
+        return
     # (profile, size, count, batch as ringbag forms it: 4096 messages or 8 MiB)
     cases = [("small", 100, 2_000_000 // q, 4096), ("medium", 65536, 16_000 // q, 128), ("large", 1048576, 1000 // q, 8)]
     rows, ratios = [], []
     long_line = "long run: not measured"
+    pb = None
     try:
         if a.only in ("large", "robot"):
             if a.only == "large":
@@ -226,12 +398,13 @@ def main() -> None:
                 ["cargo", "test", "--release", "--quiet", "--test", "it", "five_thousand_splits", "--", "--nocapture"],
                 cwd=ROOT, capture_output=True, text=True)
             long_line = next((l for l in long_run.stderr.splitlines() if l.startswith("long run:")), long_line)
+            pb = playback(work, a.quick)
     except _Done:
         pass
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if a.json:
-        print(json.dumps({"rows": rows, "ratios": ratios, "long_run": long_line}, indent=2))
+        print(json.dumps({"rows": rows, "ratios": ratios, "long_run": long_line, "playback": pb}, indent=2))
         return
     print(f"filesystem: {base} ({os.uname().machine}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f})")
     print(f"ringbag: {RINGBAG}")
@@ -253,6 +426,9 @@ def main() -> None:
         print(f"{r['case']:15} " + "  ".join(f"{k} {v:.2f}" for k, v in r.items() if k != "case"))
     print()
     print(long_line)
+    if pb is not None:
+        print()
+        print_playback(pb)
 
 
 class _Done(Exception):

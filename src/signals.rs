@@ -19,7 +19,7 @@
 //!
 //! The handlers only touch atomics and async-signal-safe calls.
 
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::SeqCst};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, Ordering::SeqCst};
 use std::time::Duration;
 
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
@@ -30,8 +30,23 @@ static FIRST: AtomicI32 = AtomicI32::new(0);
 /// Seconds a clean stop may take before the process ends anyway; 0 = no limit.
 static GRACE_S: AtomicU32 = AtomicU32::new(0);
 
+/// A function run right before a signal ends the process (`play` puts the terminal back).
+static DEATH_HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Run `hook` when a signal is about to end the process (a second SIGINT/SIGTERM, the grace
+/// period running out). It runs inside a signal handler: it must be async-signal-safe.
+pub fn set_death_hook(hook: fn()) {
+    DEATH_HOOK.store(hook as *mut (), SeqCst);
+}
+
 /// End the process by `sig` with its default action.
 fn die_by(sig: libc::c_int) {
+    let hook = DEATH_HOOK.load(SeqCst);
+    if !hook.is_null() {
+        // SAFETY: only `set_death_hook` stores here, and it stores a `fn()`.
+        let hook: fn() = unsafe { std::mem::transmute::<*mut (), fn()>(hook) };
+        hook();
+    }
     // SAFETY: signal() and raise() are async-signal-safe. If `sig` is blocked (we are in its
     // own handler) it is delivered on return, with its default action now.
     unsafe {

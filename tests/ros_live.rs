@@ -867,3 +867,141 @@ fn the_snapshot_service_triggers_and_answers_with_the_bag() {
     answerer.join().unwrap();
     service.stop();
 }
+
+// ---- Playback into live subscribers --------------------------------------------------------
+
+/// True when `want` arrived whole and in order somewhere in `got` (a loop's pass after the
+/// subscription matched).
+fn contains_run(got: &[Vec<u8>], want: &[Vec<u8>]) -> bool {
+    got.windows(want.len()).any(|w| w == want)
+}
+
+/// `ringbag play --sink ros` (the binary of this build) into the recorder's subscriptions:
+/// every message's bytes in order on each topic, the recorded QoS offered (and the override
+/// file's), `/clock` with the playback time, and `--remap` honoured. `--loop` makes it
+/// independent of discovery timing: a pass that starts after the subscriptions matched
+/// arrives whole.
+#[test]
+fn play_publishes_the_bag_in_order_with_its_qos_clock_and_remap() {
+    require_ros!();
+    use ringbag::bag::qos::History;
+    use ringbag::bag::writer::{BagWriter, WriterOptions};
+    use ringbag::bag::{Flavour, QosProfile};
+
+    let (str_type, strings) = cdr_messages(&small_topic_name(), 20);
+    let (imu_type, imu) = cdr_messages("/imu", 20);
+    let (_, overridden) = cdr_messages(&small_topic_name(), 5);
+    let t0 = 1_700_000_000_000_000_000i64;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bag = tmp.path().join("bag");
+    let mut w = BagWriter::create(&bag, WriterOptions::new(Flavour::from_env())).expect("bag");
+    let reliable = QosProfile::default();
+    let latched = QosProfile {
+        durability: Durability::TransientLocal,
+        history: History::KeepLast,
+        depth: 30,
+        ..QosProfile::default()
+    };
+    let mut topic = |name: &str, ty: &str, qos: &QosProfile| {
+        let mut t = TopicInfo::new(name, ty);
+        t.offered_qos_profiles = vec![qos.clone()];
+        w.add_topic(t, None).expect("topic")
+    };
+    let chatter = topic("/rl_play/chatter", &str_type, &reliable);
+    let imu_t = topic("/rl_play/imu", &imu_type, &latched);
+    let over_t = topic("/rl_play/override", &str_type, &reliable);
+    // 10 ms apart, interleaved: 0.45 s a pass.
+    let mut rows: Vec<(usize, i64, &[u8])> = Vec::new();
+    for i in 0..20 {
+        rows.push((chatter, t0 + i as i64 * 20_000_000, &strings[i]));
+        rows.push((imu_t, t0 + i as i64 * 20_000_000 + 10_000_000, &imu[i]));
+    }
+    for (i, m) in overridden.iter().enumerate() {
+        rows.push((over_t, t0 + i as i64 * 50_000_000 + 5_000_000, m));
+    }
+    rows.sort_by_key(|r| r.1);
+    w.write_batch(rows.iter().copied()).expect("write");
+    w.finish().expect("finish bag");
+    let span_end = rows.last().expect("rows").1;
+    let overrides = tmp.path().join("qos.yaml");
+    std::fs::write(
+        &overrides,
+        "/rl_play/override:\n  reliability: best_effort\n",
+    )
+    .expect("override file");
+
+    let rec = Recording::start(RosSourceOptions {
+        regex: Some("^/rl_play/|^/clock$".into()),
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    });
+    let mut player = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
+        .arg("play")
+        .arg(&bag)
+        .args(["--sink", "ros", "--loop", "--clock", "100"])
+        .args(["-m", "/rl_play/imu:=/rl_play/imu_remapped"])
+        .arg("--qos-profile-overrides-path")
+        .arg(&overrides)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("ringbag play starts");
+    let c = &rec.collector;
+    wait_until("a whole pass of /rl_play/chatter", || {
+        contains_run(&c.payloads("/rl_play/chatter"), &strings)
+    });
+    wait_until("a whole pass of /rl_play/imu_remapped", || {
+        contains_run(&c.payloads("/rl_play/imu_remapped"), &imu)
+    });
+    wait_until("a whole pass of /rl_play/override", || {
+        contains_run(&c.payloads("/rl_play/override"), &overridden)
+    });
+    wait_until("/clock ticks", || c.payloads("/clock").len() >= 5);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(player.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .expect("SIGINT");
+    let status = player.wait().expect("play ends");
+    let mut err = String::new();
+    if let Some(mut e) = player.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(status.success(), "play: {status:?}: {err}");
+
+    assert!(
+        c.topic("/rl_play/imu").is_none(),
+        "the old name was published"
+    );
+    let (_, t) = c.topic("/rl_play/imu_remapped").expect("remapped topic");
+    assert_eq!(t.type_name, "sensor_msgs/msg/Imu");
+    assert_eq!(
+        t.offered_qos_profiles[0].durability,
+        Durability::TransientLocal
+    );
+    assert_eq!(t.offered_qos_profiles[0].depth, 30);
+    let (_, t) = c.topic("/rl_play/chatter").expect("chatter");
+    assert_eq!(t.offered_qos_profiles[0].reliability, Reliability::Reliable);
+    assert_eq!(t.offered_qos_profiles[0].durability, Durability::Volatile);
+    let (_, t) = c.topic("/rl_play/override").expect("override");
+    assert_eq!(
+        t.offered_qos_profiles[0].reliability,
+        Reliability::BestEffort
+    );
+    let (_, t) = c.topic("/clock").expect("clock");
+    assert_eq!(t.type_name, "rosgraph_msgs/msg/Clock");
+    assert_eq!(
+        t.offered_qos_profiles[0].reliability,
+        Reliability::BestEffort
+    );
+    for m in c.payloads("/clock") {
+        assert_eq!(m.len(), 12, "{m:?}");
+        assert_eq!(&m[..4], &[0, 1, 0, 0]);
+        let sec = i32::from_le_bytes(m[4..8].try_into().expect("sec")) as i64;
+        let nsec = u32::from_le_bytes(m[8..12].try_into().expect("nanosec")) as i64;
+        let t = sec * 1_000_000_000 + nsec;
+        assert!((t0..=span_end).contains(&t), "/clock {t} outside the bag");
+    }
+    rec.stop().expect("recorder ends cleanly");
+}

@@ -53,6 +53,49 @@ pub struct ReadFilter {
     pub end_ns: Option<i64>,
 }
 
+/// What a bag directory lists: see [`Bag::listing`].
+enum Listing {
+    NoMetadata(Vec<String>),
+    Listed(Box<BagMetadata>, Vec<String>),
+}
+
+/// A split (or the rest of one) a tolerant open or read left out, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub path: PathBuf,
+    pub reason: String,
+    /// Set when the split failed part-way: (messages read from it, last timestamp read).
+    pub after: Option<(u64, i64)>,
+}
+
+impl Skipped {
+    fn from_error(path: &Path, e: BagError, after: Option<(u64, i64)>) -> Self {
+        // The error names the file already; keep only what is wrong with it.
+        let text = e.to_string();
+        let prefix = format!("{}: ", path.display());
+        let reason = text.strip_prefix(&prefix).unwrap_or(&text).to_string();
+        Skipped {
+            path: path.to_path_buf(),
+            reason,
+            after,
+        }
+    }
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.after {
+            None => write!(f, "{}: {}", self.path.display(), self.reason),
+            Some((n, ts)) => write!(
+                f,
+                "{}: {} (after {n} messages, the last at {ts} ns)",
+                self.path.display(),
+                self.reason
+            ),
+        }
+    }
+}
+
 /// The split index in `<name>_<N>.db3`, which orders splits (not the lexical order:
 /// `_10` comes after `_9`).
 pub fn split_number(file_name: &str) -> Option<u64> {
@@ -101,8 +144,20 @@ pub fn find_split_files(dir: &Path) -> Result<Vec<String>, BagError> {
 ///   holds writes of an interrupted recording that only `reindex` applies (reading it here
 ///   would make SQLite write a `-shm`), so the split is refused.
 pub fn open_read_only(path: &Path) -> Result<Connection, BagError> {
+    guard_split(path)?;
+    open_guarded(path)
+}
+
+/// The checks of [`open_read_only`] that protect the reader (a regular file with regular side
+/// files); what fails here is hostile or misplaced, never mere damage, so even a tolerant
+/// reader refuses it.
+fn guard_split(path: &Path) -> Result<(), BagError> {
     super::fsguard::require_regular(path)?;
-    super::fsguard::check_side_files(path)?;
+    super::fsguard::check_side_files(path)
+}
+
+/// [`open_read_only`] after [`guard_split`]: what fails here is the file's content or state.
+fn open_guarded(path: &Path) -> Result<Connection, BagError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -302,6 +357,32 @@ impl Bag {
     /// Open a bag directory, trusting its metadata.yaml as far as it can be trusted.
     fn open_dir(path: &Path) -> Result<Bag, BagError> {
         let meta_path = path.join(METADATA_FILE);
+        let (metadata, listed) = match Self::listing(path)? {
+            Listing::NoMetadata(files) => return Self::open_files(path, path, files, None),
+            Listing::Listed(m, listed) => (m, listed),
+        };
+        for rel in &listed {
+            if !path.join(rel).exists() {
+                return Err(BagError::invalid(
+                    &meta_path,
+                    format!("lists {rel}, which does not exist (run `ringbag reindex`)"),
+                ));
+            }
+        }
+        if let Some(extra) = Self::unlisted_newer(path, &listed)?.into_iter().next() {
+            return Err(BagError::invalid(
+                &meta_path,
+                format!("does not list {extra} (recording in progress or interrupted; run `ringbag reindex`)"),
+            ));
+        }
+        Self::open_files(path, path, listed, Some(*metadata))
+    }
+
+    /// What a bag directory says it holds: its metadata.yaml and the files it lists (checked
+    /// to stay inside the bag and to be regular files where they exist), or, without a
+    /// metadata.yaml, its `.db3` files.
+    fn listing(path: &Path) -> Result<Listing, BagError> {
+        let meta_path = path.join(METADATA_FILE);
         // `symlink_metadata`: a FIFO, directory or link under this name is metadata.yaml
         // present (and then refused by `read`), never "missing".
         if fs::symlink_metadata(&meta_path).is_err() {
@@ -312,7 +393,7 @@ impl Bag {
                     "not a bag: no metadata.yaml and no .db3 files",
                 ));
             }
-            return Self::open_files(path, path, files, None);
+            return Ok(Listing::NoMetadata(files));
         }
         let metadata = BagMetadata::read(path)?;
         if metadata.storage_identifier != "sqlite3" {
@@ -354,14 +435,7 @@ impl Bag {
             })
             .collect();
         for rel in &listed {
-            let p = path.join(rel);
-            if !p.exists() {
-                return Err(BagError::invalid(
-                    &meta_path,
-                    format!("lists {rel}, which does not exist (run `ringbag reindex`)"),
-                ));
-            }
-            if let Some(m) = fs::metadata(&p).ok().filter(|m| !m.is_file()) {
+            if let Some(m) = fs::metadata(path.join(rel)).ok().filter(|m| !m.is_file()) {
                 return Err(BagError::invalid(
                     &meta_path,
                     format!(
@@ -371,22 +445,108 @@ impl Bag {
                 ));
             }
         }
+        Ok(Listing::Listed(Box::new(metadata), listed))
+    }
+
+    /// Splits newer than the newest `listed` one that metadata.yaml does not name: a
+    /// recording in progress (ringbag rewrites metadata.yaml at the end) or interrupted.
+    fn unlisted_newer(path: &Path, listed: &[String]) -> Result<Vec<String>, BagError> {
         let newest_listed = listed.iter().filter_map(|f| split_number(f)).max();
-        if let Some(extra) = find_split_files(path)?
+        Ok(find_split_files(path)?
             .into_iter()
             .filter(|f| !listed.contains(f))
-            .find(|f| {
+            .filter(|f| {
                 split_number(f)
                     .zip(newest_listed)
                     .is_some_and(|(n, m)| n > m)
             })
-        {
+            .collect())
+    }
+
+    /// Open a bag to play what is readable of it: a bag still being recorded (splits
+    /// metadata.yaml does not list yet are read too), or one with damaged splits. A split
+    /// that is listed but missing, cannot be opened or read (damage, not a rosbag2 split, a
+    /// `-wal` left to reindex, locked by the recorder writing it) is left out and returned
+    /// with the reason. When anything was left out or added, the metadata is derived from
+    /// the splits that were read.
+    ///
+    /// Still refused as by [`Bag::open`]: a missing path, a single `.db3` that does not
+    /// open, an unreadable metadata.yaml, anything hostile (special files, paths outside
+    /// the bag), and a bag of which no split is readable.
+    pub fn open_tolerant(path: &Path) -> Result<(Bag, Vec<Skipped>), BagError> {
+        if !path.is_dir() {
+            return Bag::open(path).map(|b| (b, Vec::new()));
+        }
+        let (metadata, mut rels) = match Self::listing(path)? {
+            Listing::NoMetadata(files) => (None, files),
+            Listing::Listed(m, listed) => (Some(*m), listed),
+        };
+        let mut skipped = Vec::new();
+        rels.retain(|rel| {
+            let there = path.join(rel).exists();
+            if !there {
+                skipped.push(Skipped {
+                    path: path.join(rel),
+                    reason: "listed in metadata.yaml but missing".into(),
+                    after: None,
+                });
+            }
+            there
+        });
+        let added = match metadata {
+            Some(_) => Self::unlisted_newer(path, &rels)?,
+            None => Vec::new(),
+        };
+        let changed = !added.is_empty() || !skipped.is_empty();
+        rels.extend(added);
+        let mut readable = Vec::new();
+        for rel in rels {
+            let p = path.join(&rel);
+            guard_split(&p)?;
+            match open_guarded(&p).and_then(|c| read_topics(&c, &p).map(|_| ())) {
+                Ok(()) => readable.push(rel),
+                Err(e) => skipped.push(Skipped::from_error(&p, e, None)),
+            }
+        }
+        if readable.is_empty() {
+            let why: Vec<String> = skipped.iter().map(|s| s.to_string()).collect();
             return Err(BagError::invalid(
-                &meta_path,
-                format!("does not list {extra} (recording in progress or interrupted; run `ringbag reindex`)"),
+                path,
+                format!("no split is readable ({})", why.join("; ")),
             ));
         }
-        Self::open_files(path, path, listed, Some(metadata))
+        let derive = metadata.is_none() || changed || !skipped.is_empty();
+        let meta_topics: Vec<TopicInfo> = metadata
+            .as_ref()
+            .map(|m| m.topics.iter().map(|t| t.topic.clone()).collect())
+            .unwrap_or_default();
+        let mut bag = Self::open_files(path, path, readable, if derive { None } else { metadata })?;
+        if derive {
+            // Topics as metadata.yaml had them (their QoS) first, then what only the files name.
+            let mut topics = meta_topics;
+            for t in std::mem::take(&mut bag.topics) {
+                if !topics.iter().any(|x| x.name == t.name) {
+                    topics.push(t);
+                }
+            }
+            bag.topics = topics;
+            bag.metadata.topics = {
+                let counts: HashMap<&str, u64> = bag
+                    .metadata
+                    .topics
+                    .iter()
+                    .map(|t| (t.topic.name.as_str(), t.message_count))
+                    .collect();
+                bag.topics
+                    .iter()
+                    .map(|t| TopicWithCount {
+                        topic: t.clone(),
+                        message_count: counts.get(t.name.as_str()).copied().unwrap_or(0),
+                    })
+                    .collect()
+            };
+        }
+        Ok((bag, skipped))
     }
 
     fn open_files(
@@ -480,6 +640,17 @@ impl Bag {
 
     /// Messages in timestamp order (ties by split, then row id) across all splits.
     pub fn messages(&self, filter: &ReadFilter) -> Result<MessageIter, BagError> {
+        self.messages_with(filter, false)
+    }
+
+    /// [`Bag::messages`] that reads past damage: a split that cannot be opened or read, or
+    /// fails part-way, is left out (from there on) and noted in [`MessageIter::take_skipped`]
+    /// instead of ending the iteration with an error. Special files are still errors.
+    pub fn messages_tolerant(&self, filter: &ReadFilter) -> Result<MessageIter, BagError> {
+        self.messages_with(filter, true)
+    }
+
+    fn messages_with(&self, filter: &ReadFilter, tolerant: bool) -> Result<MessageIter, BagError> {
         if let Some(names) = &filter.topics {
             if let Some(missing) = names.iter().find(|n| self.topic_index(n).is_none()) {
                 return Err(BagError::invalid(
@@ -488,41 +659,95 @@ impl Bag {
                 ));
             }
         }
-        let mut cursors = Vec::new();
+        let mut it = MessageIter {
+            cursors: Vec::new(),
+            heap: BinaryHeap::new(),
+            pending: BinaryHeap::new(),
+            tolerant,
+            skipped: Vec::new(),
+            deferred: None,
+        };
         for (order, s) in self.splits.iter().enumerate() {
-            let conn = open_read_only(&s.path)?;
-            let mut id_to_topic = HashMap::new();
-            let mut keep_ids = Vec::new();
-            for (id, t) in read_topics(&conn, &s.path)? {
-                let idx = self
-                    .topic_index(&t.name)
-                    .expect("topics were collected at open");
-                let wanted = filter.topics.as_ref().is_none_or(|n| n.contains(&t.name));
-                if wanted {
-                    keep_ids.push(id);
+            guard_split(&s.path)?;
+            match self.cursor(order, s, filter) {
+                Ok(Some((lower_bound, c))) => {
+                    it.pending
+                        .push(Reverse((lower_bound, order, it.cursors.len())));
+                    it.cursors.push(c);
                 }
-                id_to_topic.insert(id, idx);
+                Ok(None) => {}
+                Err(e) if tolerant => it.skipped.push(Skipped::from_error(&s.path, e, None)),
+                Err(e) => return Err(e),
             }
-            if filter.topics.is_some() && keep_ids.is_empty() {
-                continue;
+        }
+        Ok(it)
+    }
+
+    /// A cursor over one split and a lower bound of the first timestamp it will return, or
+    /// `None` when the split has nothing inside the filter's time range. Nothing is read
+    /// beyond the two index lookups (min and max timestamp): the first chunk is fetched only
+    /// when the merge reaches the bound, so a long bag costs memory for the splits being
+    /// merged, not for all of them.
+    fn cursor(
+        &self,
+        order: usize,
+        s: &SplitFile,
+        filter: &ReadFilter,
+    ) -> Result<Option<(i64, SplitCursor)>, BagError> {
+        let conn = open_guarded(&s.path)?;
+        let mut id_to_topic = HashMap::new();
+        let mut keep_ids = Vec::new();
+        for (id, t) in read_topics(&conn, &s.path)? {
+            let Some(idx) = self.topic_index(&t.name) else {
+                return Err(BagError::invalid(
+                    &s.path,
+                    format!("topic {} appeared after the bag was opened", t.name),
+                ));
+            };
+            let wanted = filter.topics.as_ref().is_none_or(|n| n.contains(&t.name));
+            if wanted {
+                keep_ids.push(id);
             }
-            let topic_clause = match &filter.topics {
-                None => String::new(),
-                Some(_) => format!(
-                    " AND topic_id IN ({})",
-                    keep_ids
-                        .iter()
-                        .map(|i| i.to_string())
-                        .collect::<Vec<_>>()
-                        .join(",")
-                ),
-            };
-            let end_clause = if filter.end_ns.is_some() {
-                " AND timestamp <= ?3"
-            } else {
-                ""
-            };
-            cursors.push(SplitCursor {
+            id_to_topic.insert(id, idx);
+        }
+        if filter.topics.is_some() && keep_ids.is_empty() {
+            return Ok(None);
+        }
+        // Two subqueries: SQLite answers a lone min() or max() from timestamp_idx, but scans
+        // the table for both in one select.
+        let (min, max): (Option<i64>, Option<i64>) = conn
+            .query_row(
+                "SELECT (SELECT min(timestamp) FROM messages), (SELECT max(timestamp) FROM messages)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(BagError::sqlite(&s.path))?;
+        let (Some(min), Some(max)) = (min, max) else {
+            return Ok(None);
+        };
+        if filter.start_ns.is_some_and(|st| max < st) || filter.end_ns.is_some_and(|e| min > e) {
+            return Ok(None);
+        }
+        let topic_clause = match &filter.topics {
+            None => String::new(),
+            Some(_) => format!(
+                " AND topic_id IN ({})",
+                keep_ids
+                    .iter()
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        };
+        let end_clause = if filter.end_ns.is_some() {
+            " AND timestamp <= ?3"
+        } else {
+            ""
+        };
+        let lower_bound = min.max(filter.start_ns.unwrap_or(i64::MIN));
+        Ok(Some((
+            lower_bound,
+            SplitCursor {
                 sql: format!("{}{topic_clause}{end_clause} {CURSOR_ORDER}", CURSOR_SELECT),
                 conn,
                 path: s.path.clone(),
@@ -532,15 +757,11 @@ impl Bag {
                 buf: VecDeque::new(),
                 done: false,
                 order,
-            });
-        }
-        let mut it = MessageIter {
-            cursors,
-            heap: BinaryHeap::new(),
-            started: false,
-        };
-        it.prime()?;
-        Ok(it)
+                returned: 0,
+                chunk_rows: FIRST_CHUNK_ROWS,
+                chunk_bytes: FIRST_CHUNK_BYTES,
+            },
+        )))
     }
 }
 
@@ -588,6 +809,10 @@ pub const CURSOR_ORDER: &str = "ORDER BY timestamp, id";
 /// Rows and bytes fetched per chunk: bounded so that 1 MiB messages don't balloon memory.
 const CHUNK_ROWS: usize = 512;
 const CHUNK_BYTES: usize = 8 << 20;
+/// A split's first chunk is small and each next one twice as large, up to the bounds above:
+/// the first message after a seek comes back without reading megabytes behind it.
+const FIRST_CHUNK_ROWS: usize = 8;
+const FIRST_CHUNK_BYTES: usize = 64 << 10;
 
 struct SplitCursor {
     sql: String,
@@ -600,6 +825,11 @@ struct SplitCursor {
     buf: VecDeque<(i64, i64, usize, Vec<u8>)>,
     done: bool,
     order: usize,
+    /// Messages handed out so far (for the note when the split fails part-way).
+    returned: u64,
+    /// Bounds of the next chunk (growing to CHUNK_ROWS / CHUNK_BYTES).
+    chunk_rows: usize,
+    chunk_bytes: usize,
 }
 
 impl SplitCursor {
@@ -637,7 +867,9 @@ impl SplitCursor {
             bytes += data.len();
             self.last = (ts, id);
             self.buf.push_back((ts, id, topic, data));
-            if self.buf.len() >= CHUNK_ROWS || bytes >= CHUNK_BYTES {
+            if self.buf.len() >= self.chunk_rows || bytes >= self.chunk_bytes {
+                self.chunk_rows = (self.chunk_rows * 2).min(CHUNK_ROWS);
+                self.chunk_bytes = (self.chunk_bytes * 2).min(CHUNK_BYTES);
                 return Ok(());
             }
         }
@@ -649,24 +881,55 @@ impl SplitCursor {
 /// Iterator over a bag's messages in time order.
 pub struct MessageIter {
     cursors: Vec<SplitCursor>,
+    /// Heads of the cursors being merged: (timestamp, split order, row id, cursor).
     heap: BinaryHeap<Reverse<(i64, usize, i64, usize)>>,
-    started: bool,
+    /// Cursors not read yet, by a lower bound of their first timestamp: (bound, order, cursor).
+    pending: BinaryHeap<Reverse<(i64, usize, usize)>>,
+    tolerant: bool,
+    skipped: Vec<Skipped>,
+    /// A strict read's error, returned after the message that preceded it.
+    deferred: Option<BagError>,
 }
 
 impl MessageIter {
-    fn prime(&mut self) -> Result<(), BagError> {
-        for i in 0..self.cursors.len() {
-            self.push_head(i)?;
+    /// Splits (or their rest) left out so far by a tolerant read, taken once each.
+    pub fn take_skipped(&mut self) -> Vec<Skipped> {
+        std::mem::take(&mut self.skipped)
+    }
+
+    /// Fetch cursor `i`'s next chunk if needed and put its head on the heap.
+    fn push_head(&mut self, i: usize) -> Result<(), BagError> {
+        let c = &mut self.cursors[i];
+        if let Err(e) = c.fill() {
+            c.done = true;
+            if !self.tolerant {
+                c.buf.clear();
+                return Err(e);
+            }
+            // The rows this chunk read before the damage still play.
+            let read = c.returned + c.buf.len() as u64;
+            let after = (read > 0).then_some((read, c.last.0));
+            self.skipped.push(Skipped::from_error(&c.path, e, after));
         }
-        self.started = true;
+        if let Some((ts, id, _, _)) = c.buf.front() {
+            self.heap.push(Reverse((*ts, c.order, *id, i)));
+        }
         Ok(())
     }
 
-    fn push_head(&mut self, i: usize) -> Result<(), BagError> {
-        let c = &mut self.cursors[i];
-        c.fill()?;
-        if let Some((ts, id, _, _)) = c.buf.front() {
-            self.heap.push(Reverse((*ts, c.order, *id, i)));
+    /// Start reading every pending cursor whose first message could come before the current
+    /// head of the merge (ties included: a lower split order wins a tie).
+    fn activate(&mut self) -> Result<(), BagError> {
+        while let Some(&Reverse((bound, order, i))) = self.pending.peek() {
+            let due = match self.heap.peek() {
+                None => true,
+                Some(&Reverse((ts, o, _, _))) => (bound, order) <= (ts, o),
+            };
+            if !due {
+                break;
+            }
+            self.pending.pop();
+            self.push_head(i)?;
         }
         Ok(())
     }
@@ -676,10 +939,22 @@ impl Iterator for MessageIter {
     type Item = Result<ReadMessage, BagError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if let Some(e) = self.deferred.take() {
+            return Some(Err(e));
+        }
+        if let Err(e) = self.activate() {
+            return Some(Err(e));
+        }
         let Reverse((_, _, _, i)) = self.heap.pop()?;
         let (ts, _, topic, data) = self.cursors[i].buf.pop_front()?;
-        if let Err(e) = self.push_head(i) {
-            return Some(Err(e));
+        self.cursors[i].returned += 1;
+        if self.cursors[i].buf.is_empty() {
+            if let Err(e) = self.push_head(i) {
+                self.deferred = Some(e);
+            }
+        } else if let Some((ts, id, _, _)) = self.cursors[i].buf.front() {
+            let order = self.cursors[i].order;
+            self.heap.push(Reverse((*ts, order, *id, i)));
         }
         Some(Ok(ReadMessage {
             topic,

@@ -53,7 +53,7 @@ pub enum Command {
     /// Describe a bag (like `ros2 bag info`), plus the size of each split.
     Info(InfoArgs),
     /// Replay a bag (like `ros2 bag play`) to ROS topics, or print it with `--sink echo`.
-    Play(PlayArgs),
+    Play(Box<PlayArgs>),
     /// Show the clock the recorder would stamp with: source, PHC offset, drift, cost per stamp.
     Clock(ClockCmdArgs),
     /// Rebuild metadata.yaml from the .db3 files, salvaging damaged splits (after a crash).
@@ -180,9 +180,21 @@ pub enum SinkKind {
 pub struct PlayArgs {
     /// Bag directory, or a single .db3 file.
     pub bag: PathBuf,
-    /// Play only these topics (default: all).
-    #[arg(long, num_args = 1..)]
+    /// Play only these topics (and those matching -e) [default: all].
+    #[arg(long, num_args = 1.., value_name = "TOPIC")]
     pub topics: Vec<String>,
+    /// Play topics matching this regular expression (as well as --topics).
+    #[arg(short = 'e', long, value_name = "RE")]
+    pub regex: Option<String>,
+    /// Do not play topics matching this regular expression.
+    #[arg(short = 'x', long, value_name = "RE")]
+    pub exclude_regex: Option<String>,
+    /// Do not play these topics.
+    #[arg(long, num_args = 1.., value_name = "TOPIC")]
+    pub exclude_topics: Vec<String>,
+    /// Publish the bag's topic OLD as NEW; repeatable.
+    #[arg(short = 'm', long, num_args = 1.., value_name = "OLD:=NEW")]
+    pub remap: Vec<String>,
     /// Speed factor (> 0): 2 plays twice as fast, 0.5 at half speed.
     #[arg(
         short = 'r',
@@ -194,9 +206,65 @@ pub struct PlayArgs {
     /// Start this far into the bag. Seconds, or with s/m/h/d.
     #[arg(long, default_value = "0", allow_negative_numbers = true)]
     pub start_offset: String,
+    /// Play at most this much of the bag from the start (after --start-offset). Seconds, or
+    /// with s/m/h/d [default: to the end].
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+    pub playback_duration: Option<String>,
+    /// Play messages recorded up to this time, seconds since the epoch (decimals exact)
+    /// [default: to the end].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        allow_negative_numbers = true,
+        conflicts_with = "playback_until_nsec"
+    )]
+    pub playback_until_sec: Option<String>,
+    /// Play messages recorded up to this time, nanoseconds since the epoch [default: to the end].
+    #[arg(long, value_name = "NANOSECONDS", allow_negative_numbers = true)]
+    pub playback_until_nsec: Option<i64>,
+    /// Wait this long before the first message. Seconds, or with s/m/h/d.
+    #[arg(
+        short = 'd',
+        long,
+        value_name = "SECONDS",
+        default_value = "0",
+        allow_negative_numbers = true
+    )]
+    pub delay: String,
     /// Start again from the beginning at the end, until stopped.
     #[arg(short = 'l', long = "loop")]
     pub loop_playback: bool,
+    /// Start paused (space resumes; needs the keyboard controls).
+    #[arg(short = 'p', long)]
+    pub start_paused: bool,
+    /// Messages read ahead of playback, at most (>= 1).
+    #[arg(long, value_name = "N", default_value_t = crate::play::DEFAULT_READ_AHEAD_MESSAGES as u64, allow_negative_numbers = true)]
+    pub read_ahead_queue_size: u64,
+    /// Bytes of messages read ahead of playback, at most (one message always fits). Bytes,
+    /// or with KiB/MiB/GiB/KB/MB/GB.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value = "128MiB",
+        allow_negative_numbers = true
+    )]
+    pub read_ahead_queue_bytes: String,
+    /// Publish /clock (rosgraph_msgs/msg/Clock) with the playback time, HZ times a second
+    /// [default when given without a value: 40].
+    #[arg(long, value_name = "HZ", num_args = 0..=1, default_missing_value = "40", allow_negative_numbers = true)]
+    pub clock: Option<f64>,
+    /// YAML file with per-topic publisher QoS overrides (as ros2 bag play; keys are the bag's
+    /// topic names).
+    #[arg(long, value_name = "FILE")]
+    pub qos_profile_overrides_path: Option<PathBuf>,
+    /// Run the scheduler thread SCHED_FIFO at this priority (1 to 99) for timing that holds
+    /// on a loaded machine; needs CAP_SYS_NICE or RLIMIT_RTPRIO (else one warning) [default:
+    /// normal scheduling].
+    #[arg(long, value_name = "PRIO", allow_negative_numbers = true)]
+    pub rt_priority: Option<i32>,
+    /// No keyboard controls even on a terminal (they are off anyway when stdin is not one).
+    #[arg(long)]
+    pub disable_keyboard_controls: bool,
     /// Where messages go [default: ros in builds with the `ros` feature, else echo].
     #[arg(long, value_enum)]
     pub sink: Option<SinkKind>,
@@ -328,7 +396,7 @@ pub struct RecordArgs {
     #[arg(long, value_enum)]
     pub source: Option<SourceKind>,
     /// Synthetic source profile: robot (IMU, tf, 2 cameras, point cloud), small (100 B),
-    /// medium (64 KiB), large (1 MiB).
+    /// medium (64 KiB), large (1 MiB), mixed (100 B at 1 kHz and 2 MB at 30 Hz).
     #[arg(long, value_enum, default_value = "robot")]
     pub synthetic_profile: SyntheticProfile,
     /// Synthetic source pace: realtime or max.

@@ -275,20 +275,23 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
     };
     // Opening the bag (and the sink) happens under the default signal disposition: a SIGTERM
     // while a damaged bag is read ends the process at once. See `signals`.
-    let bag = match Bag::open(&settings.bag) {
+    let (bag, skipped) = match Bag::open_tolerant(&settings.bag) {
         Ok(b) => b,
         Err(e) => return fail(EXIT_BAD_INPUT, e),
     };
+    for s in &skipped {
+        log::warn!("skipped {s}");
+    }
     let sink_kind = a.sink.unwrap_or(if cfg!(feature = "ros") {
         args::SinkKind::Ros
     } else {
         args::SinkKind::Echo
     });
     let mut sink: Box<dyn crate::play::Sink> = match sink_kind {
-        args::SinkKind::Echo => Box::new(crate::play::EchoSink {
-            out: std::io::BufWriter::new(std::io::stdout().lock()),
-            format: a.echo_format,
-        }),
+        args::SinkKind::Echo => Box::new(crate::play::EchoSink::new(
+            std::io::BufWriter::new(std::io::stdout().lock()),
+            a.echo_format,
+        )),
         args::SinkKind::Ros => match ros_sink() {
             Ok(s) => s,
             Err(e) => return fail(EXIT_BAD_INPUT, e),
@@ -299,18 +302,29 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
     if let Err(e) = crate::signals::install_with_grace(PLAY_STOP_GRACE) {
         return fail(EXIT_FAILURE, format!("cannot install signal handlers: {e}"));
     }
-    match crate::play::play_bag(
+    // Keys only on a terminal in the foreground; the terminal's mode is restored when this
+    // is dropped, or by the signal handlers if a signal ends the process.
+    let keyboard = if a.disable_keyboard_controls {
+        None
+    } else {
+        crate::play::Keyboard::start()
+    };
+    let r = crate::play::play_bag(
         &bag,
+        &crate::play::skipped_paths(&skipped),
         &settings,
         sink.as_mut(),
         &crate::signals::stop_requested,
-    ) {
+        keyboard.as_ref().map(|k| k.commands()),
+    );
+    drop(keyboard);
+    match r {
         Ok(r) => {
             drop(sink);
             eprintln!("ringbag: played {} messages", r.published);
             EXIT_OK
         }
-        Err(crate::play::PlayError::Bag(e)) => fail(EXIT_BAD_INPUT, e),
+        Err(e) if e.is_bad_input() => fail(EXIT_BAD_INPUT, e),
         Err(e) => fail(EXIT_FAILURE, e),
     }
 }

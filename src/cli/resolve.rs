@@ -378,6 +378,7 @@ fn ros_source(a: &RecordArgs) -> Result<SourceSettings, String> {
 }
 
 pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySettings, String> {
+    use crate::source::select::{load_qos_overrides, normalize_topic_name};
     if !(a.rate.is_finite() && a.rate > 0.0) {
         return Err(format!(
             "--rate {}: must be a number greater than 0",
@@ -385,15 +386,107 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
         ));
     }
     let start_offset_ns = flag("--start-offset", parse_duration_ns(&a.start_offset))?;
+    let delay_ns = flag("--delay", parse_duration_ns(&a.delay))?;
+    let playback_duration_ns = a
+        .playback_duration
+        .as_deref()
+        .map(|s| flag("--playback-duration", parse_duration_ns(s)))
+        .transpose()?;
+    let playback_until_ns = match (&a.playback_until_sec, a.playback_until_nsec) {
+        (Some(s), _) => Some(flag("--playback-until-sec", parse_signed_seconds(s))?),
+        (None, n) => n,
+    };
+    if a.read_ahead_queue_size == 0 {
+        return Err("--read-ahead-queue-size 0: must be at least 1".into());
+    }
+    let read_ahead_bytes = flag(
+        "--read-ahead-queue-bytes",
+        parse_bytes(&a.read_ahead_queue_bytes),
+    )?;
+    if read_ahead_bytes == 0 {
+        return Err("--read-ahead-queue-bytes 0: must be greater than 0".into());
+    }
+    if let Some(hz) = a.clock {
+        if !(hz.is_finite() && hz > 0.0) {
+            return Err(format!(
+                "--clock {hz}: must be a number of Hz greater than 0"
+            ));
+        }
+    }
+    if let Some(p) = a.rt_priority {
+        if !(1..=99).contains(&p) {
+            return Err(format!(
+                "--rt-priority {p}: must be 1 to 99 (SCHED_FIFO priorities)"
+            ));
+        }
+    }
+    let names = |what: &str, list: &[String]| -> Result<Vec<String>, String> {
+        list.iter()
+            .map(|t| normalize_topic_name(t).map_err(|e| format!("{what} {t}: {e}")))
+            .collect()
+    };
+    let regex = |what: &str, re: &Option<String>| -> Result<Option<regex::Regex>, String> {
+        re.as_deref()
+            .map(|p| {
+                regex::Regex::new(p).map_err(|e| {
+                    // The regex crate draws the error over several lines; keep one.
+                    let text = e.to_string();
+                    let parts: Vec<&str> = text
+                        .lines()
+                        .map(str::trim)
+                        .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '^' || c == '~'))
+                        .collect();
+                    format!(
+                        "{what} {p:?}: invalid regular expression: {}",
+                        parts.join("; ")
+                    )
+                })
+            })
+            .transpose()
+    };
+    let mut remap: Vec<(String, String)> = Vec::new();
+    for r in &a.remap {
+        let bad = || format!("--remap {r}: expected OLD:=NEW (two topic names)");
+        let (old, new) = r.split_once(":=").ok_or_else(bad)?;
+        let old = normalize_topic_name(old).map_err(|e| format!("--remap {r}: {e}"))?;
+        let new = normalize_topic_name(new).map_err(|e| format!("--remap {r}: {e}"))?;
+        if let Some((_, other)) = remap.iter().find(|(o, _)| *o == old) {
+            return Err(format!("--remap {r}: {old} is already remapped to {other}"));
+        }
+        remap.push((old, new));
+    }
+    let qos_overrides = load_qos_overrides(a.qos_profile_overrides_path.as_deref())
+        .map_err(|e| format!("--qos-profile-overrides-path: {e}"))?;
     Ok(crate::play::PlaySettings {
         bag: a.bag.clone(),
-        topics: if a.topics.is_empty() {
-            None
-        } else {
-            Some(a.topics.clone())
+        selection: crate::play::Selection {
+            topics: names("--topics", &a.topics)?,
+            regex: regex("-e/--regex", &a.regex)?,
+            exclude_regex: regex("-x/--exclude-regex", &a.exclude_regex)?,
+            exclude_topics: names("--exclude-topics", &a.exclude_topics)?,
         },
+        remap,
         rate: a.rate,
         start_offset_ns,
         loop_playback: a.loop_playback,
+        playback_duration_ns,
+        playback_until_ns,
+        delay_ns,
+        start_paused: a.start_paused,
+        read_ahead_messages: usize::try_from(a.read_ahead_queue_size).unwrap_or(usize::MAX),
+        read_ahead_bytes,
+        clock_hz: a.clock,
+        qos_overrides,
+        rt_priority: a.rt_priority,
     })
+}
+
+/// Seconds since the epoch, exact to the nanosecond; a leading `-` is allowed (a time before
+/// 1970, which is before any bag and refused as such once the bag is open).
+fn parse_signed_seconds(s: &str) -> Result<i64, String> {
+    let t = s.trim();
+    match t.strip_prefix('-') {
+        Some(rest) => parse_duration_ns(rest).map(|ns| -ns),
+        None => parse_duration_ns(t),
+    }
 }

@@ -10,7 +10,7 @@
 //! sits between rmw's reader history and ringbag's queue, so a message is either in the bag,
 //! counted as dropped by ringbag, or reported lost by the middleware's message-lost event.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use r2r::qos::{DurabilityPolicy, HistoryPolicy, LivelinessPolicy, ReliabilityPolicy};
@@ -18,8 +18,8 @@ use r2r::qos::{DurabilityPolicy, HistoryPolicy, LivelinessPolicy, ReliabilityPol
 use super::msgdef::{AmentPrefixPath, DefinitionCache};
 use super::rcl::{RclError, RclNode, Ready, SubId};
 use super::select::{
-    adapt_to_offers, duration_from_std, duration_to_std, load_qos_overrides, requested_qos,
-    Decision, QosOverrides, RosSourceOptions, SelectError, TopicSelector,
+    duration_from_std, duration_to_std, load_qos_overrides, requested_qos, Decision, QosOverrides,
+    RosSourceOptions, SelectError, TopicSelector,
 };
 use crate::bag::qos::{Durability, History, Liveliness, Reliability};
 use crate::bag::{MessageDefinition, QosProfile, TopicInfo};
@@ -61,12 +61,6 @@ pub enum RosSourceError {
         type_name: String,
         #[source]
         source: r2r::Error,
-    },
-    #[error("topic {topic} is published as {declared}, not {asked}")]
-    TypeMismatch {
-        topic: String,
-        declared: String,
-        asked: String,
     },
     #[error("cannot publish on {topic}: {source}")]
     Publish {
@@ -372,8 +366,8 @@ impl<T: RecordTarget> Recorder<'_, T> {
 /// Publishes raw CDR on live topics, for `ringbag play`.
 pub struct RosPublisherSink {
     node: r2r::Node,
-    publishers: HashMap<String, (String, r2r::PublisherUntyped)>,
-    offers: HashMap<String, QosProfile>,
+    /// (topic, publisher) in the order they were advertised.
+    publishers: Vec<(String, r2r::PublisherUntyped)>,
 }
 
 impl RosPublisherSink {
@@ -386,52 +380,39 @@ impl RosPublisherSink {
             })?;
         Ok(RosPublisherSink {
             node,
-            publishers: HashMap::new(),
-            offers: HashMap::new(),
+            publishers: Vec::new(),
         })
     }
 
-    /// Sets the profile a topic will be published with from what its publishers offered when
-    /// it was recorded (ros2 bag play's rule: reliable / transient_local only if all were).
-    /// Topics not declared get rclcpp's default profile.
-    pub fn declare_topic(&mut self, topic: &str, recorded_offers: &[QosProfile]) {
-        let qos = adapt_to_offers(recorded_offers).qos;
-        self.offers.insert(topic.to_string(), qos);
-    }
-
-    pub fn publish(
+    /// Creates the publisher of `topic` with `qos` and returns its index for [`Self::publish`].
+    /// Done before playing starts, as ros2 bag play does, so subscribers can match while
+    /// `--delay` runs.
+    pub fn advertise(
         &mut self,
         topic: &str,
         type_name: &str,
-        data: &[u8],
-    ) -> Result<(), RosSourceError> {
-        if !self.publishers.contains_key(topic) {
-            let qos = self.offers.get(topic).cloned().unwrap_or_default();
-            let publisher = self
-                .node
-                .create_publisher_untyped(topic, type_name, to_r2r_qos(&qos))
-                .map_err(|source| RosSourceError::Publisher {
-                    topic: topic.into(),
-                    type_name: type_name.into(),
-                    source,
-                })?;
-            self.publishers
-                .insert(topic.to_string(), (type_name.to_string(), publisher));
-        }
-        let Some((declared, publisher)) = self.publishers.get(topic) else {
+        qos: &QosProfile,
+    ) -> Result<usize, RosSourceError> {
+        let publisher = self
+            .node
+            .create_publisher_untyped(topic, type_name, to_r2r_qos(qos))
+            .map_err(|source| RosSourceError::Publisher {
+                topic: topic.into(),
+                type_name: type_name.into(),
+                source,
+            })?;
+        self.publishers.push((topic.to_string(), publisher));
+        Ok(self.publishers.len() - 1)
+    }
+
+    /// Publishes CDR bytes (encapsulation header included) on an advertised publisher.
+    pub fn publish(&mut self, publisher: usize, data: &[u8]) -> Result<(), RosSourceError> {
+        let Some((topic, p)) = self.publishers.get(publisher) else {
             return Ok(());
         };
-        if declared != type_name {
-            return Err(RosSourceError::TypeMismatch {
-                topic: topic.into(),
-                declared: declared.clone(),
-                asked: type_name.into(),
-            });
-        }
-        publisher
-            .publish_raw(data)
+        p.publish_raw(data)
             .map_err(|source| RosSourceError::Publish {
-                topic: topic.into(),
+                topic: topic.clone(),
                 source,
             })
     }

@@ -32,12 +32,17 @@ pub enum SyntheticProfile {
     Large,
     /// One 1920x1080 rgb8 sensor_msgs/Image topic at 30 Hz, 6.2 MB per message.
     Camera,
+    /// Two std_msgs/String topics: 100 B at 1 kHz and 2 MB at 30 Hz (the playback timing
+    /// benchmark: a fast small topic beside a slow large one).
+    Mixed,
 }
 
 /// Serialized sizes of the benchmark profiles, encapsulation header included.
 pub const SMALL_MESSAGE_BYTES: usize = 100;
 pub const MEDIUM_MESSAGE_BYTES: usize = 64 * 1024;
 pub const LARGE_MESSAGE_BYTES: usize = 1024 * 1024;
+/// The large topic of the `mixed` profile: 2 MB (decimal), as the playback benchmark asks.
+pub const MIXED_LARGE_MESSAGE_BYTES: usize = 2_000_000;
 
 /// Geometry of the `camera` profile's image: 1080p, as a Jetson's camera delivers it.
 pub const HD_WIDTH: u32 = 1920;
@@ -123,6 +128,22 @@ impl SyntheticProfile {
                     height: HD_HEIGHT,
                 },
             )],
+            SyntheticProfile::Mixed => vec![
+                SyntheticTopic::new(
+                    "/synthetic/small",
+                    1000.0,
+                    Kind::Text {
+                        total_len: SMALL_MESSAGE_BYTES,
+                    },
+                ),
+                SyntheticTopic::new(
+                    "/synthetic/blob",
+                    30.0,
+                    Kind::Text {
+                        total_len: MIXED_LARGE_MESSAGE_BYTES,
+                    },
+                ),
+            ],
         }
     }
 }

@@ -96,9 +96,9 @@ def test_rosbags_reads_strings_across_many_splits(ringbag_bin, tmp_bag_dir, dist
             msg = reader.deserialize(raw, conn.msgtype)
             assert conn.msgtype == "std_msgs/msg/String"
             assert len(raw) == 100 and isinstance(msg.data, str)
-            got.append({"topic": conn.topic, "timestamp_ns": ts, "data_hex": bytes(raw).hex()})
+            got.append({"topic": conn.topic, "bag_ns": ts, "data_hex": bytes(raw).hex()})
     assert len(got) == 3000
-    assert got == [{k: e[k] for k in ("topic", "timestamp_ns", "data_hex")} for e in echoed]
+    assert got == [{k: e[k] for k in ("topic", "bag_ns", "data_hex")} for e in echoed]
 
 
 @pytest.mark.parametrize("version", [8, 9])
@@ -148,4 +148,4 @@ def test_ringbag_reads_what_rosbags_writes(ringbag_bin, tmp_path, version, types
     echoed = [json.loads(line) for line in
               ringbag(ringbag_bin, "play", str(bag), "--sink", "echo", "--echo-format", "jsonl",
                       "--rate", "1000000").stdout.splitlines()]
-    assert [(e["topic"], e["timestamp_ns"], bytes.fromhex(e["data_hex"])) for e in echoed] == written
+    assert [(e["topic"], e["bag_ns"], bytes.fromhex(e["data_hex"])) for e in echoed] == written

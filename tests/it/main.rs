@@ -9,6 +9,8 @@ mod format;
 mod fuzz;
 mod hostile_bags;
 mod install;
+mod play;
+mod play_keys;
 mod reader;
 mod record;
 mod recovery;
