@@ -171,6 +171,13 @@ def first_message_ms(bag: Path, offset_s: float, echo: Path) -> float:
 
 
 def playback(work: Path, quick: bool) -> dict:
+    load_start = os.getloadavg()[0]
+    pb = playback_runs(work, quick)
+    pb["load"] = [load_start, os.getloadavg()[0]]
+    return pb
+
+
+def playback_runs(work: Path, quick: bool) -> dict:
     secs = 5 if quick else 20
     tmpfs = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
     echo = tmpfs / f"ringbag-bench-echo-{os.getpid()}.txt"
@@ -240,6 +247,8 @@ def playback(work: Path, quick: bool) -> dict:
 
 
 def print_playback(pb: dict) -> None:
+    print(f"playback: load average {pb['load'][0]:.1f} at the start, {pb['load'][1]:.1f} at the end "
+          f"(timing on a shared machine follows its load: compare each run with the bare loop above it)")
     hdr = f"{'playback run':48} {'msgs':>7} {'p50 us':>8} {'p99 us':>9} {'max us':>9} {'CPU s/s':>8} {'peak RSS':>9}"
     print(hdr)
     print("-" * len(hdr))
