@@ -180,7 +180,8 @@ pub enum SinkKind {
 pub struct PlayArgs {
     /// Bag directory, or a single .db3 file.
     pub bag: PathBuf,
-    /// Play only these topics (and those matching -e) [default: all].
+    /// Play only these topics (and those matching -e) [default: all]. Takes every value up to
+    /// the next option: give BAG first.
     #[arg(long, num_args = 1.., value_name = "TOPIC")]
     pub topics: Vec<String>,
     /// Play topics matching this regular expression (as well as --topics).
@@ -192,7 +193,8 @@ pub struct PlayArgs {
     /// Do not play these topics.
     #[arg(long, num_args = 1.., value_name = "TOPIC")]
     pub exclude_topics: Vec<String>,
-    /// Publish the bag's topic OLD as NEW; repeatable.
+    /// Publish the bag's topic OLD as NEW; repeatable. Takes every value up to the next
+    /// option: give BAG first.
     #[arg(short = 'm', long, num_args = 1.., value_name = "OLD:=NEW")]
     pub remap: Vec<String>,
     /// Speed factor (> 0): 2 plays twice as fast, 0.5 at half speed.
@@ -204,7 +206,12 @@ pub struct PlayArgs {
     )]
     pub rate: f64,
     /// Start this far into the bag. Seconds, or with s/m/h/d.
-    #[arg(long, default_value = "0", allow_negative_numbers = true)]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value = "0",
+        allow_negative_numbers = true
+    )]
     pub start_offset: String,
     /// Play at most this much of the bag from the start (after --start-offset). Seconds, or
     /// with s/m/h/d [default: to the end].

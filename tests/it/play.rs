@@ -481,6 +481,20 @@ fn tiny_read_ahead_bounds_still_play_everything_in_order() {
 }
 
 #[test]
+fn rt_priority_plays_everything_or_says_in_one_line_why_it_cannot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let msgs = mixed(20, 1);
+    let bag = bag_of(tmp.path(), "rt", &msgs, 0);
+    let o = play(&bag, &["--rt-priority", "5"]);
+    assert_eq!(played(&ok(&o)), expected(&msgs, |_| true));
+    // Root (as in CI) may use SCHED_FIFO; an unprivileged user gets one warning.
+    let err = stderr(&o);
+    let warned = err.starts_with("ringbag: warn: --rt-priority 5: cannot run SCHED_FIFO (");
+    assert_eq!(err.lines().count(), 1 + usize::from(warned), "{err}");
+    assert!(err.ends_with("ringbag: played 20 messages\n"), "{err}");
+}
+
+#[test]
 fn a_qos_override_file_is_read_and_a_bad_one_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let bag = bag_of(tmp.path(), "o", &mixed(5, 1), 0);
@@ -568,6 +582,8 @@ fn bad_input_is_one_line_and_exit_two() {
             "--clock: the bag's topic /a would be published as /clock too",
         ),
         (vec![b, "-p"], "--start-paused needs the keyboard controls"),
+        (vec![b, "--rt-priority", "0"], "--rt-priority 0: must be 1 to 99 (SCHED_FIFO priorities)"),
+        (vec![b, "--rt-priority", "100"], "--rt-priority 100: must be 1 to 99"),
     ];
     for (args, want) in cases {
         let mut all = vec!["play", "--sink", "echo"];

@@ -452,3 +452,23 @@ fn disable_keyboard_controls_leaves_the_terminal_alone() {
     assert_eq!(err, "ringbag: played 10 messages\n");
     assert!(cooked);
 }
+
+#[test]
+fn a_hangup_restores_the_terminal_and_ends_play_by_the_signal() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("h");
+    timed_bag(&bag, &evenly(5, 10), 0);
+    let p = OnPty::spawn(&["-p", bag.to_str().unwrap()], true);
+    p.err.wait_for("the start paused", |s| {
+        s.contains("paused (--start-paused)")
+    });
+    assert!(p.raw());
+    kill(p.pid, Signal::SIGHUP).unwrap();
+    let (status, _, _, cooked) = p.finish();
+    assert_eq!(status.signal(), Some(libc::SIGHUP));
+    assert!(
+        cooked,
+        "the terminal's mode is restored before the hangup ends play"
+    );
+}
