@@ -111,6 +111,10 @@ pub struct Scheduler<'a> {
     pub rt_priority: Option<i32>,
     pub report: PlayReport,
     next_clock: i64,
+    /// The last `/clock` published in this pass: `/clock` never goes back within a pass,
+    /// also when the start is re-anchored once the first message is in hand (ticks sent
+    /// while waiting for it ran on the provisional anchor).
+    last_clock: i64,
     step: bool,
     flushed: bool,
 }
@@ -140,6 +144,7 @@ impl<'a> Scheduler<'a> {
             commands,
             stop,
             next_clock: timeline.anchor_wall.min(monotonic_ns()),
+            last_clock: i64::MIN,
             timeline,
             span,
             clock_period_ns,
@@ -195,6 +200,8 @@ impl<'a> Scheduler<'a> {
                 Some(Item::EndOfPass) => {
                     self.report.loops += 1;
                     self.timeline.restart(monotonic_ns(), self.span.play_start);
+                    // A new pass starts the clock over, as ros2 bag play's loop does.
+                    self.last_clock = i64::MIN;
                     self.log_anchor("loop");
                     continue;
                 }
@@ -328,10 +335,15 @@ impl<'a> Scheduler<'a> {
         if let (Some(period), Some(clock)) = (self.clock_period_ns, self.plan.clock) {
             let now = monotonic_ns();
             if now >= self.next_clock {
-                let t = self.timeline.bag_at(now).clamp(
-                    self.span.play_start,
-                    self.span.play_end.max(self.span.play_start),
-                );
+                let t = self
+                    .timeline
+                    .bag_at(now)
+                    .clamp(
+                        self.span.play_start,
+                        self.span.play_end.max(self.span.play_start),
+                    )
+                    .max(self.last_clock);
+                self.last_clock = t;
                 if !Self::sink_result(self.sink.publish(clock, t, &clock_cdr(t)))? {
                     return Ok(true);
                 }
