@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_utils::CachePadded;
 
 use super::stats::TopicStats;
 use crate::bag::{MessageDefinition, TopicInfo};
@@ -43,8 +44,11 @@ pub(crate) struct Register {
 
 /// State shared by producers and the writer thread.
 pub(crate) struct Shared {
-    /// Bytes queued or in the writer's current batch; bounded by `budget`.
-    pub in_flight: AtomicUsize,
+    /// Bytes queued or in the writer's current batch; bounded by `budget`. Padded, like
+    /// `pool_bytes`, onto a cache line of its own: producers and the writer both write it,
+    /// and the read-mostly fields around it (`stop`, `budget`, the channels) must not move
+    /// between cores with it.
+    pub in_flight: CachePadded<AtomicUsize>,
     pub budget: usize,
     /// Set when recording must end (signal, max-splits, writer failure).
     pub stop: AtomicBool,
@@ -60,7 +64,7 @@ pub(crate) struct Shared {
     pub pool_tx: Sender<Pooled>,
     pub pool_rx: Receiver<Pooled>,
     /// Capacity held by pooled buffers; bounded by `pool_budget` so the pool cannot hoard.
-    pub pool_bytes: AtomicUsize,
+    pub pool_bytes: CachePadded<AtomicUsize>,
     pub pool_budget: usize,
 }
 
@@ -305,6 +309,42 @@ impl Producer {
     }
 }
 
+/// Return a written batch's buffers to the pool, with one update of the pool's byte count for
+/// the whole batch instead of one per message: that counter is also written by the producer,
+/// so each update moves its cache line between cores (at 100 B messages the writer spent
+/// ~3 % of its time here). When the batch does not fit the pool's budget as a whole, each
+/// buffer is judged alone, as [`give_back`] does.
+pub(crate) fn give_back_batch(shared: &Shared, items: &mut Vec<Item>) {
+    let total: usize = items.iter().map(|i| i.data.capacity()).sum();
+    if shared.pool_bytes.fetch_add(total, Relaxed) + total > shared.pool_budget {
+        shared.pool_bytes.fetch_sub(total, Relaxed);
+        for item in items.drain(..) {
+            give_back(shared, item.data, item.tag);
+        }
+        return;
+    }
+    let mut refused = 0;
+    for item in items.drain(..) {
+        let cap = item.data.capacity();
+        if cap == 0 {
+            continue;
+        }
+        if shared
+            .pool_tx
+            .try_send(Pooled {
+                buf: item.data,
+                tag: item.tag,
+            })
+            .is_err()
+        {
+            refused += cap;
+        }
+    }
+    if refused > 0 {
+        shared.pool_bytes.fetch_sub(refused, Relaxed);
+    }
+}
+
 /// Return a buffer (with the tag of what it holds) to the pool if the pool has room for its
 /// capacity; otherwise free it.
 pub(crate) fn give_back(shared: &Shared, buf: Vec<u8>, tag: u64) {
@@ -334,7 +374,7 @@ mod tests {
         let (reg_tx, _reg_rx) = crossbeam_channel::unbounded();
         let (pool_tx, pool_rx) = crossbeam_channel::bounded(16);
         let shared = Arc::new(Shared {
-            in_flight: AtomicUsize::new(0),
+            in_flight: CachePadded::new(AtomicUsize::new(0)),
             budget,
             stop: AtomicBool::new(false),
             writer_gone: AtomicBool::new(false),
@@ -343,7 +383,7 @@ mod tests {
             topics: Mutex::new(Vec::new()),
             pool_tx,
             pool_rx,
-            pool_bytes: AtomicUsize::new(0),
+            pool_bytes: CachePadded::new(AtomicUsize::new(0)),
             pool_budget: 1 << 20,
         });
         let p = Producer {

@@ -7,8 +7,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
+use crossbeam_utils::CachePadded;
 
-use super::queue::{give_back, Item, Producer, Register, Shared};
+use super::queue::{give_back_batch, Item, Producer, Register, Shared};
 use super::stats::{RecordSummary, TopicStats, TopicSummary};
 use super::syncer::{BackgroundSync, SyncHealth, WRITEBACK_INTERVAL};
 use crate::bag::writer::{row_growth_bytes, BagSummary, BagWriter, Row};
@@ -201,7 +202,7 @@ impl Pipeline {
         let pool_budget = (cfg.max_cache_size / 4).min(32 << 20);
         let (pool_tx, pool_rx) = crossbeam_channel::bounded(cfg.queue_slots.max(1));
         let shared = Arc::new(Shared {
-            in_flight: AtomicUsize::new(0),
+            in_flight: CachePadded::new(AtomicUsize::new(0)),
             budget: cfg.max_cache_size,
             stop: AtomicBool::new(false),
             writer_gone: AtomicBool::new(false),
@@ -210,7 +211,7 @@ impl Pipeline {
             topics: Mutex::new(Vec::new()),
             pool_tx,
             pool_rx,
-            pool_bytes: AtomicUsize::new(0),
+            pool_bytes: CachePadded::new(AtomicUsize::new(0)),
             pool_budget,
         });
         let splits_deleted = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -566,9 +567,7 @@ impl WriterCtx {
         }
         let result = self.write_rows_of(batch);
         let bytes: usize = batch.iter().map(|i| i.data.len()).sum();
-        for item in batch.drain(..) {
-            give_back(&self.shared, item.data, item.tag);
-        }
+        give_back_batch(&self.shared, batch);
         self.shared.in_flight.fetch_sub(bytes, Relaxed);
         result
     }
