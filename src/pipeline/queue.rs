@@ -472,4 +472,47 @@ mod tests {
         assert_eq!(again.data.as_ptr(), ptr, "the pooled allocation came back");
         assert_eq!(again.data, vec![2u8; 1000]);
     }
+
+    fn item(cap: usize) -> Item {
+        Item {
+            topic: 0,
+            ts: 0,
+            data: Vec::with_capacity(cap),
+            tag: NO_TAG,
+        }
+    }
+
+    /// Take every buffer out of the pool, as producers would; returns how many there were and
+    /// the pool's byte count before, which must equal their capacity. Empty afterwards.
+    fn pooled(p: &Producer) -> (usize, usize) {
+        let counted = p.shared.pool_bytes.load(Relaxed);
+        let (mut n, mut cap) = (0, 0);
+        while let Ok(b) = p.shared.pool_rx.try_recv() {
+            n += 1;
+            cap += b.buf.capacity();
+            p.shared.pool_bytes.fetch_sub(b.buf.capacity(), Relaxed);
+        }
+        assert_eq!(cap, counted, "the count matches what the pool holds");
+        (n, counted)
+    }
+
+    #[test]
+    fn a_batch_given_back_keeps_the_pool_within_its_byte_and_slot_bounds() {
+        // Within budget: the whole batch is pooled with one count update.
+        let (p, _rx) = stalled(1 << 20, 8);
+        let mut batch: Vec<Item> = (0..10).map(|_| item(1000)).collect();
+        give_back_batch(&p.shared, &mut batch);
+        assert!(batch.is_empty());
+        assert_eq!(pooled(&p), (10, 10_000));
+        // More buffers than the pool's 16 slots: the refused ones are freed and uncounted.
+        let mut batch: Vec<Item> = (0..20).map(|_| item(1000)).collect();
+        give_back_batch(&p.shared, &mut batch);
+        assert_eq!(pooled(&p), (16, 16_000));
+        // Over the 1 MiB byte budget as a whole: judged one by one, and the pool holds
+        // whatever fits, never more.
+        let mut batch: Vec<Item> = vec![item(600 << 10), item(300 << 10), item(600 << 10)];
+        give_back_batch(&p.shared, &mut batch);
+        assert!(batch.is_empty());
+        assert_eq!(pooled(&p), (2, (600 << 10) + (300 << 10)));
+    }
 }
