@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Recording throughput against this machine's own limits, measured in one run on the same
-# filesystem, and playback timing. Usage: scripts/bench.sh [--json] [--dir DIR] [--quick] [--play-only]
+# filesystem, and playback timing.
+#   Usage: scripts/bench.sh [--json] [--dir DIR] [--quick] [--only write|large|robot]
+#                           [--rounds N] [--robot-rounds N] [--ringbag BIN] [--play-only]
 # Prints messages/s, MB/s, CPU s per GB, drops and peak RSS for ringbag, beside `dd` and a bare
-# SQLite insert loop with the same rows, pragmas and batch size, and the ratios; then large
-# messages (1 MiB, 6 MiB) with the writer's longest stall and the copies per message, and the
-# robot mix in real time with 64 MiB and 1 GiB splits. `--ringbag BIN` measures another build
-# (e.g. an older one) against the same floor. Playback: the error of each message's send time
-# against its schedule (p50/p99/max) at rate 1 and 10 beside a bare sleep loop, time to the
-# first message in the middle of a >= 5 GB bag, peak RSS, CPU.
+# SQLite insert loop with the same rows, pragmas and batch size, and the ratios; then 100 B,
+# 1 MiB and 6 MiB messages against the floor (bare loop, blobs bound in place, 64 KiB pages),
+# --rounds times back to back (median ratio and range: one load spike costs one round), with the
+# writer's longest stall and the copies per message; and the robot mix in real time with 64 MiB
+# and 1 GiB splits (--robot-rounds times). `--ringbag BIN` measures another build (e.g. an older
+# one) against the same floor. On a VM guest with free page reporting it says how much memory
+# went back to the host during the run (fresh memory is slow there). Playback: the error of each
+# message's send time against its schedule (p50/p99/max) at rate 1 and 10 beside a bare sleep
+# loop, time to the first message in the middle of a >= 5 GB bag, peak RSS, CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin ringbag --example bare_sqlite --example sleep_jitter

@@ -7,7 +7,7 @@ use crate::bag::QosProfile;
 use crate::pipeline::{Producer, TopicHandle};
 use crate::source::synthetic::{Encoder, SyntheticProfile};
 
-/// `Pace::Max` waits while this much is queued: four of the writer's default 8 MiB batches.
+/// `Pace::Max` waits while this much is queued: sixteen of the writer's default 2 MiB batches.
 const MAX_PACE_QUEUED_BYTES: usize = 32 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
