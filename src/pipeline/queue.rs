@@ -31,6 +31,32 @@ pub(crate) struct Pooled {
     pub tag: u64,
 }
 
+/// Buffers at least this large go back to their own topic's pool ([`LargePool`]), smaller
+/// ones to the shared pool.
+pub const LARGE_BUFFER_BYTES: usize = 64 << 10;
+/// Places in each topic's pool of large buffers: a 30 Hz camera has two or three frames
+/// queued or in the writer's batch at a time.
+const LARGE_POOL_SLOTS: usize = 4;
+
+/// One topic's own pool of large buffers. In the shared pool a camera frame's buffer was
+/// as likely to be taken by an IMU message as by the next frame, and the next frame then got
+/// a small buffer to grow: a fresh multi-megabyte allocation, page faults on every page, and
+/// the whole frame to write again. On this project's VM, where fresh memory costs a host
+/// fault, such a push took 111 ms, stalling everything the source publishes behind it. A
+/// topic's messages are about the same size, so its own buffers fit its next message.
+#[derive(Debug)]
+pub(crate) struct LargePool {
+    tx: Sender<Pooled>,
+    rx: Receiver<Pooled>,
+}
+
+impl Default for LargePool {
+    fn default() -> Self {
+        let (tx, rx) = crossbeam_channel::bounded(LARGE_POOL_SLOTS);
+        LargePool { tx, rx }
+    }
+}
+
 /// Topic registration travels on its own channel; the writer drains it before every batch
 /// and again whenever it meets a topic id it does not know yet.
 #[derive(Debug)]
@@ -148,7 +174,7 @@ impl Producer {
     /// false when the message was dropped (and counted).
     pub fn push(&self, topic: &TopicHandle, data: &[u8]) -> bool {
         let ts = self.clock.now_ns();
-        let mut buf = self.take_buffer();
+        let mut buf = self.take_buffer(topic, data.len() >= LARGE_BUFFER_BYTES);
         buf.extend_from_slice(data);
         self.enqueue(topic, ts, buf, NO_TAG, true).is_ok()
     }
@@ -164,7 +190,7 @@ impl Producer {
     /// the synthetic source so generating costs no extra copy.
     pub fn push_with(&self, topic: &TopicHandle, fill: impl FnOnce(i64, &mut Vec<u8>)) -> bool {
         let ts = self.clock.now_ns();
-        let mut buf = self.take_buffer();
+        let mut buf = self.take_buffer(topic, true);
         fill(ts, &mut buf);
         self.enqueue(topic, ts, buf, NO_TAG, true).is_ok()
     }
@@ -184,7 +210,7 @@ impl Producer {
         fill: impl FnOnce(i64, &mut Vec<u8>, u64) -> u64,
     ) -> Result<(), Option<Pending>> {
         let ts = self.clock.now_ns();
-        let (mut buf, old_tag) = spare.unwrap_or_else(|| self.take_tagged());
+        let (mut buf, old_tag) = spare.unwrap_or_else(|| self.take_tagged(topic, true));
         let tag = fill(ts, &mut buf, old_tag);
         self.enqueue(topic, ts, buf, tag, !wait).map_err(|buf| {
             // A counted drop handed its buffer to the pool already (`buf` is empty then).
@@ -201,7 +227,7 @@ impl Producer {
         fill: impl FnOnce(i64, &mut Vec<u8>),
     ) -> Result<(), Pending> {
         let ts = self.clock.now_ns();
-        let mut buf = buf.unwrap_or_else(|| self.take_buffer());
+        let mut buf = buf.unwrap_or_else(|| self.take_buffer(topic, true));
         buf.clear();
         fill(ts, &mut buf);
         self.enqueue(topic, ts, buf, NO_TAG, false)
@@ -238,15 +264,24 @@ impl Producer {
         self.clock.now_ns()
     }
 
-    fn take_buffer(&self) -> Vec<u8> {
-        let (mut b, _) = self.take_tagged();
+    fn take_buffer(&self, topic: &TopicHandle, large: bool) -> Vec<u8> {
+        let (mut b, _) = self.take_tagged(topic, large);
         b.clear();
         b
     }
 
-    /// A pooled buffer as it came back, content and tag included.
-    fn take_tagged(&self) -> (Vec<u8>, u64) {
-        match self.shared.pool_rx.try_recv() {
+    /// A pooled buffer as it came back, content and tag included: from the topic's own pool
+    /// of large buffers first when the message may be large (`large`: known to be, or of
+    /// unknown size; a topic of small messages has nothing there), else from the shared pool.
+    fn take_tagged(&self, topic: &TopicHandle, large: bool) -> (Vec<u8>, u64) {
+        let own = || topic.stats.large_buffers.rx.try_recv();
+        let shared = || self.shared.pool_rx.try_recv();
+        let taken = if large {
+            own().or_else(|_| shared())
+        } else {
+            shared()
+        };
+        match taken {
             Ok(p) => {
                 self.shared.pool_bytes.fetch_sub(p.buf.capacity(), Relaxed);
                 (p.buf, p.tag)
@@ -268,7 +303,7 @@ impl Producer {
         let rejected = |data: Vec<u8>| {
             if count_drop {
                 topic.stats.dropped.fetch_add(1, Relaxed);
-                give_back(shared, data, tag);
+                give_back(shared, Some(&topic.stats), data, tag);
                 Err(Vec::new())
             } else {
                 Err(data)
@@ -281,7 +316,7 @@ impl Producer {
                 return Err(data);
             }
             topic.stats.dropped_after_stop.fetch_add(1, Relaxed);
-            give_back(shared, data, tag);
+            give_back(shared, Some(&topic.stats), data, tag);
             return Err(Vec::new());
         }
         // Reserve bytes first so the budget holds even with many producers racing.
@@ -309,17 +344,35 @@ impl Producer {
     }
 }
 
-/// Return a written batch's buffers to the pool, with one update of the pool's byte count for
-/// the whole batch instead of one per message: that counter is also written by the producer,
-/// so each update moves its cache line between cores (at 100 B messages the writer spent
-/// ~3 % of its time here). When the batch does not fit the pool's budget as a whole, each
-/// buffer is judged alone, as [`give_back`] does.
-pub(crate) fn give_back_batch(shared: &Shared, items: &mut Vec<Item>) {
+/// The pool a buffer of capacity `cap` goes back to: its topic's own when it is large,
+/// else the shared one.
+fn pool_for<'a>(
+    shared: &'a Shared,
+    topic: Option<&'a TopicStats>,
+    cap: usize,
+) -> &'a Sender<Pooled> {
+    match topic {
+        Some(t) if cap >= LARGE_BUFFER_BYTES => &t.large_buffers.tx,
+        _ => &shared.pool_tx,
+    }
+}
+
+/// Return a written batch's buffers to the pools, with one update of the pools' byte count
+/// for the whole batch instead of one per message: that counter is also written by the
+/// producer, so each update moves its cache line between cores (at 100 B messages the writer
+/// spent ~3 % of its time here). When the batch does not fit the budget as a whole, each
+/// buffer is judged alone, as [`give_back`] does. `topics` is indexed by the items' topic ids.
+pub(crate) fn give_back_batch(
+    shared: &Shared,
+    topics: &[Option<Arc<TopicStats>>],
+    items: &mut Vec<Item>,
+) {
+    let topic = |id: u32| topics.get(id as usize).and_then(|t| t.as_deref());
     let total: usize = items.iter().map(|i| i.data.capacity()).sum();
     if shared.pool_bytes.fetch_add(total, Relaxed) + total > shared.pool_budget {
         shared.pool_bytes.fetch_sub(total, Relaxed);
         for item in items.drain(..) {
-            give_back(shared, item.data, item.tag);
+            give_back(shared, topic(item.topic), item.data, item.tag);
         }
         return;
     }
@@ -329,12 +382,12 @@ pub(crate) fn give_back_batch(shared: &Shared, items: &mut Vec<Item>) {
         if cap == 0 {
             continue;
         }
-        if shared
-            .pool_tx
-            .try_send(Pooled {
-                buf: item.data,
-                tag: item.tag,
-            })
+        let pooled = Pooled {
+            buf: item.data,
+            tag: item.tag,
+        };
+        if pool_for(shared, topic(item.topic), cap)
+            .try_send(pooled)
             .is_err()
         {
             refused += cap;
@@ -345,9 +398,9 @@ pub(crate) fn give_back_batch(shared: &Shared, items: &mut Vec<Item>) {
     }
 }
 
-/// Return a buffer (with the tag of what it holds) to the pool if the pool has room for its
-/// capacity; otherwise free it.
-pub(crate) fn give_back(shared: &Shared, buf: Vec<u8>, tag: u64) {
+/// Return a buffer (with the tag of what it holds) to its pool if the pools' budget has room
+/// for its capacity and the pool a free place; otherwise free it.
+pub(crate) fn give_back(shared: &Shared, topic: Option<&TopicStats>, buf: Vec<u8>, tag: u64) {
     let cap = buf.capacity();
     if cap == 0 {
         return;
@@ -356,7 +409,7 @@ pub(crate) fn give_back(shared: &Shared, buf: Vec<u8>, tag: u64) {
         shared.pool_bytes.fetch_sub(cap, Relaxed);
         return;
     }
-    if let Err(e) = shared.pool_tx.try_send(Pooled { buf, tag }) {
+    if let Err(e) = pool_for(shared, topic, cap).try_send(Pooled { buf, tag }) {
         shared
             .pool_bytes
             .fetch_sub(e.into_inner().buf.capacity(), Relaxed);
@@ -466,11 +519,38 @@ mod tests {
         let item = rx.try_recv().unwrap();
         let ptr = item.data.as_ptr();
         p.shared.in_flight.fetch_sub(item.data.len(), Relaxed);
-        give_back(&p.shared, item.data, item.tag);
+        give_back(&p.shared, Some(t.stats()), item.data, item.tag);
         assert!(p.push(&t, &[2u8; 1000]));
         let again = rx.try_recv().unwrap();
         assert_eq!(again.data.as_ptr(), ptr, "the pooled allocation came back");
         assert_eq!(again.data, vec![2u8; 1000]);
+    }
+
+    #[test]
+    fn a_large_buffer_goes_back_to_its_own_topic_and_a_small_one_to_the_shared_pool() {
+        let (p, rx) = stalled(1 << 30, 16);
+        let cam = p.add_topic(TopicInfo::new("/cam", "t/msg/T"), None);
+        let imu = p.add_topic(TopicInfo::new("/imu", "t/msg/T"), None);
+        let topics = vec![Some(cam.stats.clone()), Some(imu.stats.clone())];
+        let frame = vec![3u8; 2 * LARGE_BUFFER_BYTES];
+        assert!(p.push(&cam, &frame));
+        assert!(p.push(&imu, &[1u8; 300]));
+        let mut batch: Vec<Item> = rx.try_iter().collect();
+        let (frame_ptr, small_ptr) = (batch[0].data.as_ptr(), batch[1].data.as_ptr());
+        p.shared.in_flight.fetch_sub(frame.len() + 300, Relaxed);
+        give_back_batch(&p.shared, &topics, &mut batch);
+        // The IMU comes first and must not take the camera's frame buffer; it gets the
+        // small one back from the shared pool.
+        assert!(p.push(&imu, &[2u8; 300]));
+        assert!(p.push(&cam, &frame));
+        let again: Vec<Item> = rx.try_iter().collect();
+        assert_eq!(again[0].data.as_ptr(), small_ptr);
+        assert_eq!(
+            again[1].data.as_ptr(),
+            frame_ptr,
+            "the camera's own buffer came back"
+        );
+        assert_eq!(again[1].data, frame);
     }
 
     fn item(cap: usize) -> Item {
@@ -501,17 +581,17 @@ mod tests {
         // Within budget: the whole batch is pooled with one count update.
         let (p, _rx) = stalled(1 << 20, 8);
         let mut batch: Vec<Item> = (0..10).map(|_| item(1000)).collect();
-        give_back_batch(&p.shared, &mut batch);
+        give_back_batch(&p.shared, &[], &mut batch);
         assert!(batch.is_empty());
         assert_eq!(pooled(&p), (10, 10_000));
         // More buffers than the pool's 16 slots: the refused ones are freed and uncounted.
         let mut batch: Vec<Item> = (0..20).map(|_| item(1000)).collect();
-        give_back_batch(&p.shared, &mut batch);
+        give_back_batch(&p.shared, &[], &mut batch);
         assert_eq!(pooled(&p), (16, 16_000));
         // Over the 1 MiB byte budget as a whole: judged one by one, and the pool holds
         // whatever fits, never more.
         let mut batch: Vec<Item> = vec![item(600 << 10), item(300 << 10), item(600 << 10)];
-        give_back_batch(&p.shared, &mut batch);
+        give_back_batch(&p.shared, &[], &mut batch);
         assert!(batch.is_empty());
         assert_eq!(pooled(&p), (2, (600 << 10) + (300 << 10)));
     }

@@ -34,6 +34,9 @@ pub struct TopicStats {
     pub ring_only: AtomicU64,
     /// Accepted and left out of continuous recording by `--topic-rate`: by choice, not lost.
     pub throttled: AtomicU64,
+    /// Not a counter: the topic's own pool of large buffers (see `queue::LargePool`), kept
+    /// here because this is the one per-topic object that producers and the writer share.
+    pub(crate) large_buffers: super::queue::LargePool,
 }
 
 impl TopicStats {

@@ -200,11 +200,14 @@ impl Pipeline {
     ) -> Pipeline {
         let (tx, rx) = crossbeam_channel::bounded(cfg.queue_slots.max(1));
         let (reg_tx, reg_rx) = crossbeam_channel::unbounded();
-        // Pool: a quarter of the cache budget, at most 32 MiB, so RSS stays near the budget.
-        // As many places as the queue has slots: a batch of 4,096 small messages comes back
+        // Pools (the shared one and each topic's large buffers): half the cache budget, at
+        // most 64 MiB, so RSS stays near the budget. The robot mix keeps up to 4 buffers per
+        // camera and point-cloud topic, some grown to twice a frame (2.7 -> 5.5 MB): a
+        // quarter (25 MiB) freed some of them, to be allocated again. The shared pool has as
+        // many places as the queue has slots: a batch of 4,096 small messages comes back
         // whole (with 1,024 places three in four were freed by the writer and allocated
         // again by the producers, 5 % of the writer's time at 100 B).
-        let pool_budget = (cfg.max_cache_size / 4).min(32 << 20);
+        let pool_budget = (cfg.max_cache_size / 2).min(64 << 20);
         let (pool_tx, pool_rx) = crossbeam_channel::bounded(cfg.queue_slots.max(1));
         let shared = Arc::new(Shared {
             in_flight: CachePadded::new(AtomicUsize::new(0)),
@@ -443,8 +446,9 @@ impl WriterCtx {
             let turn = Instant::now();
             let stopping = self.shared.stop.load(Relaxed);
             if self.progress.rotate_requested.swap(false, Relaxed) && !stopping {
-                // Write what is batched into the split being closed first, so the closed
-                // split holds everything accepted before the request.
+                // Write what is batched (and carried) into the split being closed first, so
+                // the closed split holds everything accepted before the request.
+                batch.extend(carry.take());
                 if !batch.is_empty() {
                     let stop = self.write(&mut batch)?;
                     batch_bytes = 0;
@@ -591,7 +595,7 @@ impl WriterCtx {
         }
         let result = self.write_rows_of(batch);
         let bytes: usize = batch.iter().map(|i| i.data.len()).sum();
-        give_back_batch(&self.shared, batch);
+        give_back_batch(&self.shared, &self.topic_stats, batch);
         self.shared.in_flight.fetch_sub(bytes, Relaxed);
         result
     }
