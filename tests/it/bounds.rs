@@ -4,6 +4,7 @@
 //! the bag directory ≤ `--max-record-size`, split files ≤ `--max-bag-files`. Afterwards the
 //! bag reads, and the exit summary's counts add up to what is in the bag.
 
+use crate::common::RunOutput;
 use std::fs;
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -353,7 +354,7 @@ fn record_with_status(args: &[&str], status: &Path) -> (i32, String, u64) {
         .args(args)
         .arg("--status-file")
         .arg(status)
-        .output()
+        .run_output()
         .expect("ringbag runs");
     let committed = crate::common::status_committed(status).expect("status file holds a count");
     (

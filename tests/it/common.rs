@@ -2,7 +2,9 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 use ringbag::bag::writer::{BagWriter, WriterOptions};
 use ringbag::bag::{Flavour, QosProfile, TopicInfo};
@@ -33,7 +35,7 @@ pub fn run_test_in_own_process(name: &str) -> Output {
     let o = with_runner(&exe)
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env("RINGBAG_TEST_CHILD", "1")
-        .output()
+        .run_output()
         .expect("test binary runs");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -66,7 +68,75 @@ pub fn with_runner(bin: &Path) -> Command {
 }
 
 pub fn run(args: &[&str]) -> Output {
-    ringbag().args(args).output().expect("ringbag runs")
+    ringbag().args(args).run_output().expect("ringbag runs")
+}
+
+/// A child still running the test binary's own program this long after it was spawned never
+/// reached exec: see [`RunOutput`].
+const STUCK_BEFORE_EXEC: Duration = Duration::from_secs(20);
+
+/// `Command::output`, except that a child which deadlocked between fork and exec is killed
+/// and started again. Under user-mode qemu (the aarch64 stage) that happens: qemu emulates
+/// the fork of a multi-threaded guest, and once in CI the child of a test sat in a futex for
+/// 14 minutes before it could exec `systemctl --version`. Such a child is still a copy of the
+/// test binary (its `/proc/PID/cmdline` is ours): it never ran the command, so running it again
+/// is safe. A child that did exec is waited for, however long it takes.
+pub trait RunOutput {
+    fn run_output(&mut self) -> std::io::Result<Output>;
+}
+
+impl RunOutput for Command {
+    fn run_output(&mut self) -> std::io::Result<Output> {
+        for _ in 0..3 {
+            // As `output()` does: no stdin, both outputs captured.
+            let child = self
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()?;
+            let pid = child.id();
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(child.wait_with_output());
+            });
+            let spawned = Instant::now();
+            loop {
+                match rx.recv_timeout(Duration::from_secs(1)) {
+                    Ok(result) => return result,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        return Err(std::io::Error::other("the waiting thread died"))
+                    }
+                    Err(RecvTimeoutError::Timeout) => {
+                        if spawned.elapsed() >= STUCK_BEFORE_EXEC && stuck_before_exec(pid) {
+                            eprintln!(
+                                "child {pid} ({:?}) is stuck between fork and exec after {:?}: \
+                                 killed, started again",
+                                self.get_program(),
+                                spawned.elapsed()
+                            );
+                            let _ = nix::sys::signal::kill(
+                                nix::unistd::Pid::from_raw(pid as i32),
+                                nix::sys::signal::Signal::SIGKILL,
+                            );
+                            let _ = rx.recv();
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Err(std::io::Error::other(
+            "the child was stuck between fork and exec three times",
+        ))
+    }
+}
+
+/// True while process `pid` still runs this very program (same command line): it has not
+/// exec'd what it was spawned for.
+fn stuck_before_exec(pid: u32) -> bool {
+    let ours = std::fs::read("/proc/self/cmdline");
+    let theirs = std::fs::read(format!("/proc/{pid}/cmdline"));
+    matches!((ours, theirs), (Ok(a), Ok(b)) if !b.is_empty() && a == b)
 }
 
 pub fn stderr(o: &Output) -> String {
@@ -188,4 +258,31 @@ pub fn spawn(args: &[&str]) -> std::process::Child {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("ringbag starts")
+}
+
+/// The harness's detector: a forked child that has not exec'd is still running our own
+/// command line (what a child deadlocked inside qemu's fork emulation looks like), and a child
+/// that did exec is not. (The host's `Command::spawn` itself waits for exec, so a stuck child
+/// can only be made here by forking by hand.)
+#[test]
+fn a_child_that_never_execs_is_told_apart_from_one_that_did() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::sys::wait::waitpid;
+    use nix::unistd::{fork, ForkResult};
+    // SAFETY: the child calls only pause(2) and _exit(2), both async-signal-safe, so forking
+    // this multi-threaded test process is sound; the parent kills and reaps it below.
+    let child = match unsafe { fork() }.expect("fork") {
+        ForkResult::Child => unsafe {
+            libc::pause();
+            libc::_exit(0)
+        },
+        ForkResult::Parent { child } => child,
+    };
+    assert!(stuck_before_exec(child.as_raw() as u32));
+    kill(child, Signal::SIGKILL).unwrap();
+    waitpid(child, None).unwrap();
+    let mut execd = Command::new("sleep").arg("30").spawn().expect("sleep runs");
+    assert!(!stuck_before_exec(execd.id()));
+    execd.kill().unwrap();
+    execd.wait().unwrap();
 }

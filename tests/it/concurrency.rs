@@ -5,6 +5,7 @@
 //!
 //! Bounded: the attack runs for `RINGBAG_RACE_SECS` (default 12) seconds.
 
+use crate::common::RunOutput;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -133,7 +134,7 @@ fn reindex_and_recover_loops_never_disturb_live_recordings() {
                 if dry {
                     c.arg("--dry-run");
                 }
-                let out = c.output().expect("reindex runs");
+                let out = c.run_output().expect("reindex runs");
                 let want = format!(
                     "ringbag: error: {}: another ringbag process is writing this bag (its lock is held); left alone\n",
                     bag.display()
@@ -177,7 +178,7 @@ fn reindex_and_recover_loops_never_disturb_live_recordings() {
                     .args(["-b", "86016", "--max-record-size", "344064"])
                     .arg("-o")
                     .arg(&out_dir)
-                    .output()
+                    .run_output()
                     .expect("record runs");
                 if out.status.code() != Some(0) {
                     failures.lock().expect("failures").push(format!(

@@ -6,6 +6,7 @@
 //! (damage, default 40). Moments and damage come from a xorshift RNG seeded by
 //! `RINGBAG_CRASH_SEED` (default: the clock); the seed is printed so a failure can be replayed.
 
+use crate::common::RunOutput;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -197,7 +198,7 @@ fn finished_bag(dir: &Path, profile: &str, count: &str, format: &str) -> u64 {
         ])
         .arg("-o")
         .arg(dir)
-        .output()
+        .run_output()
         .expect("record");
     assert!(out.status.success(), "{}", stderr(&out));
     Bag::open(dir).expect("open").metadata.message_count
@@ -412,7 +413,7 @@ fn reindex_rejects_a_missing_path_and_a_directory_that_is_no_bag() {
     let out = ringbag()
         .arg("reindex")
         .arg(&missing)
-        .output()
+        .run_output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
@@ -420,7 +421,7 @@ fn reindex_rejects_a_missing_path_and_a_directory_that_is_no_bag() {
     let out = ringbag()
         .arg("reindex")
         .arg(tmp.path())
-        .output()
+        .run_output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
@@ -566,7 +567,7 @@ fn record_recover_reindexes_a_killed_bag_before_recording_a_new_one() {
         ])
         .arg("-o")
         .arg(tmp.path().join("second"))
-        .output()
+        .run_output()
         .expect("record --recover");
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(unfinished_reason(&first).is_none());
@@ -876,7 +877,7 @@ fn reindex_and_recovery_leave_a_bag_that_is_being_recorded_alone() {
         let out = ringbag()
             .arg("reindex")
             .arg(&bag)
-            .output()
+            .run_output()
             .expect("reindex");
         let recovered = recover_root(tmp.path()).reports;
         let _ = child.kill();

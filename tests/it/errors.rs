@@ -1,6 +1,7 @@
 //! Bad input: one clear line on stderr naming the file or flag, exit code 2, no panic, and
 //! nothing written.
 
+use crate::common::RunOutput;
 use std::fs;
 use std::path::Path;
 
@@ -193,7 +194,7 @@ fn assert_exact_error(args: &[&str], env: &[(&str, &str)], line: &str) {
         .args(args)
         .env_remove("RINGBAG_LOG")
         .envs(env.iter().copied())
-        .output()
+        .run_output()
         .expect("ringbag runs");
     assert_eq!(o.status.code(), Some(2), "args {args:?}: {}", stderr(&o));
     assert_eq!(stderr(&o), format!("{line}\n"), "args {args:?}");
@@ -467,7 +468,7 @@ fn run_os(args: &[&std::ffi::OsStr]) -> std::process::Output {
     crate::common::ringbag()
         .args(args)
         .env_remove("RINGBAG_LOG")
-        .output()
+        .run_output()
         .expect("ringbag runs")
 }
 
@@ -568,7 +569,9 @@ fn an_output_directory_the_user_may_not_create_is_bad_input() {
     ];
     let o = if nix::unistd::geteuid().is_root() {
         // Root ignores permission bits (CI runs as root): drop to nobody for this run.
-        let probe = crate::common::ringbag_as_nobody().arg("--version").output();
+        let probe = crate::common::ringbag_as_nobody()
+            .arg("--version")
+            .run_output();
         if !probe.is_ok_and(|p| p.status.success()) {
             eprintln!("SKIP: cannot run ringbag as nobody through setpriv");
             return;
@@ -576,7 +579,7 @@ fn an_output_directory_the_user_may_not_create_is_bad_input() {
         crate::common::ringbag_as_nobody()
             .args(args)
             .env_remove("RINGBAG_LOG")
-            .output()
+            .run_output()
             .unwrap()
     } else {
         run(&args)

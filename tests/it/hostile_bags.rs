@@ -3,6 +3,7 @@
 //! bags in directories the reader may not write. Every command must finish quickly with one
 //! clear line, never hang, never write, and never destroy what is not its own.
 
+use crate::common::RunOutput;
 use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -320,7 +321,7 @@ fn run_as_nobody(args: &[&OsStr]) -> Option<Output> {
     let out = crate::common::ringbag_as_nobody()
         .args(args)
         .stdin(Stdio::null())
-        .output();
+        .run_output();
     match out {
         Ok(o) if o.status.code() == Some(127) || stderr(&o).starts_with("setpriv:") => {
             eprintln!("SKIPPED as nobody: {}", stderr(&o));

@@ -1,6 +1,7 @@
 //! `scripts/install.sh` into a temporary image root: the files, their modes and owners, the
 //! enabled unit, idempotence, and a locally edited configuration that survives reinstalling.
 
+use crate::common::RunOutput;
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -15,7 +16,10 @@ fn repo() -> &'static Path {
 
 fn install(root: &Path, extra: &[&str]) -> Output {
     assert!(
-        Command::new("systemctl").arg("--version").output().is_ok(),
+        Command::new("systemctl")
+            .arg("--version")
+            .run_output()
+            .is_ok(),
         "systemctl is missing: scripts/test.sh installs the Debian package `systemd`"
     );
     Command::new("bash")
@@ -24,7 +28,7 @@ fn install(root: &Path, extra: &[&str]) -> Output {
         .arg(root)
         .args(["--bin", env!("CARGO_BIN_EXE_ringbag")])
         .args(extra)
-        .output()
+        .run_output()
         .expect("bash runs install.sh")
 }
 
@@ -166,7 +170,7 @@ fn install_into_an_image_root_writes_the_files_enables_the_unit_and_is_idempoten
     // The installed binary runs.
     let v = with_runner(&root.join("usr/bin/ringbag"))
         .arg("--version")
-        .output()
+        .run_output()
         .unwrap();
     assert!(
         v.status.success() && stdout(&v).starts_with("ringbag "),

@@ -1,5 +1,6 @@
 //! Recording end to end through the binary.
 
+use crate::common::RunOutput;
 use ringbag::bag::reader::{Bag, ReadFilter};
 
 use crate::common::{run, stderr};
@@ -146,7 +147,7 @@ fn full_disk_stops_cleanly_with_one_error_and_a_readable_bag() {
             "tmpfs",
             mnt.to_str().unwrap(),
         ])
-        .output()
+        .run_output()
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !mounted {
@@ -460,7 +461,7 @@ impl Tmpfs {
         std::fs::create_dir_all(mnt).unwrap();
         let ok = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", opts, "tmpfs", mnt.to_str().unwrap()])
-            .output()
+            .run_output()
             .is_ok_and(|o| o.status.success());
         if !ok {
             eprintln!("SKIP: cannot mount a limited tmpfs here (needs root)");

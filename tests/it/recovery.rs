@@ -3,6 +3,7 @@
 //! last writer did not finish cleanly, and records even when a sibling cannot be recovered;
 //! retention over a recording root leaves a bag another process holds alone.
 
+use crate::common::RunOutput;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -101,7 +102,7 @@ fn record_recover(out: &Path, extra: &[&str]) -> std::process::Output {
         .args(extra)
         .arg("-o")
         .arg(out)
-        .output()
+        .run_output()
         .expect("record runs")
 }
 
@@ -119,7 +120,7 @@ fn reindex_refuses_a_bag_whose_lock_is_held_with_one_line_and_changes_nothing() 
             .arg("reindex")
             .arg(&bag)
             .args(extra)
-            .output()
+            .run_output()
             .expect("reindex");
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
         assert_eq!(
@@ -282,7 +283,7 @@ fn recovery_skips_a_bag_the_recorder_may_not_write_and_still_records() {
         .args(["--synthetic-count", "40", "--clock", "system", "--recover"])
         .arg("-o")
         .arg(&new)
-        .output();
+        .run_output();
     let out = match out {
         Ok(o) => o,
         Err(e) => {

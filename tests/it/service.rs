@@ -1,6 +1,7 @@
 //! `ringbag daemon` end to end with a synthetic source, systemd's notify socket played by a
 //! bound datagram socket, and signals; `ringbag status`; `--check-config` error lines.
 
+use crate::common::RunOutput;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -581,14 +582,14 @@ fn when_stderr_is_the_journal_entries_carry_priority_and_ringbag_fields() {
     }
     let probe = std::process::Command::new("unshare")
         .args(["--mount", "--propagation", "private", "true"])
-        .output();
+        .run_output();
     if !probe.is_ok_and(|o| o.status.success()) {
         return skip("unshare --mount is not possible here");
     }
     let python = std::process::Command::new("python3")
         .arg("-c")
         .arg("pass")
-        .output();
+        .run_output();
     if !python.is_ok_and(|o| o.status.success()) {
         return skip("python3 is missing");
     }
@@ -614,7 +615,7 @@ fn when_stderr_is_the_journal_entries_carry_priority_and_ringbag_fields() {
         .args(["--synthetic-count", "50", "--clock", "auto"])
         .args(["--ptp-device", "/nonexistent/ptp9", "-o"])
         .arg(&bag)
-        .output()
+        .run_output()
         .expect("unshare runs");
     let err = std::fs::read_to_string(&err_file).unwrap_or_default();
     assert!(o.status.success(), "{}\n{err}", stderr(&o));

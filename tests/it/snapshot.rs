@@ -1,6 +1,7 @@
 //! Black-box snapshots end to end: the ring survives kill -9, triggers over the control
 //! socket, the per-topic split and throttle counts, bad input.
 
+use crate::common::RunOutput;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -46,7 +47,7 @@ fn trigger(sock: &Path, args: &[&str]) -> std::process::Output {
         .arg("--control-socket")
         .arg(sock)
         .args(args)
-        .output()
+        .run_output()
         .expect("ringbag trigger runs")
 }
 
@@ -124,7 +125,7 @@ fn kill_9_100_ms_after_a_trigger_still_yields_a_bag_with_every_pre_window_messag
         .arg(&ring)
         .arg("-o")
         .arg(root.join("second"))
-        .output()
+        .run_output()
         .expect("restart");
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
@@ -175,7 +176,7 @@ fn kill_9_100_ms_after_a_trigger_still_yields_a_bag_with_every_pre_window_messag
         .arg(&ring)
         .arg("-o")
         .arg(root.join("third"))
-        .output()
+        .run_output()
         .expect("third run");
     assert!(again.status.success(), "{}", stderr(&again));
     assert_eq!(bags_named(&root, "_crash_").len(), 1);
@@ -271,7 +272,7 @@ fn ring_only_topics_stay_out_of_the_continuous_bag_and_throttled_ones_are_counte
         .arg(tmp.path().join("ring"))
         .arg("-o")
         .arg(root.join("cont"))
-        .output()
+        .run_output()
         .expect("record");
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
