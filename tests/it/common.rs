@@ -131,12 +131,22 @@ impl RunOutput for Command {
     }
 }
 
-/// True while process `pid` still runs this very program (same command line): it has not
-/// exec'd what it was spawned for.
+/// True while process `pid` still runs this very program (our command line): it has not
+/// exec'd what it was spawned for. Under qemu-user, `/proc/self/cmdline` shows the guest's
+/// arguments while another process's shows the host's, `qemu-aarch64-static -L … ` and then
+/// the guest's: so theirs may also end with ours, whole arguments only.
 fn stuck_before_exec(pid: u32) -> bool {
-    let ours = std::fs::read("/proc/self/cmdline");
-    let theirs = std::fs::read(format!("/proc/{pid}/cmdline"));
-    matches!((ours, theirs), (Ok(a), Ok(b)) if !b.is_empty() && a == b)
+    let (Ok(ours), Ok(theirs)) = (
+        std::fs::read("/proc/self/cmdline"),
+        std::fs::read(format!("/proc/{pid}/cmdline")),
+    ) else {
+        return false;
+    };
+    if ours.is_empty() || theirs.len() < ours.len() {
+        return false;
+    }
+    let prefix = theirs.len() - ours.len();
+    theirs.ends_with(&ours) && (prefix == 0 || theirs[prefix - 1] == 0)
 }
 
 pub fn stderr(o: &Output) -> String {
