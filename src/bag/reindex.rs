@@ -352,17 +352,8 @@ fn reindex_locked(
         // Recognise the file before anything (SQLite replaying side files included) can
         // touch it: another program's file under a split's name is not ours to rewrite.
         if let Recognition::Foreign(why) = recognise(&original) {
-            // Unless this bag's own metadata.yaml lists it and it is still a SQLite file: a
-            // split torn inside its first page (with 64 KiB pages, the schema's cells sit at
-            // the end of page 1) has lost everything that shows it is a rosbag2 split, yet
-            // it is one, and its loss must be reported, not the bag refused.
-            let listed = old
-                .as_ref()
-                .is_some_and(|m| m.relative_file_paths.iter().any(|p| p == rel));
-            if !(listed && starts_as_sqlite(&original)) {
-                foreign.push((rel.clone(), why));
-                continue;
-            }
+            foreign.push((rel.clone(), why));
+            continue;
         }
         let work = match &scratch {
             Some(s) => s.copy_split(&original)?,
@@ -1250,15 +1241,6 @@ enum Recognition {
 
 /// Look at a file without writing it or its side files: SQLite opened `immutable` (no
 /// locks, no journal or WAL looked at), then the page walk, which only maps it read-only.
-/// The file begins with SQLite's 16-byte magic string.
-fn starts_as_sqlite(path: &Path) -> bool {
-    use std::io::Read;
-    let mut magic = [0u8; 16];
-    fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok_and(|()| &magic == b"SQLite format 3\0")
-}
-
 fn recognise(path: &Path) -> Recognition {
     const ROSBAG2_TABLES: &str =
         "('messages', 'topics', 'schema', 'metadata', 'message_definitions')";

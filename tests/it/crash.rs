@@ -908,29 +908,3 @@ fn reindex_and_recovery_leave_a_bag_that_is_being_recorded_alone() {
         );
     }
 }
-
-/// With 64 KiB pages the schema's cells sit at the end of page 1, so a split cut inside its
-/// first page has lost everything that marks it as rosbag2 (a random seed of the torn-write
-/// test found this: cut at byte 48,781 of 4,980,736). It is still listed in the bag's
-/// metadata.yaml and still starts as a SQLite file: its loss is reported, the bag not refused.
-#[test]
-fn a_listed_split_torn_inside_its_first_page_is_reported_lost_not_refused() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let dir = tmp.path().join("b");
-    let count = finished_bag(&dir, "medium", "60", "jazzy");
-    let split = dir.join(&find_split_files(&dir).expect("splits")[0]);
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&split)
-        .and_then(|f| f.set_len(48_781))
-        .expect("truncate");
-    let report = reindex_cli(&dir, &[]);
-    let kept = report["message_count"].as_u64().expect("a count");
-    assert_eq!(read_all(&dir), kept);
-    assert!(kept < count);
-    assert!(
-        report["messages_lost"].as_u64().is_some_and(|n| n > 0)
-            || report["messages_lost"].is_null(),
-        "{report}"
-    );
-}
