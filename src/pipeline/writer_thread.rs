@@ -72,7 +72,8 @@ impl Default for PipelineConfig {
             // A batch is written in one turn of the writer, and the queue waits for that
             // turn. With 8 MiB, the robot mix in real time (176 MB/s, 2.7 MB camera frames
             // tipping batches to 8-11 MiB) had turns of 35-115 ms, up to 363 ms, on tmpfs
-            // here; with 2 MiB, 40-42 ms. Throughput at max rate did not move (1 MiB, 6 MiB
+            // here; with 2 MiB, and a message that would cross the cap starting the next batch,
+            // 24-30 ms on quiet runs. Throughput at max rate did not move (1 MiB, 6 MiB
             // and 64 KiB messages, 5 alternating runs each: medians within 3 %, either way).
             batch_max_bytes: 2 << 20,
             batch_max_delay: Duration::from_millis(50),
@@ -467,7 +468,6 @@ impl WriterCtx {
             }
             self.drain_registrations()?;
             let mut disconnected = false;
-            let mut capped = false;
             if batch.is_empty() {
                 if let Some(item) = carry.take() {
                     batch_started = Instant::now();
@@ -484,7 +484,6 @@ impl WriterCtx {
                             batch_started = Instant::now();
                         } else if batch_bytes + item.data.len() > self.cfg.batch_max_bytes {
                             carry = Some(item);
-                            capped = true;
                             break;
                         }
                         batch_bytes += item.data.len();
@@ -497,7 +496,8 @@ impl WriterCtx {
                     }
                 }
             }
-            let full = capped
+            // A carried message means the batch reached its cap.
+            let full = carry.is_some()
                 || batch.len() >= self.cfg.batch_max_messages
                 || batch_bytes >= self.cfg.batch_max_bytes;
             let due = !batch.is_empty() && batch_started.elapsed() >= self.cfg.batch_max_delay;
