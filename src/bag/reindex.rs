@@ -352,8 +352,17 @@ fn reindex_locked(
         // Recognise the file before anything (SQLite replaying side files included) can
         // touch it: another program's file under a split's name is not ours to rewrite.
         if let Recognition::Foreign(why) = recognise(&original) {
-            foreign.push((rel.clone(), why));
-            continue;
+            // Unless this bag's own metadata.yaml lists it and it is still a SQLite file: a
+            // split torn inside its first page (with 64 KiB pages, the schema's cells sit at
+            // the end of page 1) has lost everything that shows it is a rosbag2 split, yet
+            // it is one, and its loss must be reported, not the bag refused.
+            let listed = old
+                .as_ref()
+                .is_some_and(|m| m.relative_file_paths.iter().any(|p| p == rel));
+            if !(listed && starts_as_sqlite(&original)) {
+                foreign.push((rel.clone(), why));
+                continue;
+            }
         }
         let work = match &scratch {
             Some(s) => s.copy_split(&original)?,
@@ -717,6 +726,11 @@ fn check_split(path: &Path) -> Result<Checked, String> {
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .map_err(|e| format!("messages unreadable: {e}"))?;
+    // A timestamp before 1970 is a damaged row that quick_check cannot see (it does not look
+    // inside records); salvage drops it, as metadata.yaml could not describe it.
+    if let Some(t) = start.filter(|t| *t < 0) {
+        return Err(format!("a message is stamped before 1970 ({t} ns)"));
+    }
     let per_topic_id: BTreeMap<i64, u64> = conn
         .prepare("SELECT topic_id, count(*) FROM messages GROUP BY topic_id")
         .and_then(|mut s| {
@@ -1239,6 +1253,15 @@ enum Recognition {
     Foreign(String),
 }
 
+/// The file begins with SQLite's 16-byte magic string.
+fn starts_as_sqlite(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 16];
+    fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| &magic == b"SQLite format 3\0")
+}
+
 /// Look at a file without writing it or its side files: SQLite opened `immutable` (no
 /// locks, no journal or WAL looked at), then the page walk, which only maps it read-only.
 fn recognise(path: &Path) -> Recognition {
@@ -1411,11 +1434,12 @@ impl<'c> SalvageWriter<'c> {
                     )?;
                 }
             }
-            // Rows naming a topic nobody knows cannot be read back; they count as lost.
+            // Rows naming a topic nobody knows cannot be read back, and a row stamped before
+            // 1970 is damage (metadata.yaml could not hold its start): both count as lost.
             c.execute(
                 "INSERT INTO messages (id, topic_id, timestamp, data) \
                  SELECT id, topic_id, timestamp, data FROM temp.salvaged \
-                 WHERE topic_id IN (SELECT id FROM topics) ORDER BY id",
+                 WHERE topic_id IN (SELECT id FROM topics) AND timestamp >= 0 ORDER BY id",
                 [],
             )?;
             let (count, start, end): (i64, Option<i64>, Option<i64>) = c.query_row(

@@ -292,6 +292,17 @@ fn a_child_that_never_execs_is_told_apart_from_one_that_did() {
     kill(child, Signal::SIGKILL).unwrap();
     waitpid(child, None).unwrap();
     let mut execd = Command::new("sleep").arg("30").spawn().expect("sleep runs");
+    // Under qemu-user `spawn` can return before the child has exec'd (qemu runs the vfork of
+    // posix_spawn as a plain fork, so the parent does not wait for the exec): wait until the
+    // kernel shows `sleep`'s own command line, which is what proves the exec happened.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read(format!("/proc/{}/cmdline", execd.id()))
+        .map(|c| !c.starts_with(b"sleep\0"))
+        .unwrap_or(true)
+    {
+        assert!(Instant::now() < deadline, "sleep never exec'd");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert!(!stuck_before_exec(execd.id()));
     execd.kill().unwrap();
     execd.wait().unwrap();
