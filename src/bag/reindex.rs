@@ -351,17 +351,27 @@ fn reindex_locked(
         super::fsguard::check_side_files(&original)?;
         // Recognise the file before anything (SQLite replaying side files included) can
         // touch it: another program's file under a split's name is not ours to rewrite.
-        if let Recognition::Foreign(why) = recognise(&original) {
-            // Unless this bag's own metadata.yaml lists it and it is still a SQLite file: a
-            // split torn inside its first page (with 64 KiB pages, the schema's cells sit at
-            // the end of page 1) has lost everything that shows it is a rosbag2 split, yet
-            // it is one, and its loss must be reported, not the bag refused.
-            let listed = old
-                .as_ref()
-                .is_some_and(|m| m.relative_file_paths.iter().any(|p| p == rel));
-            if !(listed && starts_as_sqlite(&original)) {
+        match recognise(&original) {
+            Recognition::Rosbag2 | Recognition::Blank => {}
+            Recognition::Foreign(why) => {
                 foreign.push((rel.clone(), why));
                 continue;
+            }
+            Recognition::TornSqlite(why) => {
+                // A split torn inside its first page (with 64 KiB pages the schema's cells
+                // sit at the end of page 1, and a write cut short by a power cut, or by
+                // kill -9 between the 4 KiB pieces of one write, loses them) has lost all
+                // that shows it is rosbag2. It is this bag's if metadata.yaml lists it, or
+                // if it is the newest split of a bag with a metadata.yaml: the recorder lists
+                // a split only once it is durable, so that is the one it was creating when it
+                // died. Its loss is then reported, the bag not refused; the original is kept.
+                let ours = old.as_ref().is_some_and(|m| {
+                    m.relative_file_paths.iter().any(|p| p == rel) || split_number(rel) == newest
+                });
+                if !ours {
+                    foreign.push((rel.clone(), why));
+                    continue;
+                }
             }
         }
         let work = match &scratch {
@@ -1249,6 +1259,10 @@ enum Recognition {
     /// Holds no data at all: empty, all zeros (a split created but never written before a
     /// power cut), or a database without tables. Rebuilt as an empty split.
     Blank,
+    /// Starts as a SQLite file but cannot be read as one, and holds no rosbag2 row the page
+    /// walk can find: a split torn inside its first page, or another program's damaged
+    /// database. The caller decides which from the bag's listing.
+    TornSqlite(String),
     /// Anything else: another program's file. The reason, for the report.
     Foreign(String),
 }
@@ -1314,13 +1328,20 @@ fn recognise(path: &Path) -> Recognition {
         {
             Recognition::Rosbag2
         }
-        _ => Recognition::Foreign(match tables {
-            Ok(_) => "a SQLite database without rosbag2 tables or rows: not a rosbag2 split".into(),
-            Err(_) => {
+        _ => match tables {
+            Ok(_) => Recognition::Foreign(
+                "a SQLite database without rosbag2 tables or rows: not a rosbag2 split".into(),
+            ),
+            Err(_) if starts_as_sqlite(path) => Recognition::TornSqlite(
+                "a SQLite file that cannot be read as a database and holds no rosbag2 rows: \
+                 not a rosbag2 split"
+                    .into(),
+            ),
+            Err(_) => Recognition::Foreign(
                 "neither a rosbag2 database nor a file holding rosbag2 rows: not a rosbag2 split"
-                    .into()
-            }
-        }),
+                    .into(),
+            ),
+        },
     }
 }
 

@@ -168,6 +168,19 @@ fn kill_9_at_random_moments_loses_nothing_that_was_committed() {
             .as_array()
             .map(|s| s.iter().filter(|s| s["method"] != "intact").count())
             .unwrap_or(0);
+        if let Err(e) = Bag::open(&bag) {
+            let sizes: Vec<(String, u64)> = fs::read_dir(&bag)
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| {
+                            let len = e.metadata().map(|m| m.len()).unwrap_or(0);
+                            (e.file_name().to_string_lossy().into_owned(), len)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            panic!("trial {trial} ({profile}, {preset}, {format}): {e}; reindex said {report}; files {sizes:?}");
+        }
         let read = read_all(&bag);
         assert!(
             read >= before,
@@ -970,4 +983,39 @@ fn a_message_stamped_before_1970_is_dropped_as_damage_and_the_bag_still_opens() 
         written[0].1,
         "the start is the earliest true stamp"
     );
+}
+
+/// kill -9 can cut one write short between its 4 KiB pieces (the kernel checks for a fatal
+/// signal between them), so the recorder killed while creating a split with 64 KiB pages can
+/// leave page 1 with its header and without the schema cells at its end. That newest split is
+/// not listed yet (a split is listed once durable), and it is still this bag's: reindex keeps
+/// every other message, keeps the torn file aside, and the bag opens (CI found this at seed
+/// 1796237356364701075, in the kill -9 test).
+#[test]
+fn an_unlisted_newest_split_torn_inside_its_first_page_does_not_stop_the_bag_opening() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("b");
+    let count = finished_bag(&dir, "medium", "60", "jazzy");
+    let first = dir.join(&find_split_files(&dir).expect("splits")[0]);
+    let torn = dir.join("b_1.db3");
+    let bytes = fs::read(&first).expect("read split");
+    assert_eq!(
+        u16::from_be_bytes([bytes[16], bytes[17]]),
+        1,
+        "the split has 64 KiB pages (SQLite writes 65536 as 1)"
+    );
+    fs::write(&torn, &bytes[..16_384]).expect("write the torn split");
+    let report = reindex_cli(&dir, &[]);
+    assert_eq!(report["message_count"].as_u64(), Some(count), "{report}");
+    let split = report["splits"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["file"] == "b_1.db3"))
+        .unwrap_or_else(|| panic!("b_1.db3 reported: {report}"));
+    assert_eq!(split["messages_kept"].as_u64(), Some(0), "{report}");
+    assert_eq!(split["damaged_kept_as"], "b_1.db3.damaged", "{report}");
+    assert_eq!(
+        fs::read(dir.join("b_1.db3.damaged")).expect("kept"),
+        &bytes[..16_384]
+    );
+    assert_eq!(read_all(&dir), count);
 }
