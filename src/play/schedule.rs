@@ -364,19 +364,19 @@ impl<'a> Scheduler<'a> {
             Command::TogglePause => {
                 if self.timeline.paused.is_some() {
                     self.timeline.resume(now);
-                    self.status("resumed");
+                    self.status_at("resumed", now);
                     self.log_anchor("resume");
                 } else {
                     self.timeline.pause(now, self.span.play_start);
-                    self.status("paused");
+                    self.status_at("paused", now);
                 }
             }
             Command::Next if self.timeline.paused.is_some() => self.step = true,
-            Command::Next => self.status("next: only while paused (space pauses)"),
+            Command::Next => self.status_at("next: only while paused (space pauses)", now),
             Command::Faster | Command::Slower => {
                 let factor = if c == Command::Faster { 1.1 } else { 0.9 };
                 self.timeline.set_rate(now, self.timeline.rate * factor);
-                self.status(&format!("rate {:.3}", self.timeline.rate));
+                self.status_at(&format!("rate {:.3}", self.timeline.rate), now);
                 self.log_anchor("rate");
             }
         }
@@ -384,10 +384,14 @@ impl<'a> Scheduler<'a> {
 
     /// One status line on stderr per key press.
     pub fn status(&self, what: &str) {
-        let at = self
-            .timeline
-            .bag_at(monotonic_ns())
-            .max(self.span.play_start);
+        self.status_at(what, monotonic_ns());
+    }
+
+    /// The status line for the playback position at monotonic time `now`: a key's line uses
+    /// the moment the key took effect, so "resumed" names exactly where playback was paused,
+    /// however long printing takes after it (under emulation, a millisecond or more).
+    fn status_at(&self, what: &str, now: i64) {
+        let at = self.timeline.bag_at(now).max(self.span.play_start);
         eprintln!(
             "ringbag: {what}; at {:.3} s of {:.3} s, rate {:.3}, {}",
             (at - self.span.bag_start) as f64 / 1e9,
