@@ -307,12 +307,13 @@ pub enum SyntheticRate {
 
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// Topics to record (ROS source). Empty with neither -a nor -e records nothing.
+    /// Topics to record. ROS source: empty with neither -a nor -e records nothing; synthetic
+    /// source: the profile's topics to keep (none given: all).
     pub topics: Vec<String>,
-    /// Record all topics (ROS source).
+    /// Record all topics.
     #[arg(short = 'a', long)]
     pub all: bool,
-    /// Record topics matching this regular expression (ROS source).
+    /// Record topics matching this regular expression.
     #[arg(short = 'e', long)]
     pub regex: Option<String>,
     /// Exclude topics matching this regular expression.

@@ -110,6 +110,7 @@ pub fn record_settings(c: &Checked, bag: PathBuf) -> RecordSettings {
                 SyntheticRate::Max => Pace::Max,
             },
             count: c.synthetic_count,
+            topics: crate::source::generator::ALL_TOPICS,
         }),
         #[cfg(feature = "ros")]
         SourceChoice::Ros => SourceSettings::Ros(crate::source::select::RosSourceOptions {
@@ -129,6 +130,7 @@ pub fn record_settings(c: &Checked, bag: PathBuf) -> RecordSettings {
             profile: c.synthetic_profile,
             pace: Pace::Realtime,
             count: c.synthetic_count,
+            topics: crate::source::generator::ALL_TOPICS,
         }),
     };
     RecordSettings {

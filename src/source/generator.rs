@@ -24,7 +24,13 @@ pub struct GeneratorConfig {
     pub pace: Pace,
     /// Total messages to generate; 0 = until the producer is asked to stop.
     pub count: u64,
+    /// Which of the profile's topics are generated: bit i for the i-th of
+    /// `SyntheticProfile::topics` (the record command's selection flags); [`ALL_TOPICS`].
+    pub topics: u64,
 }
+
+/// `GeneratorConfig::topics` for every topic of the profile.
+pub const ALL_TOPICS: u64 = u64::MAX;
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct GeneratorReport {
@@ -50,6 +56,10 @@ pub fn run(cfg: GeneratorConfig, producer: &Producer) -> GeneratorReport {
         .topics()
         .into_iter()
         .enumerate()
+        .filter(|(i, _)| {
+            1u64.checked_shl(*i as u32)
+                .is_some_and(|bit| cfg.topics & bit != 0)
+        })
         .map(|(i, t)| {
             let mut info = t.info.clone();
             info.offered_qos_profiles = vec![QosProfile::default()];

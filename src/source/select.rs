@@ -76,7 +76,7 @@ impl Default for RosSourceOptions {
 pub enum SelectError {
     #[error("no topics selected: name topics, or use -a/--all or -e/--regex")]
     NothingSelected,
-    #[error("invalid {flag} pattern {pattern:?}: {source}")]
+    #[error("invalid {flag} pattern {pattern:?}: {}", regex_error_line(.source))]
     BadRegex {
         flag: &'static str,
         pattern: String,
@@ -95,6 +95,25 @@ pub enum SelectError {
     },
     #[error("QoS overrides {path}: {reason}")]
     OverridesParse { path: PathBuf, reason: String },
+}
+
+/// The regex crate draws its error over several lines (the pattern, a caret line, the
+/// message); errors here are one line, so keep the lines that say something, joined.
+pub fn regex_error_line(e: &regex::Error) -> String {
+    let text = e.to_string();
+    let said: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("error: "))
+        .collect();
+    if !said.is_empty() {
+        return said.join("; ");
+    }
+    let parts: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '^' || c == '~'))
+        .collect();
+    parts.join("; ")
 }
 
 /// Adds the leading `/` a root-namespace node would resolve a relative name with.

@@ -764,3 +764,82 @@ fn a_reader_that_closes_the_pipe_early_is_not_a_failure_or_a_panic() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// The selection flags are checked and applied with the synthetic source too: a bad pattern
+/// is one line and exit 2 (before, it was ignored and recording ran until stopped), and a
+/// selection that can never record anything is refused before the bag exists.
+#[test]
+fn record_selection_flags_are_checked_and_applied_with_the_synthetic_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never");
+    let o = out.to_str().unwrap();
+    let synthetic = ["record", "--source", "synthetic", "-o", o];
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        synthetic
+            .iter()
+            .copied()
+            .chain(extra.iter().copied())
+            .collect()
+    };
+    assert_exact_error(
+        &with(&["-e", "("]),
+        &[],
+        "ringbag: error: invalid -e/--regex pattern \"(\": unclosed group",
+    );
+    assert_bad_input(
+        &with(&["--exclude-regex", "a{99999999}"]),
+        &["--exclude-regex", "a{99999999}"],
+    );
+    assert_bad_input(
+        &with(&["/nope"]),
+        &["/nope is not a topic of the robot profile", "/imu, /tf"],
+    );
+    assert_bad_input(
+        &with(&["-e", "^/zzz"]),
+        &["keeps none of the robot profile's topics"],
+    );
+    assert_bad_input(
+        &with(&[
+            "--exclude-topics",
+            "/imu",
+            "/tf",
+            "/camera/front/image_raw",
+            "/camera/rear/image_raw",
+            "/points",
+        ]),
+        &["keeps none"],
+    );
+    assert!(!out.exists(), "nothing may be created on bad input");
+
+    // Named topics, and a pattern minus an exclusion, record exactly those topics.
+    for (args, want) in [
+        (vec!["imu", "/tf"], vec!["/imu", "/tf"]),
+        (
+            vec!["-e", "^/camera/", "--exclude-regex", "rear"],
+            vec!["/camera/front/image_raw"],
+        ),
+        (
+            vec!["--exclude-topics", "/points", "/camera/rear/image_raw"],
+            vec!["/camera/front/image_raw", "/imu", "/tf"],
+        ),
+    ] {
+        let bag = tmp.path().join(format!("sel{}", want.len()));
+        let mut cmd = vec!["record", "--source", "synthetic", "--synthetic-rate", "max"];
+        cmd.extend(["--synthetic-count", "200", "--log-level", "error", "-o"]);
+        cmd.push(bag.to_str().unwrap());
+        cmd.extend(args.iter().copied());
+        let o = run(&cmd);
+        assert!(o.status.success(), "{cmd:?}: {}", stderr(&o));
+        let b = ringbag::bag::reader::Bag::open(&bag).expect("open");
+        let mut got: Vec<String> = b
+            .metadata
+            .topics
+            .iter()
+            .filter(|t| t.message_count > 0)
+            .map(|t| t.topic.name.clone())
+            .collect();
+        got.sort();
+        assert_eq!(got, want, "{cmd:?}");
+        assert_eq!(b.metadata.message_count, 200, "{cmd:?}");
+    }
+}
