@@ -158,6 +158,8 @@ pub struct Checked {
     pub synthetic_profile: SyntheticProfile,
     pub synthetic_rate: SyntheticRate,
     pub synthetic_count: u64,
+    /// The synthetic profile's topics the selection keys keep (`GeneratorConfig::topics`).
+    pub synthetic_topics: u64,
     pub max_cache_size: u64,
     pub snapshot: crate::snapshot::SnapshotSettings,
 }
@@ -428,6 +430,40 @@ impl ServiceConfig {
                 format!("{}: needs a file name", status_file.display()),
             ));
         }
+        let synthetic_profile = config.synthetic_profile.unwrap_or(SyntheticProfile::Robot);
+        let synthetic_topics = if source == SourceChoice::Synthetic {
+            crate::source::generator::select_topics(
+                synthetic_profile,
+                &crate::source::select::RosSourceOptions {
+                    topics: config.topics.clone(),
+                    all: config.all,
+                    regex: config.regex.clone(),
+                    exclude_regex: config.exclude_regex.clone(),
+                    exclude_topics: config.exclude_topics.clone(),
+                    include_hidden_topics: config.include_hidden_topics,
+                    ..Default::default()
+                },
+            )
+            .map_err(|m| {
+                // The key to point at: the first selection key the file sets.
+                let key = [
+                    ("topics", !config.topics.is_empty()),
+                    ("regex", config.regex.is_some()),
+                    ("exclude_regex", config.exclude_regex.is_some()),
+                    ("exclude_topics", !config.exclude_topics.is_empty()),
+                ]
+                .into_iter()
+                .find_map(|(k, set)| set.then_some(k))
+                .unwrap_or("all");
+                if m.is_about_the_profile() {
+                    err(key, format!("with source = \"synthetic\": {m}"))
+                } else {
+                    err(key, m.to_string())
+                }
+            })?
+        } else {
+            crate::source::generator::ALL_TOPICS
+        };
         Ok(Checked {
             budgets,
             retention,
@@ -435,7 +471,8 @@ impl ServiceConfig {
             output_root,
             status_file,
             source,
-            synthetic_profile: config.synthetic_profile.unwrap_or(SyntheticProfile::Robot),
+            synthetic_profile,
+            synthetic_topics,
             synthetic_rate: config.synthetic_rate.unwrap_or(SyntheticRate::Realtime),
             synthetic_count: config.synthetic_count.unwrap_or(0),
             max_cache_size,
@@ -622,6 +659,49 @@ mod tests {
             flags_as_keys("--max-record-size needs -b/--max-bag-size or -d/--max-bag-duration"),
             "max_record_size needs max_bag_size or max_bag_duration"
         );
+    }
+
+    #[test]
+    fn the_selection_keys_choose_the_synthetic_topics_as_the_flags_do() {
+        let p = Path::new("c.toml");
+        let check = |extra: &str| {
+            ServiceConfig::check(
+                &format!(
+                    "source = \"synthetic\"\noutput_root = \"/tmp/ringbag-cfg-test\"\n{extra}"
+                ),
+                p,
+            )
+        };
+        assert_eq!(
+            check("").unwrap().synthetic_topics,
+            crate::source::generator::ALL_TOPICS
+        );
+        // The robot profile's topics in order: /imu, /tf, cameras, /points.
+        assert_eq!(
+            check("topics = [\"/tf\", \"imu\"]\n")
+                .unwrap()
+                .synthetic_topics,
+            0b11
+        );
+        assert_eq!(
+            check("exclude_regex = \"^/(camera|points)\"\n")
+                .unwrap()
+                .synthetic_topics,
+            0b11
+        );
+        for (text, key, says) in [
+            (
+                "topics = [\"/camera/image_raw\"]\n",
+                "topics",
+                "not a topic of the robot profile",
+            ),
+            ("regex = \"^/nothing\"\n", "regex", "keeps none"),
+        ] {
+            let e = check(text).map(|_| ()).unwrap_err().to_string();
+            assert!(e.starts_with("c.toml:"), "{e}");
+            assert!(e.contains(key) && e.contains(says), "{e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
     }
 
     #[test]

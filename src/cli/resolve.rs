@@ -368,56 +368,28 @@ fn ros_options(a: &RecordArgs) -> Result<crate::source::select::RosSourceOptions
     Ok(opts)
 }
 
-/// Which of the synthetic profile's topics the selection flags keep (`GeneratorConfig::topics`):
-/// the same rules as for live topics, against the profile's fixed names. No selection flag
-/// keeps them all; a selection that keeps none, or names a topic the profile does not have
-/// (live recording would wait for it; here it can never appear), is refused.
+/// The synthetic profile's topics that the selection flags keep
+/// ([`crate::source::generator::select_topics`]).
 fn synthetic_topics(a: &RecordArgs) -> Result<u64, String> {
-    use crate::source::select::{Decision, RosSourceOptions, TopicSelector};
-    let names: Vec<String> = a
-        .synthetic_profile
-        .topics()
-        .into_iter()
-        .map(|t| t.info.name)
-        .collect();
-    let selecting = !a.topics.is_empty() || a.all || a.regex.is_some();
-    if !selecting
-        && a.exclude_regex.is_none()
-        && a.exclude_topics.is_empty()
-        && !a.include_hidden_topics
-    {
-        return Ok(crate::source::generator::ALL_TOPICS);
-    }
-    let selector = TopicSelector::new(&RosSourceOptions {
-        topics: a.topics.clone(),
-        // Only exclusions given: from all of the profile's topics.
-        all: a.all || !selecting,
-        regex: a.regex.clone(),
-        exclude_regex: a.exclude_regex.clone(),
-        exclude_topics: a.exclude_topics.clone(),
-        include_hidden_topics: a.include_hidden_topics,
-        ..RosSourceOptions::default()
+    crate::source::generator::select_topics(
+        a.synthetic_profile,
+        &crate::source::select::RosSourceOptions {
+            topics: a.topics.clone(),
+            all: a.all,
+            regex: a.regex.clone(),
+            exclude_regex: a.exclude_regex.clone(),
+            exclude_topics: a.exclude_topics.clone(),
+            include_hidden_topics: a.include_hidden_topics,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| {
+        if e.is_about_the_profile() {
+            format!("--source synthetic: {e}")
+        } else {
+            e.to_string()
+        }
     })
-    .map_err(|e| e.to_string())?;
-    let profile = format!("{:?}", a.synthetic_profile).to_lowercase();
-    if let Some(missing) = selector.named_topics().iter().find(|t| !names.contains(t)) {
-        return Err(format!(
-            "--source synthetic: {missing} is not a topic of the {profile} profile (it has {})",
-            names.join(", ")
-        ));
-    }
-    let mask = names
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| selector.decide(n) == Decision::Record)
-        .fold(0u64, |m, (i, _)| m | 1 << i);
-    if mask == 0 {
-        return Err(format!(
-            "--source synthetic: the selection keeps none of the {profile} profile's topics ({})",
-            names.join(", ")
-        ));
-    }
-    Ok(mask)
 }
 
 #[cfg(not(feature = "ros"))]

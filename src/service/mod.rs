@@ -110,7 +110,7 @@ pub fn record_settings(c: &Checked, bag: PathBuf) -> RecordSettings {
                 SyntheticRate::Max => Pace::Max,
             },
             count: c.synthetic_count,
-            topics: crate::source::generator::ALL_TOPICS,
+            topics: c.synthetic_topics,
         }),
         #[cfg(feature = "ros")]
         SourceChoice::Ros => SourceSettings::Ros(crate::source::select::RosSourceOptions {

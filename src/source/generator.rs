@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::bag::QosProfile;
 use crate::pipeline::{Producer, TopicHandle};
+use crate::source::select::{Decision, RosSourceOptions, TopicSelector};
 use crate::source::synthetic::{Encoder, SyntheticProfile};
 
 /// `Pace::Max` waits while this much is queued: sixteen of the writer's default 2 MiB batches.
@@ -31,6 +32,73 @@ pub struct GeneratorConfig {
 
 /// `GeneratorConfig::topics` for every topic of the profile.
 pub const ALL_TOPICS: u64 = u64::MAX;
+
+/// Why a selection cannot be used with a synthetic profile.
+#[derive(Debug, thiserror::Error)]
+pub enum TopicChoiceError {
+    /// The selection itself is bad (a pattern, a name), whatever the source.
+    #[error(transparent)]
+    Selection(#[from] crate::source::select::SelectError),
+    #[error("{topic} is not a topic of the {profile} profile (it has {names})")]
+    NotInProfile {
+        topic: String,
+        profile: String,
+        names: String,
+    },
+    #[error("the selection keeps none of the {profile} profile's topics ({names})")]
+    NoneKept { profile: String, names: String },
+}
+
+impl TopicChoiceError {
+    /// True when the message only makes sense with the synthetic source named beside it.
+    pub fn is_about_the_profile(&self) -> bool {
+        !matches!(self, TopicChoiceError::Selection(_))
+    }
+}
+
+/// Which of `profile`'s topics a selection keeps, as `GeneratorConfig::topics`: the rules
+/// of live recording applied to the profile's fixed names. No selection keeps them all, and
+/// exclusions alone start from all of them. A topic named that the profile does not have
+/// (live recording would wait for it; here it can never appear), or a selection that keeps
+/// none, is refused, as is an invalid pattern.
+pub fn select_topics(
+    profile: SyntheticProfile,
+    sel: &RosSourceOptions,
+) -> Result<u64, TopicChoiceError> {
+    let names: Vec<String> = profile.topics().into_iter().map(|t| t.info.name).collect();
+    let selecting = !sel.topics.is_empty() || sel.all || sel.regex.is_some();
+    if !selecting
+        && sel.exclude_regex.is_none()
+        && sel.exclude_topics.is_empty()
+        && !sel.include_hidden_topics
+    {
+        return Ok(ALL_TOPICS);
+    }
+    let selector = TopicSelector::new(&RosSourceOptions {
+        all: sel.all || !selecting,
+        ..sel.clone()
+    })?;
+    let profile = format!("{profile:?}").to_lowercase();
+    if let Some(missing) = selector.named_topics().iter().find(|t| !names.contains(t)) {
+        return Err(TopicChoiceError::NotInProfile {
+            topic: missing.clone(),
+            profile,
+            names: names.join(", "),
+        });
+    }
+    let mask = names
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| selector.decide(n) == Decision::Record)
+        .fold(0u64, |m, (i, _)| m | 1 << i);
+    if mask == 0 {
+        return Err(TopicChoiceError::NoneKept {
+            profile,
+            names: names.join(", "),
+        });
+    }
+    Ok(mask)
+}
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct GeneratorReport {
