@@ -683,6 +683,14 @@ mod tests {
                 .synthetic_topics,
             0b11
         );
+        // The shipped config's live topic list: the profile's /imu and /tf are kept, the rest
+        // warned about.
+        assert_eq!(
+            check("topics = [\"/imu\", \"/camera/image_raw\", \"/tf\", \"/tf_static\"]\n")
+                .unwrap()
+                .synthetic_topics,
+            0b11
+        );
         assert_eq!(
             check("exclude_regex = \"^/(camera|points)\"\n")
                 .unwrap()
@@ -690,11 +698,7 @@ mod tests {
             0b11
         );
         for (text, key, says) in [
-            (
-                "topics = [\"/camera/image_raw\"]\n",
-                "topics",
-                "not a topic of the robot profile",
-            ),
+            ("topics = [\"/camera/image_raw\"]\n", "topics", "keeps none"),
             ("regex = \"^/nothing\"\n", "regex", "keeps none"),
         ] {
             let e = check(text).map(|_| ()).unwrap_err().to_string();

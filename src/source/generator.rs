@@ -39,12 +39,6 @@ pub enum TopicChoiceError {
     /// The selection itself is bad (a pattern, a name), whatever the source.
     #[error(transparent)]
     Selection(#[from] crate::source::select::SelectError),
-    #[error("{topic} is not a topic of the {profile} profile (it has {names})")]
-    NotInProfile {
-        topic: String,
-        profile: String,
-        names: String,
-    },
     #[error("the selection keeps none of the {profile} profile's topics ({names})")]
     NoneKept { profile: String, names: String },
 }
@@ -58,9 +52,8 @@ impl TopicChoiceError {
 
 /// Which of `profile`'s topics a selection keeps, as `GeneratorConfig::topics`: the rules
 /// of live recording applied to the profile's fixed names. No selection keeps them all, and
-/// exclusions alone start from all of them. A topic named that the profile does not have
-/// (live recording would wait for it; here it can never appear), or a selection that keeps
-/// none, is refused, as is an invalid pattern.
+/// exclusions alone start from all of them. A named topic the profile does not have is
+/// warned about; a selection that keeps none is refused, as is an invalid pattern.
 pub fn select_topics(
     profile: SyntheticProfile,
     sel: &RosSourceOptions,
@@ -79,13 +72,6 @@ pub fn select_topics(
         ..sel.clone()
     })?;
     let profile = format!("{profile:?}").to_lowercase();
-    if let Some(missing) = selector.named_topics().iter().find(|t| !names.contains(t)) {
-        return Err(TopicChoiceError::NotInProfile {
-            topic: missing.clone(),
-            profile,
-            names: names.join(", "),
-        });
-    }
     let mask = names
         .iter()
         .enumerate()
@@ -96,6 +82,22 @@ pub fn select_topics(
             profile,
             names: names.join(", "),
         });
+    }
+    // As live recording waits for a named topic that never appears, a name the profile lacks
+    // is not an error (a config written for the robot's real topics still runs on the
+    // synthetic source); it is said once.
+    let absent: Vec<&str> = selector
+        .named_topics()
+        .iter()
+        .filter(|t| !names.contains(t))
+        .map(String::as_str)
+        .collect();
+    if !absent.is_empty() {
+        log::warn!(
+            "the {profile} synthetic profile has no {} (its topics: {}); recording the others",
+            absent.join(", "),
+            names.join(", ")
+        );
     }
     Ok(mask)
 }

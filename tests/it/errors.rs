@@ -792,7 +792,7 @@ fn record_selection_flags_are_checked_and_applied_with_the_synthetic_source() {
     );
     assert_bad_input(
         &with(&["/nope"]),
-        &["/nope is not a topic of the robot profile", "/imu, /tf"],
+        &["keeps none of the robot profile's topics", "/imu, /tf"],
     );
     assert_bad_input(
         &with(&["-e", "^/zzz"]),
@@ -812,6 +812,29 @@ fn record_selection_flags_are_checked_and_applied_with_the_synthetic_source() {
     assert!(!out.exists(), "nothing may be created on bad input");
 
     // Named topics, and a pattern minus an exclusion, record exactly those topics.
+    // A named topic the profile lacks is warned about, as live recording would wait for it.
+    let bag = tmp.path().join("absent");
+    let o = run(&[
+        "record",
+        "--source",
+        "synthetic",
+        "--synthetic-count",
+        "10",
+        "--log-level",
+        "warn",
+        "-o",
+        bag.to_str().unwrap(),
+        "/imu",
+        "/nope",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "ringbag: warn: the robot synthetic profile has no /nope (its topics: /imu, /tf"
+        ),
+        "{}",
+        stderr(&o)
+    );
     for (args, want) in [
         (vec!["imu", "/tf"], vec!["/imu", "/tf"]),
         (
