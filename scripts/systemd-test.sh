@@ -144,9 +144,16 @@ root_bytes() { C du -sb "$BAGS" | cut -f1; }
 journal_since() { C journalctl -q --no-pager -u ringbag --since "@$1" "${@:2}"; }
 # A bag not being written: no lock file left behind, metadata.yaml present, `info` reads it.
 # (A bag retention removed meanwhile is not a failure: see info_json.)
+# The running daemon's retention takes an older bag's lock for the moment it deletes a split
+# there (the lock file exists meanwhile), so a lock file counts as left behind only if it is
+# still there 5 s later.
+lock_released() { C test ! -e "$BAGS/$1/.ringbag.lock" || gone "$1"; }
 bag_complete() {
-    local bag="$BAGS/$1"
-    C test ! -e "$bag/.ringbag.lock" || gone "$1" || die "$1: .ringbag.lock left behind"
+    local bag="$BAGS/$1" deadline=$((SECONDS + 5))
+    until lock_released "$1"; do
+        ((SECONDS < deadline)) || die "$1: .ringbag.lock left behind ($(C cat "$bag/.ringbag.lock" 2>/dev/null | tr -d '\n'); MainPID $(prop MainPID); journal: $(journal_since "$(($(date +%s) - 60))" -o cat "RINGBAG_BAG=$bag" | tail -n3 | tr '\n' ' '))"
+        sleep 0.1
+    done
     C test -s "$bag/metadata.yaml" || gone "$1" || die "$1: no metadata.yaml"
     info_json "$1" >/dev/null || die "$1: ringbag info fails: $(C "$IN/ringbag" info "$bag" 2>&1 | tail -n1)"
 }
