@@ -230,6 +230,19 @@ pub struct Budgets {
 }
 
 impl ServiceConfig {
+    /// The topic selection keys, as the `record` flags carry them (both sources use them).
+    pub fn selection(&self) -> crate::source::select::RosSourceOptions {
+        crate::source::select::RosSourceOptions {
+            topics: self.topics.clone(),
+            all: self.all,
+            regex: self.regex.clone(),
+            exclude_regex: self.exclude_regex.clone(),
+            exclude_topics: self.exclude_topics.clone(),
+            include_hidden_topics: self.include_hidden_topics,
+            ..Default::default()
+        }
+    }
+
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
@@ -386,9 +399,8 @@ impl ServiceConfig {
         ] {
             if let Some(re) = re {
                 if let Err(e) = regex::Regex::new(re) {
-                    let first = e.to_string();
-                    let first = first.lines().last().unwrap_or("invalid").trim().to_string();
-                    return Err(err(key, format!("not a valid regular expression: {first}")));
+                    let why = crate::source::select::regex_error_line(&e);
+                    return Err(err(key, format!("not a valid regular expression: {why}")));
                 }
             }
         }
@@ -432,35 +444,24 @@ impl ServiceConfig {
         }
         let synthetic_profile = config.synthetic_profile.unwrap_or(SyntheticProfile::Robot);
         let synthetic_topics = if source == SourceChoice::Synthetic {
-            crate::source::generator::select_topics(
-                synthetic_profile,
-                &crate::source::select::RosSourceOptions {
-                    topics: config.topics.clone(),
-                    all: config.all,
-                    regex: config.regex.clone(),
-                    exclude_regex: config.exclude_regex.clone(),
-                    exclude_topics: config.exclude_topics.clone(),
-                    include_hidden_topics: config.include_hidden_topics,
-                    ..Default::default()
-                },
-            )
-            .map_err(|m| {
-                // The key to point at: the first selection key the file sets.
-                let key = [
-                    ("topics", !config.topics.is_empty()),
-                    ("regex", config.regex.is_some()),
-                    ("exclude_regex", config.exclude_regex.is_some()),
-                    ("exclude_topics", !config.exclude_topics.is_empty()),
-                ]
-                .into_iter()
-                .find_map(|(k, set)| set.then_some(k))
-                .unwrap_or("all");
-                if m.is_about_the_profile() {
-                    err(key, format!("with source = \"synthetic\": {m}"))
-                } else {
-                    err(key, m.to_string())
-                }
-            })?
+            crate::source::generator::select_topics(synthetic_profile, &config.selection())
+                .map_err(|m| {
+                    // The key to point at: the first selection key the file sets.
+                    let key = [
+                        ("topics", !config.topics.is_empty()),
+                        ("regex", config.regex.is_some()),
+                        ("exclude_regex", config.exclude_regex.is_some()),
+                        ("exclude_topics", !config.exclude_topics.is_empty()),
+                    ]
+                    .into_iter()
+                    .find_map(|(k, set)| set.then_some(k))
+                    .unwrap_or("all");
+                    if m.is_about_the_profile() {
+                        err(key, format!("with source = \"synthetic\": {m}"))
+                    } else {
+                        err(key, m.to_string())
+                    }
+                })?
         } else {
             crate::source::generator::ALL_TOPICS
         };

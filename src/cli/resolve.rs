@@ -352,38 +352,34 @@ fn retention_policy(
 fn ros_options(a: &RecordArgs) -> Result<crate::source::select::RosSourceOptions, String> {
     use crate::source::select::{load_qos_overrides, RosSourceOptions, TopicSelector};
     let opts = RosSourceOptions {
-        topics: a.topics.clone(),
-        all: a.all,
-        regex: a.regex.clone(),
-        exclude_regex: a.exclude_regex.clone(),
-        exclude_topics: a.exclude_topics.clone(),
         polling_interval: std::time::Duration::from_millis(a.polling_interval),
         no_discovery: a.no_discovery,
-        include_hidden_topics: a.include_hidden_topics,
         qos_profile_overrides_path: a.qos_profile_overrides_path.clone(),
         subscription_depth: a.subscription_depth,
+        ..selection(a)
     };
     TopicSelector::new(&opts).map_err(|e| e.to_string())?;
     load_qos_overrides(opts.qos_profile_overrides_path.as_deref()).map_err(|e| e.to_string())?;
     Ok(opts)
 }
 
+/// The selection flags (topics, -a, -e, exclusions, hidden), shared by both sources.
+fn selection(a: &RecordArgs) -> crate::source::select::RosSourceOptions {
+    crate::source::select::RosSourceOptions {
+        topics: a.topics.clone(),
+        all: a.all,
+        regex: a.regex.clone(),
+        exclude_regex: a.exclude_regex.clone(),
+        exclude_topics: a.exclude_topics.clone(),
+        include_hidden_topics: a.include_hidden_topics,
+        ..Default::default()
+    }
+}
+
 /// The synthetic profile's topics that the selection flags keep
 /// ([`crate::source::generator::select_topics`]).
 fn synthetic_topics(a: &RecordArgs) -> Result<u64, String> {
-    crate::source::generator::select_topics(
-        a.synthetic_profile,
-        &crate::source::select::RosSourceOptions {
-            topics: a.topics.clone(),
-            all: a.all,
-            regex: a.regex.clone(),
-            exclude_regex: a.exclude_regex.clone(),
-            exclude_topics: a.exclude_topics.clone(),
-            include_hidden_topics: a.include_hidden_topics,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| {
+    crate::source::generator::select_topics(a.synthetic_profile, &selection(a)).map_err(|e| {
         if e.is_about_the_profile() {
             format!("--source synthetic: {e}")
         } else {

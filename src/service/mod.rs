@@ -114,15 +114,9 @@ pub fn record_settings(c: &Checked, bag: PathBuf) -> RecordSettings {
         }),
         #[cfg(feature = "ros")]
         SourceChoice::Ros => SourceSettings::Ros(crate::source::select::RosSourceOptions {
-            topics: c.config.topics.clone(),
-            all: c.config.all,
-            regex: c.config.regex.clone(),
-            exclude_regex: c.config.exclude_regex.clone(),
-            exclude_topics: c.config.exclude_topics.clone(),
             polling_interval: Duration::from_millis(100),
             no_discovery: false,
-            include_hidden_topics: c.config.include_hidden_topics,
-            ..Default::default()
+            ..c.config.selection()
         }),
         // `ServiceConfig::check` refuses "ros" in a build without it.
         #[cfg(not(feature = "ros"))]
