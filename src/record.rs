@@ -265,9 +265,14 @@ pub fn run_with(
     let source = {
         let producer = producer.clone();
         let src = settings.source.clone();
+        let watcher = SourceEnd::watching();
+        let source_ended = watcher.ended.clone();
         std::thread::Builder::new()
             .name("ringbag-source".into())
             .spawn(move || -> Result<(), String> {
+                // The main thread waits for this thread's end between its checks; wake it
+                // then (also on a panic) so a finished recording is not left to the next check.
+                let _end = watcher;
                 match src {
                     SourceSettings::Synthetic(cfg) => {
                         generator::run(cfg, &producer);
@@ -279,8 +284,9 @@ pub fn run_with(
                     }
                 }
             })
+            .map(|h| (h, source_ended))
     };
-    let source = match source {
+    let (source, source_ended) = match source {
         Ok(h) => h,
         Err(e) => {
             let (_, summary) = pipeline.finish();
@@ -316,7 +322,7 @@ pub fn run_with(
         settings: &settings,
     };
     hooks.started(&running);
-    while !source.is_finished() && !pipeline.stopping() {
+    while !source_ended.load(std::sync::atomic::Ordering::Acquire) && !pipeline.stopping() {
         if signals::stop_requested() {
             log::info!("stop requested; writing what was accepted");
             break;
@@ -336,7 +342,8 @@ pub fn run_with(
                 st.update(&progress);
             }
         }
-        std::thread::sleep(Duration::from_millis(20));
+        // Woken early when the source ends (`SourceEnd`).
+        std::thread::park_timeout(Duration::from_millis(20));
     }
     hooks.finishing(&running);
     producer.request_stop();
@@ -362,6 +369,32 @@ pub fn run_with(
         (Err(e), _) => Err(failure(e.into(), Some(summary))),
         (Ok(_), Err(e)) => Err(failure(RecordError::Source(e), Some(summary))),
         (Ok((bag, stop)), Ok(())) => Ok(RecordOutcome { bag, stop, summary }),
+    }
+}
+
+/// Held by the source thread until it ends (returns or panics): then it says so and wakes
+/// the main thread, which parks between its checks. A flag rather than
+/// `JoinHandle::is_finished`, which turns true only after the thread's closure has returned:
+/// a main thread woken before that would find it unfinished and park again for a full turn.
+struct SourceEnd {
+    main: std::thread::Thread,
+    ended: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SourceEnd {
+    /// For the calling thread to wait on.
+    fn watching() -> SourceEnd {
+        SourceEnd {
+            main: std::thread::current(),
+            ended: Arc::default(),
+        }
+    }
+}
+
+impl Drop for SourceEnd {
+    fn drop(&mut self) {
+        self.ended.store(true, std::sync::atomic::Ordering::Release);
+        self.main.unpark();
     }
 }
 
@@ -478,4 +511,42 @@ fn write_status_counts(
         .ok_or_else(|| BagError::invalid(path, "needs a file name in UTF-8"))?;
     let text = format!("{{\"committed\": {committed}, \"splits\": {splits}}}\n");
     crate::bag::metadata::write_file_atomic(dir, name, text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SourceEnd;
+    use std::sync::atomic::Ordering::Acquire;
+    use std::time::{Duration, Instant};
+
+    /// How the main thread waits for the source (`run`'s loop), with a nap far longer than
+    /// any test should take: a source end that did not wake it would show as a full nap.
+    fn wait_for(source: impl FnOnce(SourceEnd) + Send + 'static) {
+        let nap = Duration::from_secs(30);
+        let watcher = SourceEnd::watching();
+        let ended = watcher.ended.clone();
+        assert!(!ended.load(Acquire));
+        let t = Instant::now();
+        let h = std::thread::spawn(move || source(watcher));
+        // Bounded, so that a source end that never says so fails instead of hanging.
+        while !ended.load(Acquire) && t.elapsed() < 2 * nap {
+            std::thread::park_timeout(nap);
+        }
+        let waited = t.elapsed();
+        let _ = h.join();
+        assert!(ended.load(Acquire), "the source's end was never said");
+        assert!(
+            waited < nap,
+            "the main thread slept a whole nap ({waited:?}) after the source ended"
+        );
+    }
+
+    #[test]
+    fn the_main_thread_is_woken_when_the_source_ends_or_panics() {
+        wait_for(drop);
+        wait_for(|end| {
+            let _end = end;
+            panic!("a source that panics still says it ended");
+        });
+    }
 }

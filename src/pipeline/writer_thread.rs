@@ -323,6 +323,11 @@ impl Pipeline {
         // Every source has been stopped and joined by now (the caller's contract): the
         // writer may count and finish.
         self.shared.sources_done.store(true, Release);
+        // The writer may be parked (it naps up to 5 ms when the queue is empty): start its
+        // last turn now rather than at the end of the nap.
+        if let Some(h) = &self.handle {
+            h.thread().unpark();
+        }
         let result = match self.handle.take() {
             Some(h) => h.join().unwrap_or_else(|p| {
                 let msg = p
