@@ -76,7 +76,9 @@ pub fn select_topics(
         .iter()
         .enumerate()
         .filter(|(_, n)| selector.decide(n) == Decision::Record)
-        .fold(0u64, |m, (i, _)| m | 1 << i);
+        .fold(0u64, |m, (i, _)| {
+            m | 1u64.checked_shl(i as u32).unwrap_or(0)
+        });
     if mask == 0 {
         return Err(TopicChoiceError::NoneKept {
             profile,

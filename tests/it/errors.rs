@@ -811,7 +811,6 @@ fn record_selection_flags_are_checked_and_applied_with_the_synthetic_source() {
     );
     assert!(!out.exists(), "nothing may be created on bad input");
 
-    // Named topics, and a pattern minus an exclusion, record exactly those topics.
     // A named topic the profile lacks is warned about, as live recording would wait for it.
     let bag = tmp.path().join("absent");
     let o = run(&[
@@ -835,6 +834,7 @@ fn record_selection_flags_are_checked_and_applied_with_the_synthetic_source() {
         "{}",
         stderr(&o)
     );
+    // Named topics, and a pattern minus an exclusion, record exactly those topics.
     for (args, want) in [
         (vec!["imu", "/tf"], vec!["/imu", "/tf"]),
         (
