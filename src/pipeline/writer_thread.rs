@@ -371,6 +371,33 @@ impl Drop for Pipeline {
     }
 }
 
+/// When one turn of the writer loop began, by the clock and, with debug logging on, by the
+/// writer thread's own CPU time (one system call per turn, so only when it will be reported).
+#[derive(Clone, Copy)]
+struct Turn {
+    started: Instant,
+    cpu_ns: Option<u64>,
+}
+
+impl Turn {
+    fn start() -> Turn {
+        Turn {
+            started: Instant::now(),
+            cpu_ns: if log::log_enabled!(log::Level::Debug) {
+                thread_cpu_ns()
+            } else {
+                None
+            },
+        }
+    }
+}
+
+/// CPU time the calling thread has used, in ns.
+fn thread_cpu_ns() -> Option<u64> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).ok()?;
+    Some(t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+}
+
 struct WriterCtx {
     progress: Arc<Progress>,
     shared: Arc<Shared>,
@@ -449,7 +476,7 @@ impl WriterCtx {
             }
             let queued = self.shared.in_flight.load(Relaxed) as u64;
             self.progress.peak_queue_bytes.fetch_max(queued, Relaxed);
-            let turn = Instant::now();
+            let turn = Turn::start();
             let stopping = self.shared.stop.load(Relaxed);
             if self.progress.rotate_requested.swap(false, Relaxed) && !stopping {
                 // Write what is batched (and carried) into the split being closed first, so
@@ -552,13 +579,20 @@ impl WriterCtx {
         }
     }
 
-    fn note_stall(&self, since: Instant) {
-        let ns = since.elapsed().as_nanos() as u64;
+    fn note_stall(&self, turn: Turn) {
+        let ns = turn.started.elapsed().as_nanos() as u64;
         let before = self.progress.longest_stall_ns.fetch_max(ns, Relaxed);
         if ns > before && ns >= SLOW_TURN_NS {
-            // Where a new longest stall happened, for whoever chases one (`--log-level debug`).
+            // Where a new longest stall happened, and how much of it the writer spent on a CPU
+            // (its own code, SQLite, and the kernel copying into the page cache), for whoever
+            // chases one (`--log-level debug`): a turn mostly off the CPU waited (for the
+            // disk, a lock, a preempted vCPU); one mostly on it worked.
+            let cpu = match (turn.cpu_ns, thread_cpu_ns()) {
+                (Some(a), Some(b)) => format!(", {:.1} ms of it on the CPU", (b - a) as f64 / 1e6),
+                _ => String::new(),
+            };
             log::debug!(
-                "writer: new longest stall {:.1} ms (split {}, {} bytes queued)",
+                "writer: new longest stall {:.1} ms{cpu} (split {}, {} bytes queued)",
                 ns as f64 / 1e6,
                 self.progress.splits.load(Relaxed),
                 self.shared.in_flight.load(Relaxed)
