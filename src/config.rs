@@ -162,6 +162,9 @@ pub struct Checked {
     pub synthetic_topics: u64,
     pub max_cache_size: u64,
     pub snapshot: crate::snapshot::SnapshotSettings,
+    /// Settings that are valid but cannot act as written (a snapshot or rate key naming a
+    /// topic the selection does not record); logged by [`ServiceConfig::load_checked`].
+    pub warnings: Vec<String>,
 }
 
 /// 1-based line and column (in characters) of byte `offset` in `text`.
@@ -270,7 +273,11 @@ impl ServiceConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::check(&text, path)
+        let checked = Self::check(&text, path)?;
+        for w in &checked.warnings {
+            log::warn!("{}: {w}", path.display());
+        }
+        Ok(checked)
     }
 
     /// Parse and check `text` (read from `path`): every mistake is one [`ConfigError::At`]
@@ -477,6 +484,11 @@ impl ServiceConfig {
             synthetic_rate: config.synthetic_rate.unwrap_or(SyntheticRate::Realtime),
             synthetic_count: config.synthetic_count.unwrap_or(0),
             max_cache_size,
+            warnings: crate::cli::resolve::unrecorded_policy_topics(
+                &config.selection(),
+                &snapshot.policy,
+                "",
+            ),
             snapshot,
             config,
         })
@@ -755,6 +767,48 @@ mod tests {
                 "{text}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn snapshot_and_rate_keys_naming_a_topic_the_selection_drops_are_warned_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let check = |selection: &str| {
+            let text = format!(
+                "output_root = \"{}/bags\"\nsource = \"synthetic\"\nsnapshot_size = \"8MiB\"\n\
+                 snapshot_file = \"{}/ring\"\n\
+                 snapshot_topics = [\"/camera/front/image_raw\", \"/points\"]\n\
+                 topic_rate = [\"/camera/rear/image_raw=2\", \"/imu=50\"]\n{selection}",
+                dir.path().display(),
+                dir.path().display()
+            );
+            ServiceConfig::check(&text, Path::new("c.toml"))
+                .unwrap()
+                .warnings
+        };
+        // No selection, or one that keeps them: nothing to say.
+        assert_eq!(check(""), Vec::<String>::new());
+        assert_eq!(
+            check("regex = \"^/(camera|points|imu)\"\n"),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            check("exclude_regex = \"^/camera/\"\n"),
+            [
+                "snapshot_topics names /camera/front/image_raw, which the topic selection does \
+                 not record (excluded): it never reaches the ring",
+                "topic_rate names /camera/rear/image_raw, which the topic selection does not \
+                 record (excluded): it never reaches the bag",
+            ]
+        );
+        assert_eq!(
+            check("topics = [\"/imu\", \"/camera/front/image_raw\"]\n"),
+            [
+                "snapshot_topics names /points, which the topic selection does not record (not \
+                 selected): it never reaches the ring",
+                "topic_rate names /camera/rear/image_raw, which the topic selection does not \
+                 record (not selected): it never reaches the bag",
+            ]
+        );
     }
 
     #[test]

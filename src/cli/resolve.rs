@@ -92,6 +92,9 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         &recording_root(&output),
         "--",
     )?;
+    for line in unrecorded_policy_topics(&selection(a), &snapshot.policy, "--") {
+        log::warn!("{line}");
+    }
     Ok(RecordSettings {
         output,
         writer: WriterOptions {
@@ -109,6 +112,62 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         status_file: a.status_file.clone(),
         snapshot,
     })
+}
+
+/// One line for each `--snapshot-topics` and `--topic-rate` topic that the topic selection
+/// does not record: such an option can never act, since the topic reaches neither the ring
+/// nor the bag. Warned about, not refused (the selection may be the deliberate part, as when
+/// one config serves several robots). `prefix` as for [`snapshot_settings`]. A selection that
+/// is itself invalid says nothing here; it is refused where it is read.
+pub fn unrecorded_policy_topics(
+    sel: &crate::source::select::RosSourceOptions,
+    policy: &crate::snapshot::policy::TopicPolicy,
+    prefix: &str,
+) -> Vec<String> {
+    use crate::source::select::{Decision, TopicSelector};
+    let Ok(selector) = TopicSelector::all_by_default(sel) else {
+        return Vec::new();
+    };
+    let named = policy
+        .ring_only
+        .iter()
+        .map(|t| {
+            (
+                option_name(prefix, "snapshot-topics"),
+                t.as_str(),
+                "the ring",
+            )
+        })
+        .chain(
+            policy
+                .rates
+                .iter()
+                .map(|(t, _)| (option_name(prefix, "topic-rate"), t.as_str(), "the bag")),
+        );
+    named
+        .filter_map(|(option, topic, target)| {
+            let why = match selector.decide(topic) {
+                Decision::Record => return None,
+                Decision::NotSelected => "not selected",
+                Decision::Hidden => "hidden, and --include-hidden-topics is off",
+                Decision::Excluded => "excluded",
+            };
+            Some(format!(
+                "{option} names {topic}, which the topic selection does not record ({why}): \
+                 it never reaches {target}"
+            ))
+        })
+        .collect()
+}
+
+/// An option's name as the user wrote it: `--snapshot-size` on the command line (`prefix`
+/// `--`), `snapshot_size` in the config file (empty prefix).
+fn option_name(prefix: &str, n: &str) -> String {
+    if prefix.is_empty() {
+        n.replace('-', "_")
+    } else {
+        format!("{prefix}{n}")
+    }
 }
 
 /// The recording root of a bag: its parent directory (`.` for a bare name).
@@ -141,13 +200,7 @@ pub fn snapshot_settings(
     prefix: &str,
 ) -> Result<crate::snapshot::SnapshotSettings, String> {
     use crate::snapshot::{policy, ring::Ring, RingSettings, SnapshotSettings, TriggerTopic};
-    let name = |n: &str| {
-        if prefix.is_empty() {
-            n.replace('-', "_")
-        } else {
-            format!("{prefix}{n}")
-        }
-    };
+    let name = |n: &str| option_name(prefix, n);
     let rates = o
         .rates
         .iter()

@@ -67,10 +67,7 @@ pub fn select_topics(
     {
         return Ok(ALL_TOPICS);
     }
-    let selector = TopicSelector::new(&RosSourceOptions {
-        all: sel.all || !selecting,
-        ..sel.clone()
-    })?;
+    let selector = TopicSelector::all_by_default(sel)?;
     let profile = format!("{profile:?}").to_lowercase();
     let mask = names
         .iter()

@@ -183,6 +183,17 @@ fn compile(flag: &'static str, pattern: &Option<String>) -> Result<Option<Regex>
 }
 
 impl TopicSelector {
+    /// The selection with "every topic" filled in when it picks none by itself (no topic
+    /// named, no `-a`, no `-e`): how flags that only exclude, or none at all, read wherever
+    /// the topics are known in advance (the synthetic profiles, the snapshot options).
+    pub fn all_by_default(opts: &RosSourceOptions) -> Result<Self, SelectError> {
+        let selecting = !opts.topics.is_empty() || opts.all || opts.regex.is_some();
+        TopicSelector::new(&RosSourceOptions {
+            all: opts.all || !selecting,
+            ..opts.clone()
+        })
+    }
+
     pub fn new(opts: &RosSourceOptions) -> Result<Self, SelectError> {
         if opts.topics.is_empty() && !opts.all && opts.regex.is_none() {
             return Err(SelectError::NothingSelected);

@@ -866,3 +866,52 @@ fn record_selection_flags_are_checked_and_applied_with_the_synthetic_source() {
         assert_eq!(b.metadata.message_count, 200, "{cmd:?}");
     }
 }
+
+#[test]
+fn snapshot_and_rate_flags_naming_a_topic_the_selection_drops_are_warned_about() {
+    // The recording still runs (the selection may be the deliberate part), and says once
+    // per option which topic can never reach the ring or the bag, and why.
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("b");
+    let ring = tmp.path().join("ring");
+    let o = run(&[
+        "record",
+        "--source",
+        "synthetic",
+        "--synthetic-count",
+        "10",
+        "--log-level",
+        "warn",
+        "-o",
+        bag.to_str().unwrap(),
+        "--exclude-regex",
+        "^/camera/",
+        "--snapshot-size",
+        "8MiB",
+        "--snapshot-file",
+        ring.to_str().unwrap(),
+        "--snapshot-topics",
+        "/camera/front/image_raw",
+        "--snapshot-topics",
+        "/points",
+        "--topic-rate",
+        "/camera/rear/image_raw=2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    let warned: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("which the topic selection does not record"))
+        .collect();
+    assert_eq!(
+        warned,
+        [
+            "ringbag: warn: --snapshot-topics names /camera/front/image_raw, which the topic \
+             selection does not record (excluded): it never reaches the ring",
+            "ringbag: warn: --topic-rate names /camera/rear/image_raw, which the topic selection \
+             does not record (excluded): it never reaches the bag",
+        ],
+        "{err}"
+    );
+    assert!(bag.join("metadata.yaml").exists(), "{err}");
+}
