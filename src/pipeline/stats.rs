@@ -150,6 +150,8 @@ pub struct RecordSummary {
     /// Longest time the writer was away from the queue at once (a batch with its retention
     /// and rotation), the most bytes queued at once, and the longest background fsync.
     pub longest_stall: Duration,
+    /// How much of `longest_stall` the writer thread spent on a CPU.
+    pub longest_stall_cpu: Duration,
     pub peak_queue_bytes: u64,
     pub longest_sync: Duration,
 }
@@ -214,10 +216,12 @@ impl std::fmt::Display for RecordSummary {
         )?;
         writeln!(
             f,
-            "writer: longest stall {:.1} ms, peak queue {} bytes; longest background fsync {:.1} ms",
+            "writer: longest stall {:.1} ms, peak queue {} bytes; longest background fsync {:.1} ms; \
+             {:.1} ms of the longest stall on the CPU",
             self.longest_stall.as_secs_f64() * 1e3,
             self.peak_queue_bytes,
-            self.longest_sync.as_secs_f64() * 1e3
+            self.longest_sync.as_secs_f64() * 1e3,
+            self.longest_stall_cpu.as_secs_f64() * 1e3
         )?;
         for t in &self.per_topic {
             writeln!(

@@ -164,6 +164,9 @@ pub struct Progress {
     /// Longest time the writer spent away from the queue in one go (writing a batch with its
     /// retention and rotations), ns: how long producers had to be absorbed by the queue.
     pub longest_stall_ns: std::sync::atomic::AtomicU64,
+    /// How much of that longest stall the writer thread spent on a CPU, ns: near all of it
+    /// means work (SQLite, the kernel copying into the page cache); little means waiting.
+    pub longest_stall_cpu_ns: std::sync::atomic::AtomicU64,
     /// Most bytes seen queued at once (sampled at every turn of the writer loop).
     pub peak_queue_bytes: std::sync::atomic::AtomicU64,
     /// The background syncer (closing fsyncs, write-back of the open split).
@@ -346,6 +349,7 @@ impl Pipeline {
             wall_time: self.started.elapsed(),
             splits_deleted: self.splits_deleted.load(Relaxed),
             longest_stall: Duration::from_nanos(p.longest_stall_ns.load(Relaxed)),
+            longest_stall_cpu: Duration::from_nanos(p.longest_stall_cpu_ns.load(Relaxed)),
             peak_queue_bytes: p.peak_queue_bytes.load(Relaxed),
             longest_sync: Duration::from_nanos(p.sync.longest_ns.load(Relaxed)),
             ..Default::default()
@@ -371,8 +375,9 @@ impl Drop for Pipeline {
     }
 }
 
-/// When one turn of the writer loop began, by the clock and, with debug logging on, by the
-/// writer thread's own CPU time (one system call per turn, so only when it will be reported).
+/// When one turn of the writer loop began, by the clock and by the writer thread's own CPU
+/// time (one system call per turn: a few hundred per second at most, as turns are batches or
+/// naps of up to 5 ms).
 #[derive(Clone, Copy)]
 struct Turn {
     started: Instant,
@@ -383,11 +388,7 @@ impl Turn {
     fn start() -> Turn {
         Turn {
             started: Instant::now(),
-            cpu_ns: if log::log_enabled!(log::Level::Debug) {
-                thread_cpu_ns()
-            } else {
-                None
-            },
+            cpu_ns: thread_cpu_ns(),
         }
     }
 }
@@ -582,18 +583,22 @@ impl WriterCtx {
     fn note_stall(&self, turn: Turn) {
         let ns = turn.started.elapsed().as_nanos() as u64;
         let before = self.progress.longest_stall_ns.fetch_max(ns, Relaxed);
-        if ns > before && ns >= SLOW_TURN_NS {
-            // Where a new longest stall happened, and how much of it the writer spent on a CPU
-            // (its own code, SQLite, and the kernel copying into the page cache), for whoever
-            // chases one (`--log-level debug`): a turn mostly off the CPU waited (for the
-            // disk, a lock, a preempted vCPU); one mostly on it worked.
-            let cpu = match (turn.cpu_ns, thread_cpu_ns()) {
-                (Some(a), Some(b)) => format!(", {:.1} ms of it on the CPU", (b - a) as f64 / 1e6),
-                _ => String::new(),
-            };
+        if ns <= before {
+            return;
+        }
+        // Only this thread writes the pair, and readers take it after the writer has ended
+        // (the exit summary), so the two need not change as one.
+        let cpu_ns = match (turn.cpu_ns, thread_cpu_ns()) {
+            (Some(a), Some(b)) => b.saturating_sub(a),
+            _ => 0,
+        };
+        self.progress.longest_stall_cpu_ns.store(cpu_ns, Relaxed);
+        if ns >= SLOW_TURN_NS {
+            // Where a new longest stall happened, for whoever chases one (`--log-level debug`).
             log::debug!(
-                "writer: new longest stall {:.1} ms{cpu} (split {}, {} bytes queued)",
+                "writer: new longest stall {:.1} ms, {:.1} ms of it on the CPU (split {}, {} bytes queued)",
                 ns as f64 / 1e6,
+                cpu_ns as f64 / 1e6,
                 self.progress.splits.load(Relaxed),
                 self.shared.in_flight.load(Relaxed)
             );

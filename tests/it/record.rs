@@ -51,6 +51,42 @@ fn synthetic_robot_recording_gives_a_complete_bag() {
     );
 }
 
+#[test]
+fn the_exit_summary_says_how_much_of_the_longest_stall_was_on_the_cpu() {
+    // The writer line: the longest turn away from the queue, and the writer thread's CPU time
+    // within that same turn, which a single thread cannot make longer than the turn itself.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("b");
+    let o = run(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--source",
+        "synthetic",
+        "--synthetic-rate",
+        "max",
+        "--synthetic-count",
+        "300",
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("writer: longest stall "))
+        .unwrap_or_else(|| panic!("no writer line in:\n{err}"));
+    let ms_before = |marker: &str| -> f64 {
+        let head = &line[..line
+            .find(marker)
+            .unwrap_or_else(|| panic!("{marker}: {line}"))];
+        head.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let stall = ms_before(" ms, peak queue");
+    let cpu = ms_before(" ms of the longest stall on the CPU");
+    assert!(stall > 0.0, "{line}");
+    // Both are printed to 0.1 ms.
+    assert!((0.0..=stall + 0.1).contains(&cpu), "{line}");
+}
+
 /// Poll `cond` until it holds or `secs` pass; the deadline only bounds a hang.
 fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
     let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
