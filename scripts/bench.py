@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RINGBAG = ROOT / "target/release/ringbag"
 BARE = ROOT / "target/release/examples/bare_sqlite"
+BARE_QUEUE = ROOT / "target/release/examples/bare_queue"
 COPYCOUNT = ROOT / "target/release/copycount.so"
 JITTER = ROOT / "target/release/examples/sleep_jitter"
 
@@ -140,6 +141,18 @@ def ringbag(dirpath: Path, profile: str, count: int, rate: str, extra: list[str]
     }
 
 
+def bare_queue(dirpath: Path, count: int) -> dict:
+    """The bare loop's inserts fed by a second thread through a crossbeam channel, 100 B
+    messages by value in the slots (`examples/bare_queue.rs`): what any design whose callbacks
+    never wait on SQLite pays for messages crossing cores, before any code of ringbag's own."""
+    db = dirpath / "bare_queue.db3"
+    r = run_child([str(BARE_QUEUE), str(db), str(count)])
+    db.unlink(missing_ok=True)
+    return {"name": "bare loop fed by a queue (round)", "messages": count, "msg_s": count / r["wall"],
+            "mb_s": count * 100 / 1e6 / r["wall"], "cpu_s_per_gb": r["cpu"] / (count * 100 / 1e9),
+            "rss_mib": r["rss_kib"] / 1024, "wall": r["wall"]}
+
+
 def floor_rounds(work: Path, q: int, rounds: int) -> tuple[list[dict], list[dict]]:
     """100 B, 1 MiB and 6 MiB (1080p rgb8) messages against the floor: the bare loop with the
     page size ringbag picks here (64 KiB: unbounded splits, and the first split before any
@@ -169,12 +182,22 @@ def floor_rounds(work: Path, q: int, rounds: int) -> tuple[list[dict], list[dict
             b["name"] += f" (round {i + 1})"
             r["name"] += f" (round {i + 1})"
             rows += [b, r]
-            per_round.append((r["msg_s"] / b["msg_s"], r["cpu_s_per_gb"], b["cpu_s_per_gb"]))
+            # 100 B: also the least a queued design costs, so that the gap to the floor splits
+            # into the price of the architecture and ringbag's own code.
+            q = bare_queue(work, count) if profile == "small" else None
+            if q:
+                q["name"] = q["name"].replace("(round)", f"(round {i + 1})")
+                rows.append(q)
+            per_round.append((r["msg_s"] / b["msg_s"], r["cpu_s_per_gb"], b["cpu_s_per_gb"],
+                              q["msg_s"] / b["msg_s"] if q else None, r["msg_s"] / q["msg_s"] if q else None))
         ratio = sorted(x[0] for x in per_round)
         ratios.append({"case": f"{profile} {size} B", "ringbag/floor median": ratio[len(ratio) // 2],
                        "min": ratio[0], "max": ratio[-1],
                        "CPU s/GB ringbag median": sorted(x[1] for x in per_round)[len(per_round) // 2],
                        "CPU s/GB floor median": sorted(x[2] for x in per_round)[len(per_round) // 2]})
+        if per_round[0][3] is not None:
+            ratios[-1]["queue/floor median"] = sorted(x[3] for x in per_round)[len(per_round) // 2]
+            ratios[-1]["ringbag/queue median"] = sorted(x[4] for x in per_round)[len(per_round) // 2]
     return rows, ratios
 
 
