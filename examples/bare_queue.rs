@@ -10,12 +10,11 @@
 
 use std::time::Instant;
 
-use rusqlite::Connection;
-
 use ringbag::bag::insert::MessageInsert;
-use ringbag::bag::schema::{create_tables, StoragePreset};
-use ringbag::bag::writer::apply_pragmas;
-use ringbag::bag::Flavour;
+use ringbag::bag::schema::StoragePreset;
+
+#[path = "support/bench_db.rs"]
+mod bench_db;
 
 const SIZE: usize = 100;
 
@@ -30,18 +29,7 @@ fn main() {
         .and_then(|b| b.parse::<usize>().ok())
         .unwrap_or(4096)
         .max(1);
-    let _ = std::fs::remove_file(out);
-    let conn = Connection::open(out).expect("open");
-    let preset = StoragePreset::WriteOptimized;
-    conn.execute_batch("PRAGMA page_size=65536;")
-        .expect("page size");
-    apply_pragmas(&conn, &preset.write_pragmas()).expect("pragmas");
-    create_tables(&conn, Flavour::Jazzy).expect("schema");
-    conn.execute(
-        "INSERT INTO topics (id, name, type, serialization_format, offered_qos_profiles, type_description_hash) VALUES (1, '/bench', 'std_msgs/msg/String', 'cdr', '', '')",
-        [],
-    )
-    .expect("topic");
+    let conn = bench_db::open(out, StoragePreset::WriteOptimized, Some("65536"));
     let mut insert = MessageInsert::prepare(&conn).expect("prepare");
     // As many slots as ringbag's queue.
     let (tx, rx) = crossbeam_channel::bounded::<(i64, [u8; SIZE])>(1 << 16);

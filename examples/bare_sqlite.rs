@@ -9,12 +9,11 @@
 
 use std::time::Instant;
 
-use rusqlite::Connection;
-
 use ringbag::bag::insert::MessageInsert;
-use ringbag::bag::schema::{create_tables, StoragePreset};
-use ringbag::bag::writer::apply_pragmas;
-use ringbag::bag::Flavour;
+use ringbag::bag::schema::StoragePreset;
+
+#[path = "support/bench_db.rs"]
+mod bench_db;
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
@@ -34,23 +33,7 @@ fn main() {
         "none" => StoragePreset::None,
         other => panic!("unknown preset {other}"),
     };
-    let _ = std::fs::remove_file(out);
-    let conn = Connection::open(out).expect("open");
-    match a.get(6) {
-        Some(page) => conn
-            .execute_batch(&format!("PRAGMA page_size={page};"))
-            .expect("page size"),
-        None => conn
-            .execute_batch(&preset.create_pragmas(ringbag::bag::schema::SMALL_PAGE_SIZE))
-            .expect("page size"),
-    }
-    apply_pragmas(&conn, &preset.write_pragmas()).expect("pragmas");
-    create_tables(&conn, Flavour::Jazzy).expect("schema");
-    conn.execute(
-        "INSERT INTO topics (id, name, type, serialization_format, offered_qos_profiles, type_description_hash) VALUES (1, '/bench', 'std_msgs/msg/String', 'cdr', '', '')",
-        [],
-    )
-    .expect("topic");
+    let conn = bench_db::open(out, preset, a.get(6).map(String::as_str));
     let mut payload = vec![0x5au8; size];
     let mut insert = MessageInsert::prepare(&conn).expect("prepare");
     // BARE_BLOB_IO=1: insert zeroblob(n), then write the payload with incremental blob I/O

@@ -141,14 +141,14 @@ def ringbag(dirpath: Path, profile: str, count: int, rate: str, extra: list[str]
     }
 
 
-def bare_queue(dirpath: Path, count: int) -> dict:
+def bare_queue(dirpath: Path, count: int, name: str) -> dict:
     """The bare loop's inserts fed by a second thread through a crossbeam channel, 100 B
     messages by value in the slots (`examples/bare_queue.rs`): what any design whose callbacks
     never wait on SQLite pays for messages crossing cores, before any code of ringbag's own."""
     db = dirpath / "bare_queue.db3"
     r = run_child([str(BARE_QUEUE), str(db), str(count)])
     db.unlink(missing_ok=True)
-    return {"name": "bare loop fed by a queue (round)", "messages": count, "msg_s": count / r["wall"],
+    return {"name": name, "messages": count, "msg_s": count / r["wall"],
             "mb_s": count * 100 / 1e6 / r["wall"], "cpu_s_per_gb": r["cpu"] / (count * 100 / 1e9),
             "rss_mib": r["rss_kib"] / 1024, "wall": r["wall"]}
 
@@ -184,9 +184,8 @@ def floor_rounds(work: Path, q: int, rounds: int) -> tuple[list[dict], list[dict
             rows += [b, r]
             # 100 B: also the least a queued design costs, so that the gap to the floor splits
             # into the price of the architecture and ringbag's own code.
-            q = bare_queue(work, count) if profile == "small" else None
+            q = bare_queue(work, count, f"bare loop fed by a queue (round {i + 1})") if profile == "small" else None
             if q:
-                q["name"] = q["name"].replace("(round)", f"(round {i + 1})")
                 rows.append(q)
             per_round.append((r["msg_s"] / b["msg_s"], r["cpu_s_per_gb"], b["cpu_s_per_gb"],
                               q["msg_s"] / b["msg_s"] if q else None, r["msg_s"] / q["msg_s"] if q else None))

@@ -59,8 +59,7 @@ pub fn select_topics(
     sel: &RosSourceOptions,
 ) -> Result<u64, TopicChoiceError> {
     let names: Vec<String> = profile.topics().into_iter().map(|t| t.info.name).collect();
-    let selecting = !sel.topics.is_empty() || sel.all || sel.regex.is_some();
-    if !selecting
+    if !sel.picks_topics()
         && sel.exclude_regex.is_none()
         && sel.exclude_topics.is_empty()
         && !sel.include_hidden_topics

@@ -182,20 +182,27 @@ fn compile(flag: &'static str, pattern: &Option<String>) -> Result<Option<Regex>
     }
 }
 
+impl RosSourceOptions {
+    /// Whether the options pick topics by themselves (a name, `-a` or `-e`), rather than
+    /// only excluding some or saying nothing.
+    pub fn picks_topics(&self) -> bool {
+        !self.topics.is_empty() || self.all || self.regex.is_some()
+    }
+}
+
 impl TopicSelector {
     /// The selection with "every topic" filled in when it picks none by itself (no topic
     /// named, no `-a`, no `-e`): how flags that only exclude, or none at all, read wherever
     /// the topics are known in advance (the synthetic profiles, the snapshot options).
     pub fn all_by_default(opts: &RosSourceOptions) -> Result<Self, SelectError> {
-        let selecting = !opts.topics.is_empty() || opts.all || opts.regex.is_some();
         TopicSelector::new(&RosSourceOptions {
-            all: opts.all || !selecting,
+            all: opts.all || !opts.picks_topics(),
             ..opts.clone()
         })
     }
 
     pub fn new(opts: &RosSourceOptions) -> Result<Self, SelectError> {
-        if opts.topics.is_empty() && !opts.all && opts.regex.is_none() {
+        if !opts.picks_topics() {
             return Err(SelectError::NothingSelected);
         }
         if opts.polling_interval.is_zero() && !opts.no_discovery {
