@@ -5,12 +5,17 @@
 //! relaxed atomics. It never blocks, never takes a lock, never allocates once the pool is
 //! warm, and never touches SQLite. When the byte budget (`--max-cache-size`) or the queue's
 //! slots are exhausted the message is dropped and counted per topic, as rosbag2 does.
+//! A source thread's small messages (up to 4 KiB) go through its [`Bursts`] instead: a clock
+//! read and a copy into the open burst per message, and the `try_send` and counters once per
+//! burst of a few hundred (`burst`).
 
+mod burst;
 mod queue;
 mod stats;
 mod syncer;
 mod writer_thread;
 
+pub use burst::{Bursts, NoRoom, BURST_MESSAGE_MAX};
 pub use queue::{Pending, Producer, TopicHandle, NO_TAG};
 pub use stats::{RecordSummary, TopicStats};
 pub use syncer::{SyncHealth, WRITEBACK_BYTES, WRITEBACK_INTERVAL};

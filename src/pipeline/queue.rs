@@ -6,19 +6,77 @@ use std::sync::{Arc, Mutex};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use crossbeam_utils::CachePadded;
 
+use super::burst::{self, Burst, BURST_HEADER_BYTES};
 use super::stats::TopicStats;
 use crate::bag::{MessageDefinition, TopicInfo};
 use crate::clock::TimeSource;
 
+/// One queue slot: a message alone, or a burst of small ones.
+#[derive(Debug)]
+pub(crate) enum Item {
+    One(Message),
+    Burst(Burst),
+}
+
 /// One queued message. `data` is a pooled buffer that the writer hands back.
 #[derive(Debug)]
-pub(crate) struct Item {
+pub(crate) struct Message {
     pub topic: u32,
     pub ts: i64,
     pub data: Vec<u8>,
     /// What `data` holds, for a producer that can reuse it: returned to the pool with the
     /// buffer (see [`Producer::try_push_reusing`]); [`NO_TAG`] otherwise.
     pub tag: u64,
+}
+
+impl Item {
+    /// Message bytes it carries: what it holds of the queue's byte budget.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Item::One(m) => m.data.len(),
+            Item::Burst(b) => b.payload,
+        }
+    }
+
+    /// Messages it carries.
+    pub fn count(&self) -> usize {
+        match self {
+            Item::One(_) => 1,
+            Item::Burst(b) => b.count,
+        }
+    }
+
+    /// Its messages in queue order: (producer topic id, stamp, bytes).
+    pub fn messages(&self) -> Messages<'_> {
+        match self {
+            Item::One(m) => Messages::One(Some((m.topic, m.ts, &m.data))),
+            Item::Burst(b) => Messages::Burst(&b.buf),
+        }
+    }
+}
+
+/// See [`Item::messages`].
+pub(crate) enum Messages<'a> {
+    One(Option<(u32, i64, &'a [u8])>),
+    Burst(&'a [u8]),
+}
+
+impl<'a> Iterator for Messages<'a> {
+    type Item = (u32, i64, &'a [u8]);
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Messages::One(m) => m.take(),
+            Messages::Burst(rest) => {
+                let (head, body) = rest.split_first_chunk::<BURST_HEADER_BYTES>()?;
+                let (topic, len, ts) = burst::read_header(head);
+                // The producer wrote `len` bytes after every header; a short burst would be a
+                // bug there, and ends the iteration rather than reading past the buffer.
+                let (data, after) = body.split_at_checked(len)?;
+                *rest = after;
+                Some((topic, ts, data))
+            }
+        }
+    }
 }
 
 /// A pooled buffer's tag when its content means nothing to anyone.
@@ -92,6 +150,8 @@ pub(crate) struct Shared {
     /// Capacity held by pooled buffers; bounded by `pool_budget` so the pool cannot hoard.
     pub pool_bytes: CachePadded<AtomicUsize>,
     pub pool_budget: usize,
+    /// Burst buffers: their pool, and how many exist ([`burst`]).
+    pub bursts: burst::BurstPool,
 }
 
 impl Shared {
@@ -139,6 +199,14 @@ pub struct TopicHandle {
 impl TopicHandle {
     pub fn stats(&self) -> &TopicStats {
         &self.stats
+    }
+
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub(crate) fn stats_arc(&self) -> Arc<TopicStats> {
+        self.stats.clone()
     }
 }
 
@@ -299,49 +367,66 @@ impl Producer {
         count_drop: bool,
     ) -> Result<(), Vec<u8>> {
         let len = data.len();
-        let shared = &self.shared;
-        let rejected = |data: Vec<u8>| {
-            if count_drop {
-                topic.stats.dropped.fetch_add(1, Relaxed);
-                give_back(shared, Some(&topic.stats), data, tag);
-                Err(Vec::new())
-            } else {
-                Err(data)
-            }
-        };
-        if shared.writer_gone.load(Relaxed) {
-            // Not a full queue: the recording is over (max-splits, a failure). Counted
-            // apart so the summary says why.
-            if !count_drop {
-                return Err(data);
-            }
-            topic.stats.dropped_after_stop.fetch_add(1, Relaxed);
-            give_back(shared, Some(&topic.stats), data, tag);
-            return Err(Vec::new());
-        }
-        // Reserve bytes first so the budget holds even with many producers racing.
-        let before = shared.in_flight.fetch_add(len, Relaxed);
-        if before + len > shared.budget && before > 0 {
-            shared.in_flight.fetch_sub(len, Relaxed);
-            return rejected(data);
-        }
-        match self.tx.try_send(Item {
+        let item = Item::One(Message {
             topic: topic.id,
             ts,
             data,
             tag,
-        }) {
+        });
+        match self.offer(item) {
             Ok(()) => {
                 topic.stats.accepted.fetch_add(1, Relaxed);
                 topic.stats.bytes.fetch_add(len as u64, Relaxed);
                 Ok(())
             }
-            Err(TrySendError::Full(item)) | Err(TrySendError::Disconnected(item)) => {
-                shared.in_flight.fetch_sub(len, Relaxed);
-                rejected(item.data)
+            Err((Item::One(m), _)) if !count_drop => Err(m.data),
+            Err((Item::One(m), refusal)) => {
+                let counter = match refusal {
+                    // Not a full queue: the recording is over (max-splits, a failure).
+                    // Counted apart so the summary says why.
+                    Refusal::WriterGone => &topic.stats.dropped_after_stop,
+                    Refusal::Full => &topic.stats.dropped,
+                };
+                counter.fetch_add(1, Relaxed);
+                give_back(&self.shared, Some(&topic.stats), m.data, tag);
+                Err(Vec::new())
             }
+            Err((Item::Burst(_), _)) => unreachable!("offer hands back what it was given"),
         }
     }
+
+    /// Reserve `item`'s bytes in the budget and queue it; never blocks. A refused item comes
+    /// back with the reason, its bytes released, for the caller to count or keep.
+    pub(crate) fn offer(&self, item: Item) -> Result<(), (Item, Refusal)> {
+        let shared = &self.shared;
+        if shared.writer_gone.load(Relaxed) {
+            return Err((item, Refusal::WriterGone));
+        }
+        // Reserve bytes first so the budget holds even with many producers racing.
+        let len = item.bytes();
+        let before = shared.in_flight.fetch_add(len, Relaxed);
+        if before + len > shared.budget && before > 0 {
+            shared.in_flight.fetch_sub(len, Relaxed);
+            return Err((item, Refusal::Full));
+        }
+        self.tx.try_send(item).map_err(|e| {
+            shared.in_flight.fetch_sub(len, Relaxed);
+            let refusal = match e {
+                TrySendError::Full(_) => Refusal::Full,
+                TrySendError::Disconnected(_) => Refusal::WriterGone,
+            };
+            (e.into_inner(), refusal)
+        })
+    }
+}
+
+/// Why [`Producer::offer`] did not queue an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// No room: the byte budget or the queue's slots are used up.
+    Full,
+    /// The writer has stopped; nothing more will be written.
+    WriterGone,
 }
 
 /// The pool a buffer of capacity `cap` goes back to: its topic's own when it is large,
@@ -368,25 +453,41 @@ pub(crate) fn give_back_batch(
     items: &mut Vec<Item>,
 ) {
     let topic = |id: u32| topics.get(id as usize).and_then(|t| t.as_deref());
-    let total: usize = items.iter().map(|i| i.data.capacity()).sum();
-    if shared.pool_bytes.fetch_add(total, Relaxed) + total > shared.pool_budget {
+    let total: usize = items
+        .iter()
+        .map(|i| match i {
+            Item::One(m) => m.data.capacity(),
+            Item::Burst(_) => 0,
+        })
+        .sum();
+    let fits = shared.pool_bytes.fetch_add(total, Relaxed) + total <= shared.pool_budget;
+    if !fits {
         shared.pool_bytes.fetch_sub(total, Relaxed);
-        for item in items.drain(..) {
-            give_back(shared, topic(item.topic), item.data, item.tag);
-        }
-        return;
     }
     let mut refused = 0;
     for item in items.drain(..) {
-        let cap = item.data.capacity();
+        let m = match item {
+            // Bursts have their own pool, outside the byte budget: a fixed number of buffers
+            // of a fixed size.
+            Item::Burst(b) => {
+                burst::give_back(shared, b.buf);
+                continue;
+            }
+            Item::One(m) if !fits => {
+                give_back(shared, topic(m.topic), m.data, m.tag);
+                continue;
+            }
+            Item::One(m) => m,
+        };
+        let cap = m.data.capacity();
         if cap == 0 {
             continue;
         }
         let pooled = Pooled {
-            buf: item.data,
-            tag: item.tag,
+            buf: m.data,
+            tag: m.tag,
         };
-        if pool_for(shared, topic(item.topic), cap)
+        if pool_for(shared, topic(m.topic), cap)
             .try_send(pooled)
             .is_err()
         {
@@ -417,12 +518,12 @@ pub(crate) fn give_back(shared: &Shared, topic: Option<&TopicStats>, buf: Vec<u8
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::clock::SystemClock;
 
     /// A producer whose queue nobody drains: the state a stalled writer leaves.
-    fn stalled(budget: usize, slots: usize) -> (Producer, Receiver<Item>) {
+    pub(crate) fn stalled(budget: usize, slots: usize) -> (Producer, Receiver<Item>) {
         let (tx, rx) = crossbeam_channel::bounded(slots);
         let (reg_tx, _reg_rx) = crossbeam_channel::unbounded();
         let (pool_tx, pool_rx) = crossbeam_channel::bounded(16);
@@ -438,6 +539,7 @@ mod tests {
             pool_rx,
             pool_bytes: CachePadded::new(AtomicUsize::new(0)),
             pool_budget: 1 << 20,
+            bursts: burst::BurstPool::default(),
         });
         let p = Producer {
             shared,
@@ -500,10 +602,10 @@ mod tests {
             })
             .expect_err("queue is full");
         assert_eq!(t.stats().dropped(), 0, "handed back, not dropped");
-        let first = rx.try_recv().unwrap();
+        let first = one(rx.try_recv().unwrap());
         p.shared.in_flight.fetch_sub(first.data.len(), Relaxed);
         p.retry(&t, pending).expect("room now");
-        let item = rx.try_recv().unwrap();
+        let item = one(rx.try_recv().unwrap());
         assert_eq!(
             item.ts, made_at,
             "stored stamp equals the stamp inside the message"
@@ -516,12 +618,12 @@ mod tests {
         let (p, rx) = stalled(1 << 20, 8);
         let t = p.add_topic(TopicInfo::new("/t", "t/msg/T"), None);
         assert!(p.push(&t, &[1u8; 4096]));
-        let item = rx.try_recv().unwrap();
+        let item = one(rx.try_recv().unwrap());
         let ptr = item.data.as_ptr();
         p.shared.in_flight.fetch_sub(item.data.len(), Relaxed);
         give_back(&p.shared, Some(t.stats()), item.data, item.tag);
         assert!(p.push(&t, &[2u8; 1000]));
-        let again = rx.try_recv().unwrap();
+        let again = one(rx.try_recv().unwrap());
         assert_eq!(again.data.as_ptr(), ptr, "the pooled allocation came back");
         assert_eq!(again.data, vec![2u8; 1000]);
     }
@@ -536,14 +638,18 @@ mod tests {
         assert!(p.push(&cam, &frame));
         assert!(p.push(&imu, &[1u8; 300]));
         let mut batch: Vec<Item> = rx.try_iter().collect();
-        let (frame_ptr, small_ptr) = (batch[0].data.as_ptr(), batch[1].data.as_ptr());
+        let ptrs: Vec<*const u8> = batch
+            .iter()
+            .map(|i| i.messages().next().unwrap().2.as_ptr())
+            .collect();
+        let (frame_ptr, small_ptr) = (ptrs[0], ptrs[1]);
         p.shared.in_flight.fetch_sub(frame.len() + 300, Relaxed);
         give_back_batch(&p.shared, &topics, &mut batch);
         // The IMU comes first and must not take the camera's frame buffer; it gets the
         // small one back from the shared pool.
         assert!(p.push(&imu, &[2u8; 300]));
         assert!(p.push(&cam, &frame));
-        let again: Vec<Item> = rx.try_iter().collect();
+        let again: Vec<Message> = rx.try_iter().map(one).collect();
         assert_eq!(again[0].data.as_ptr(), small_ptr);
         assert_eq!(
             again[1].data.as_ptr(),
@@ -554,11 +660,19 @@ mod tests {
     }
 
     fn item(cap: usize) -> Item {
-        Item {
+        Item::One(Message {
             topic: 0,
             ts: 0,
             data: Vec::with_capacity(cap),
             tag: NO_TAG,
+        })
+    }
+
+    /// The single message a queue item carries (the tests here push no bursts).
+    pub(crate) fn one(item: Item) -> Message {
+        match item {
+            Item::One(m) => m,
+            Item::Burst(b) => panic!("a burst of {} where one message was expected", b.count),
         }
     }
 

@@ -225,6 +225,7 @@ impl Pipeline {
             pool_rx,
             pool_bytes: CachePadded::new(AtomicUsize::new(0)),
             pool_budget,
+            bursts: Default::default(),
         });
         let splits_deleted = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let progress = Arc::new(Progress::default());
@@ -256,6 +257,7 @@ impl Pipeline {
             clock: clock.clone(),
             splits_deleted: splits_deleted.clone(),
             tap,
+            last_batch: (0, 0),
         };
         let handle = std::thread::Builder::new()
             .name("ringbag-writer".into())
@@ -417,6 +419,8 @@ struct WriterCtx {
     clock: Arc<dyn TimeSource>,
     splits_deleted: Arc<std::sync::atomic::AtomicU64>,
     tap: Option<Box<dyn Tap>>,
+    /// Messages and bytes of the batch written last, for the slow-turn log line.
+    last_batch: (usize, usize),
 }
 
 impl WriterCtx {
@@ -462,6 +466,8 @@ impl WriterCtx {
         }
         let mut batch: Vec<Item> = Vec::with_capacity(self.cfg.batch_max_messages);
         let mut batch_bytes = 0usize;
+        // Messages in `batch`: an item may be a burst of many.
+        let mut batch_messages = 0usize;
         // A message that would have taken the batch over its byte cap: it starts the next
         // batch, so a batch is at most the cap, or one larger message alone, and a turn is
         // never two camera frames long.
@@ -485,7 +491,7 @@ impl WriterCtx {
                 batch.extend(carry.take());
                 if !batch.is_empty() {
                     let stop = self.write(&mut batch)?;
-                    batch_bytes = 0;
+                    (batch_bytes, batch_messages) = (0, 0);
                     if let Some(reason) = stop {
                         return Ok(reason);
                     }
@@ -504,22 +510,25 @@ impl WriterCtx {
             if batch.is_empty() {
                 if let Some(item) = carry.take() {
                     batch_started = Instant::now();
-                    batch_bytes = item.data.len();
+                    (batch_bytes, batch_messages) = (item.bytes(), item.count());
                     batch.push(item);
                 }
             }
-            while batch.len() < self.cfg.batch_max_messages
+            while batch_messages < self.cfg.batch_max_messages
                 && batch_bytes < self.cfg.batch_max_bytes
             {
                 match self.rx.try_recv() {
                     Ok(item) => {
                         if batch.is_empty() {
                             batch_started = Instant::now();
-                        } else if batch_bytes + item.data.len() > self.cfg.batch_max_bytes {
+                        } else if batch_bytes + item.bytes() > self.cfg.batch_max_bytes
+                            || batch_messages + item.count() > self.cfg.batch_max_messages
+                        {
                             carry = Some(item);
                             break;
                         }
-                        batch_bytes += item.data.len();
+                        batch_bytes += item.bytes();
+                        batch_messages += item.count();
                         batch.push(item);
                     }
                     Err(TryRecvError::Empty) => break,
@@ -531,12 +540,12 @@ impl WriterCtx {
             }
             // A carried message means the batch reached its cap.
             let full = carry.is_some()
-                || batch.len() >= self.cfg.batch_max_messages
+                || batch_messages >= self.cfg.batch_max_messages
                 || batch_bytes >= self.cfg.batch_max_bytes;
             let due = !batch.is_empty() && batch_started.elapsed() >= self.cfg.batch_max_delay;
             if full || due || ((stopping || disconnected) && !batch.is_empty()) {
                 let stop = self.write(&mut batch)?;
-                batch_bytes = 0;
+                (batch_bytes, batch_messages) = (0, 0);
                 if let Some(reason) = stop {
                     return Ok(reason);
                 }
@@ -596,9 +605,11 @@ impl WriterCtx {
         if ns >= SLOW_TURN_NS {
             // Where a new longest stall happened, for whoever chases one (`--log-level debug`).
             log::debug!(
-                "writer: new longest stall {:.1} ms, {:.1} ms of it on the CPU (split {}, {} bytes queued)",
+                "writer: new longest stall {:.1} ms, {:.1} ms of it on the CPU, writing {} messages of {} bytes (split {}, {} bytes queued)",
                 ns as f64 / 1e6,
                 cpu_ns as f64 / 1e6,
+                self.last_batch.0,
+                self.last_batch.1,
                 self.progress.splits.load(Relaxed),
                 self.shared.in_flight.load(Relaxed)
             );
@@ -628,17 +639,17 @@ impl WriterCtx {
     /// `--max-splits` ends the recording inside the batch.
     fn write(&mut self, batch: &mut Vec<Item>) -> Result<Option<StopReason>, PipelineError> {
         // A registration sent before its first message may still be in flight.
-        if batch.iter().any(|i| {
-            self.topic_map
-                .get(i.topic as usize)
-                .copied()
-                .flatten()
-                .is_none()
-        }) {
+        let known = |id: u32| self.topic_map.get(id as usize).copied().flatten().is_some();
+        if !batch
+            .iter()
+            .flat_map(Item::messages)
+            .all(|(id, _, _)| known(id))
+        {
             self.drain_registrations()?;
         }
         let result = self.write_rows_of(batch);
-        let bytes: usize = batch.iter().map(|i| i.data.len()).sum();
+        let bytes: usize = batch.iter().map(Item::bytes).sum();
+        self.last_batch = (batch.iter().map(Item::count).sum(), bytes);
         give_back_batch(&self.shared, &self.topic_stats, batch);
         self.shared.in_flight.fetch_sub(bytes, Relaxed);
         result
@@ -646,22 +657,23 @@ impl WriterCtx {
 
     fn write_rows_of(&mut self, batch: &[Item]) -> Result<Option<StopReason>, PipelineError> {
         // Rows in batch order with their producer ids; oversize messages are left out here.
-        let mut rows: Vec<Row> = Vec::with_capacity(batch.len());
-        let mut ids: Vec<u32> = Vec::with_capacity(batch.len());
+        let messages: usize = batch.iter().map(Item::count).sum();
+        let mut rows: Vec<Row> = Vec::with_capacity(messages);
+        let mut ids: Vec<u32> = Vec::with_capacity(messages);
         // Once per batch: the per-message check below is arithmetic, no system call.
         let limit = match (self.retention.as_ref(), self.writer.as_ref()) {
             (Some(ret), Some(w)) => ret.oversize_limit(w),
             _ => OversizeLimit::NONE,
         };
-        for item in batch {
-            let Some(idx) = self.topic_map.get(item.topic as usize).copied().flatten() else {
+        for (topic, ts, data) in batch.iter().flat_map(Item::messages) {
+            let Some(idx) = self.topic_map.get(topic as usize).copied().flatten() else {
                 continue; // Unknown topic: stays "unwritten" in the counts.
             };
             if let Some(tap) = self.tap.as_mut() {
-                let route = tap.message(item.topic, item.ts, &item.data);
+                let route = tap.message(topic, ts, data);
                 if route != Continuous::Write {
                     // Counted per message on the writer thread, only for messages left out.
-                    if let Some(Some(s)) = self.topic_stats.get(item.topic as usize) {
+                    if let Some(Some(s)) = self.topic_stats.get(topic as usize) {
                         let counter = match route {
                             Continuous::RingOnly => &s.ring_only,
                             _ => &s.throttled,
@@ -671,11 +683,11 @@ impl WriterCtx {
                     continue;
                 }
             }
-            if !self.fits_budget(item, &limit) {
+            if !self.fits_budget(topic, data.len(), &limit) {
                 continue;
             }
-            rows.push((idx, item.ts, item.data.as_slice()));
-            ids.push(item.topic);
+            rows.push((idx, ts, data));
+            ids.push(topic);
         }
         let mut done = 0;
         let mut stop = None;
@@ -721,18 +733,18 @@ impl WriterCtx {
 
     /// Whether `item` can ever fit under `--max-record-size`; if not, count it as oversize
     /// (warning once per topic) so the bound holds and the loss is visible.
-    fn fits_budget(&mut self, item: &Item, limit: &OversizeLimit) -> bool {
-        if limit.fits(item.data.len() as u64) {
+    fn fits_budget(&mut self, topic: u32, len: usize, limit: &OversizeLimit) -> bool {
+        if limit.fits(len as u64) {
             return true;
         }
-        if let Some(Some(stats)) = self.topic_stats.get(item.topic as usize) {
+        if let Some(Some(stats)) = self.topic_stats.get(topic as usize) {
             if stats.oversize.fetch_add(1, Relaxed) == 0 {
                 log::warn!(
                     ringbag_topic = stats.name.as_str();
                     "{}: a {} byte message cannot fit under --max-record-size {} even with every \
                      older split deleted; dropping such messages (counted as oversize)",
                     stats.name,
-                    item.data.len(),
+                    len,
                     self.retention
                         .as_ref()
                         .and_then(|r| r.policy().max_record_size)
@@ -901,7 +913,10 @@ impl WriterCtx {
     /// stays right while they shut down.
     fn drain_and_discard(&mut self) {
         while let Ok(item) = self.rx.try_recv() {
-            self.shared.in_flight.fetch_sub(item.data.len(), Relaxed);
+            self.shared.in_flight.fetch_sub(item.bytes(), Relaxed);
+            if let Item::Burst(b) = item {
+                super::burst::give_back(&self.shared, b.buf);
+            }
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::bag::QosProfile;
-use crate::pipeline::{Producer, TopicHandle};
+use crate::pipeline::{Bursts, Producer, TopicHandle, BURST_MESSAGE_MAX};
 use crate::source::select::{Decision, RosSourceOptions, TopicSelector};
 use crate::source::synthetic::{Encoder, SyntheticProfile};
 
@@ -102,8 +102,8 @@ pub fn select_topics(
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct GeneratorReport {
+    /// Messages made; the topics' counters say which were recorded or dropped.
     pub generated: u64,
-    pub accepted: u64,
 }
 
 struct Lane {
@@ -111,6 +111,8 @@ struct Lane {
     key: u16,
     handle: TopicHandle,
     encoder: Encoder,
+    /// Its messages are small enough to travel in bursts ([`Bursts`]).
+    small: bool,
     period_ns: u64,
     /// Next due time, ns since generator start (virtual time in `Max`).
     due_ns: u64,
@@ -131,9 +133,11 @@ pub fn run(cfg: GeneratorConfig, producer: &Producer) -> GeneratorReport {
         .map(|(i, t)| {
             let mut info = t.info.clone();
             info.offered_qos_profiles = vec![QosProfile::default()];
+            let encoder = t.encoder();
             Lane {
                 key: i as u16 + 1,
-                encoder: t.encoder(),
+                small: encoder.size_hint() <= BURST_MESSAGE_MAX,
+                encoder,
                 handle: producer.add_topic(info, Some(t.definition.clone())),
                 period_ns: (1e9 / t.rate_hz).max(1.0) as u64,
                 due_ns: 0,
@@ -145,6 +149,7 @@ pub fn run(cfg: GeneratorConfig, producer: &Producer) -> GeneratorReport {
     if lanes.is_empty() {
         return report;
     }
+    let mut bursts = Bursts::new(producer.clone());
     let start = Instant::now();
     let mut spare: Option<(Vec<u8>, u64)> = None;
     while !producer.stop_requested() && (cfg.count == 0 || report.generated < cfg.count) {
@@ -156,6 +161,8 @@ pub fn run(cfg: GeneratorConfig, producer: &Producer) -> GeneratorReport {
         if cfg.pace == Pace::Realtime {
             let now = start.elapsed().as_nanos() as u64;
             if lane.due_ns > now {
+                // About to wait: what is in the burst goes now, not after the nap.
+                bursts.flush();
                 std::thread::sleep(Duration::from_nanos(lane.due_ns - now));
             } else if now - lane.due_ns > 1_000_000_000 {
                 // Far behind (suspended, overloaded): skip ahead rather than burst.
@@ -166,49 +173,81 @@ pub fn run(cfg: GeneratorConfig, producer: &Producer) -> GeneratorReport {
             // As fast as the writer accepts, but no faster: a few batches queued keep it busy.
             // Filling the whole cache budget first would only add first-touch page faults
             // for buffers the writer never needed in advance (~12 % of a 1 GiB run).
-            let mut nap = Duration::from_micros(50);
-            while producer.in_flight_bytes() > MAX_PACE_QUEUED_BYTES && !producer.stop_requested() {
-                std::thread::sleep(nap);
-                nap = (nap * 2).min(Duration::from_millis(1));
-            }
+            wait_while(producer, || {
+                producer.in_flight_bytes() > MAX_PACE_QUEUED_BYTES
+            });
         }
-        let (seq, key) = (lane.seq, lane.key);
+        let (seq, key, len) = (lane.seq, lane.key, lane.encoder.size_hint());
         let encoder = &mut lane.encoder;
-        // Buffers come back from the writer still holding a message: the encoder rewrites
-        // only what differs when the message was its own (see `Encoder::encode_reusing`).
-        let fill = |ts, buf: &mut Vec<u8>, old| encoder.encode_reusing(key, seq, ts, buf, old);
-        let ok = match cfg.pace {
-            Pace::Realtime => producer
-                .try_push_reusing(&lane.handle, None, false, fill)
-                .is_ok(),
-            Pace::Max => {
+        match (cfg.pace, lane.small) {
+            (Pace::Realtime, true) => {
+                bursts.push_with(&lane.handle, len, |ts, buf| encoder.encode(seq, ts, buf));
+            }
+            (Pace::Max, true) => {
+                // No room: the writer is behind; give it the CPU rather than drop.
+                wait_while(producer, || {
+                    let fill = |ts, buf: &mut Vec<u8>| encoder.encode(seq, ts, buf);
+                    bursts.try_push_with(&lane.handle, len, fill).is_err()
+                });
+            }
+            (Pace::Realtime, false) => {
+                // Large messages travel alone, after the small ones made before them.
+                bursts.flush();
+                // Buffers come back from the writer still holding a message: the encoder
+                // rewrites only what differs when the message was its own (see
+                // `Encoder::encode_reusing`).
+                let fill =
+                    |ts, buf: &mut Vec<u8>, old| encoder.encode_reusing(key, seq, ts, buf, old);
+                let _ = producer.try_push_reusing(&lane.handle, None, false, fill);
+            }
+            (Pace::Max, false) => {
+                wait_while(producer, || bursts.try_flush().is_err());
+                let fill =
+                    |ts, buf: &mut Vec<u8>, old| encoder.encode_reusing(key, seq, ts, buf, old);
                 let mut r = producer.try_push_reusing(&lane.handle, spare.take(), true, fill);
-                // Queue full: back off from 50 us to 1 ms. The queue holds ~100 ms of work
-                // at full speed, so the writer never waits for us, and we do not wake a few
-                // thousand times per message (that was 8,000 context switches per GiB).
-                let mut nap = Duration::from_micros(50);
-                loop {
-                    match r {
-                        Ok(()) => break true,
-                        Err(None) => break false,
-                        Err(Some(pending)) if producer.stop_requested() => {
-                            spare = Some(pending.into_tagged());
-                            break false;
-                        }
-                        Err(Some(pending)) => {
-                            // Queue full: give the writer the CPU rather than drop.
-                            std::thread::sleep(nap);
-                            nap = (nap * 2).min(Duration::from_millis(1));
-                            r = producer.retry(&lane.handle, pending).map_err(Some);
-                        }
+                let mut backoff = Backoff::new();
+                while let Err(Some(pending)) = r {
+                    if producer.stop_requested() {
+                        spare = Some(pending.into_tagged());
+                        break;
                     }
+                    // Queue full: give the writer the CPU rather than drop.
+                    backoff.nap();
+                    r = producer.retry(&lane.handle, pending).map_err(Some);
                 }
             }
-        };
+        }
         report.generated += 1;
-        report.accepted += ok as u64;
         lane.seq += 1;
         lane.due_ns += lane.period_ns;
     }
+    // The last burst: at full speed it waits for room, as every message did.
+    if cfg.pace == Pace::Max {
+        wait_while(producer, || bursts.try_flush().is_err());
+    }
     report
+}
+
+/// Naps from 50 us doubling to 1 ms. The queue holds ~100 ms of work at full speed, so the
+/// writer never waits for a napping generator, and the generator does not wake a few
+/// thousand times per message (that was 8,000 context switches per GiB).
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff(Duration::from_micros(50))
+    }
+
+    fn nap(&mut self) {
+        std::thread::sleep(self.0);
+        self.0 = (self.0 * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// Call `busy` until it returns false or a stop is requested, napping in between.
+fn wait_while(producer: &Producer, mut busy: impl FnMut() -> bool) {
+    let mut backoff = Backoff::new();
+    while busy() && !producer.stop_requested() {
+        backoff.nap();
+    }
 }

@@ -10,6 +10,7 @@
 //! sits between rmw's reader history and ringbag's queue, so a message is either in the bag,
 //! counted as dropped by ringbag, or reported lost by the middleware's message-lost event.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -23,7 +24,7 @@ use super::select::{
 };
 use crate::bag::qos::{Durability, History, Liveliness, Reliability};
 use crate::bag::{MessageDefinition, QosProfile, TopicInfo};
-use crate::pipeline::{Producer, TopicHandle};
+use crate::pipeline::{Bursts, Producer, TopicHandle};
 
 /// The recorder's node name, as `rosbag2_recorder` for ros2 bag.
 pub const RECORDER_NODE_NAME: &str = "ringbag_recorder";
@@ -83,15 +84,32 @@ pub trait RecordTarget {
     /// (called once, when subscribing).
     fn loss_events(&self, _topic: &Self::Topic, _available: bool) {}
     fn stop_requested(&self) -> bool;
+    /// Deliver what `push` may still hold back (a burst in the making). Called at the end
+    /// of every spin turn, before the source waits again.
+    fn flush(&self) {}
 }
 
-impl RecordTarget for Producer {
+/// The recorder's own target: the pipeline, with small messages gathered into bursts
+/// ([`Bursts`]) that go to the writer at the end of every spin turn, or sooner when full.
+/// The spin thread is the only user, so the burst sits in a `RefCell`, not behind a lock.
+pub struct Bursting(RefCell<Bursts>);
+
+impl Bursting {
+    pub fn new(producer: Producer) -> Bursting {
+        Bursting(RefCell::new(Bursts::new(producer)))
+    }
+}
+
+impl RecordTarget for Bursting {
     type Topic = TopicHandle;
     fn add_topic(&self, info: TopicInfo, definition: Option<MessageDefinition>) -> TopicHandle {
-        Producer::add_topic(self, info, definition)
+        self.0.borrow().producer().add_topic(info, definition)
     }
     fn push(&self, topic: &TopicHandle, data: &[u8]) -> bool {
-        Producer::push(self, topic, data)
+        self.0.borrow_mut().push(topic, data)
+    }
+    fn flush(&self) {
+        self.0.borrow_mut().flush();
     }
     fn lost(&self, topic: &TopicHandle, n: u64) {
         topic
@@ -100,13 +118,13 @@ impl RecordTarget for Producer {
             .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
     fn stop_requested(&self) -> bool {
-        Producer::stop_requested(self)
+        self.0.borrow().producer().stop_requested()
     }
 }
 
 /// Records the selected live topics into `producer` until it asks to stop.
 pub fn run(opts: &RosSourceOptions, producer: Producer) -> Result<(), RosSourceError> {
-    record(opts, &producer)
+    record(opts, &Bursting::new(producer))
 }
 
 /// As [`run`], into any [`RecordTarget`]. Blocks the calling thread, which becomes the spin
@@ -310,6 +328,8 @@ impl<T: RecordTarget> Recorder<'_, T> {
             }
         }
         self.hot = hot;
+        // The source is about to wait: nothing it took may wait with it.
+        self.target.flush();
     }
 
     /// Up to `TAKE_BURST` messages of one subscription; true if it may hold more.
