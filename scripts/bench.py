@@ -20,6 +20,10 @@ BARE = ROOT / "target/release/examples/bare_sqlite"
 BARE_QUEUE = ROOT / "target/release/examples/bare_queue"
 COPYCOUNT = ROOT / "target/release/copycount.so"
 JITTER = ROOT / "target/release/examples/sleep_jitter"
+INSERT_PROBE = ROOT / "target/release/examples/insert_probe"
+# The insert probe's load: one robot camera frame (1280 x 720 rgb8 with its header) every
+# 200 ms, 14 MB/s beside the robot mix's 176 MB/s.
+INSERT_PROBE_BYTES, INSERT_PROBE_PERIOD_MS = 2_764_872, 200
 
 
 def run_child(cmd: list[str], env: dict | None = None) -> dict:
@@ -214,8 +218,15 @@ def robot_realtime(work: Path, secs: int, rounds: int = 1) -> list[dict]:
             # recorder's.
             probes = [subprocess.Popen(["taskset", "-c", str(cpu), str(JITTER), "100", str(secs + 3), "0"],
                                        stdout=subprocess.PIPE, text=True) for cpu in sorted(os.sched_getaffinity(0))]
+            # And the floor of a writer turn over the same seconds, on the same filesystem: the
+            # bare loop's longest insert of one camera frame (every long turn is one frame; on
+            # this VM everything writing fresh pages slows down together at times, so a long
+            # turn beside a long probe insert is the machine's).
+            inserts = subprocess.Popen([str(INSERT_PROBE), str(work), str(secs + 3), str(INSERT_PROBE_BYTES),
+                                        str(INSERT_PROBE_PERIOD_MS)], stdout=subprocess.PIPE, text=True)
             r = ringbag(work, "robot", 570 * secs, "realtime", ["-b", split])
             r["pause_ms"] = max(json.loads(p.communicate()[0])["max_ns"] for p in probes) / 1e6
+            r["probe_insert_ms"] = json.loads(inserts.communicate()[0])["longest_ms"]
             r["name"] = f"ringbag robot realtime {secs}s, -b {split}" + (f" ({i + 1})" if rounds > 1 else "")
             rows.append(r)
     return rows
@@ -518,7 +529,8 @@ def main() -> None:
         print(f"free page reporting ON (order {pr_end['order']}): {(pr_end['reported_kib'] - pr_start['reported_kib']) / 2**20:.1f} GiB "
               "handed back to the host during this run; fresh memory costs a host fault here, so figures vary run to run")
     hdr = (f"{'run':46} {'msg/s':>12} {'MB/s':>9} {'MB/s+sync':>10} {'CPU s/GB':>9} {'drops':>6} {'peak RSS':>9}"
-           f" {'stall ms':>9} {'on CPU':>7} {'peak queue':>10} {'copies u+k':>11} {'imu gap':>8} {'pause ms':>9}")
+           f" {'stall ms':>9} {'on CPU':>7} {'peak queue':>10} {'copies u+k':>11} {'imu gap':>8} {'pause ms':>9}"
+           f" {'bare frame ms':>13}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -529,7 +541,8 @@ def main() -> None:
         cp = f"{r['copies_user']:.2f}+{r['copies_kernel']:.2f}" if "copies_user" in r else "-"
         print(f"{r['name'] + (' ' + str(r.get('size')) + ' B' if 'size' in r else ''):46} {f('msg_s', ',.0f'):>12} "
               f"{f('mb_s', '.1f'):>9} {f('mb_s_sync', '.1f'):>10} {f('cpu_s_per_gb', '.2f'):>9} {str(r.get('drops', '-')):>6} {rss:>9}"
-              f" {f('stall_ms', '.1f'):>9} {f('stall_cpu_ms', '.1f'):>7} {queue:>10} {cp:>11} {f('imu_gap_ms', '.1f'):>8} {f('pause_ms', '.1f'):>9}")
+              f" {f('stall_ms', '.1f'):>9} {f('stall_cpu_ms', '.1f'):>7} {queue:>10} {cp:>11} {f('imu_gap_ms', '.1f'):>8} {f('pause_ms', '.1f'):>9}"
+              f" {f('probe_insert_ms', '.1f'):>13}")
     print()
     for r in ratios:
         print(f"{r['case']:15} " + "  ".join(f"{k} {v:.2f}" for k, v in r.items() if k != "case"))

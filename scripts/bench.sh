@@ -15,7 +15,7 @@
 # loop, time to the first message in the middle of a >= 5 GB bag, peak RSS, CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet --bin ringbag --example bare_sqlite --example bare_queue --example sleep_jitter
+cargo build --release --quiet --bin ringbag --example bare_sqlite --example bare_queue --example sleep_jitter --example insert_probe
 # Copies per message: an LD_PRELOAD counter of memcpy/memmove bytes (scripts/bench/copycount.c).
 # The C compiler is the one rusqlite's bundled SQLite is built with.
 mkdir -p target/release

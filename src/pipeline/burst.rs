@@ -358,6 +358,11 @@ impl Drop for Bursts {
     /// leaves messages uncounted.
     fn drop(&mut self) {
         self.flush();
+        // An empty burst stays open through a flush; its buffer goes back to the pool, or
+        // the pool would count it as in use for good.
+        if let Some(burst) = self.open.take() {
+            give_back(&self.producer.shared, burst.buf);
+        }
     }
 }
 
@@ -576,6 +581,22 @@ mod tests {
         bursts.push(&t, b"again");
         bursts.flush();
         assert_eq!(p.shared.bursts.live(), BURST_BUFFERS);
+    }
+
+    #[test]
+    fn a_source_that_ends_gives_its_burst_buffer_back() {
+        let (p, rx) = stalled(1 << 20, 8);
+        let mut bursts = Bursts::new(p.clone());
+        assert!(bursts.open_burst());
+        assert!(bursts.flush(), "an empty burst queues nothing");
+        drop(bursts);
+        assert!(rx.is_empty());
+        assert_eq!(p.shared.bursts.live(), 1);
+        assert_eq!(
+            p.shared.bursts.rx.len(),
+            1,
+            "back in the pool, not lost to it"
+        );
     }
 
     #[test]
