@@ -232,17 +232,13 @@ impl Bursts {
         match self.send() {
             Ok(()) => true,
             Err((burst, refusal)) => {
-                for id in self.touched.drain(..) {
-                    let Some(t) = self.tally.get_mut(id as usize).and_then(Option::as_mut) else {
-                        continue;
-                    };
+                self.settle(|t| {
                     let counter = match refusal {
                         Refusal::Full => &t.stats.dropped,
                         Refusal::WriterGone => &t.stats.dropped_after_stop,
                     };
                     counter.fetch_add(t.count, Relaxed);
-                    (t.count, t.bytes) = (0, 0);
-                }
+                });
                 give_back(&self.producer.shared, burst.buf);
                 false
             }
@@ -277,18 +273,25 @@ impl Bursts {
         }
         match self.producer.offer(Item::Burst(burst)) {
             Ok(()) => {
-                for id in self.touched.drain(..) {
-                    let Some(t) = self.tally.get_mut(id as usize).and_then(Option::as_mut) else {
-                        continue;
-                    };
+                self.settle(|t| {
                     t.stats.accepted.fetch_add(t.count, Relaxed);
                     t.stats.bytes.fetch_add(t.bytes, Relaxed);
-                    (t.count, t.bytes) = (0, 0);
-                }
+                });
                 Ok(())
             }
             Err((Item::Burst(b), refusal)) => Err((b, refusal)),
             Err((Item::One(_), _)) => unreachable!("offer hands back what it was given"),
+        }
+    }
+
+    /// The burst that was open is queued or dropped: `count` each topic's part of it into
+    /// the topic's counters, and start the next burst's tally from zero.
+    fn settle(&mut self, count: impl Fn(&Tally)) {
+        for id in self.touched.drain(..) {
+            if let Some(t) = self.tally.get_mut(id as usize).and_then(Option::as_mut) {
+                count(t);
+                (t.count, t.bytes) = (0, 0);
+            }
         }
     }
 
@@ -327,7 +330,8 @@ impl Bursts {
         burst.buf.extend_from_slice(&[0; BURST_HEADER_BYTES]);
         fill(ts, &mut burst.buf);
         let written = burst.buf.len() - start - BURST_HEADER_BYTES;
-        // A message over 4 GiB cannot be in a burst: `len` would have sent it alone.
+        // Only `try_push_with` places a message over BURST_MESSAGE_MAX in a burst, and its
+        // callers (the generator's small lanes) never pass one near 4 GiB.
         let len32 = u32::try_from(written).unwrap_or(u32::MAX);
         burst.buf[start..start + BURST_HEADER_BYTES].copy_from_slice(&header(
             topic.id(),

@@ -638,18 +638,11 @@ impl WriterCtx {
     /// run of rows and around each rotation, commit each run. Returns a stop reason when
     /// `--max-splits` ends the recording inside the batch.
     fn write(&mut self, batch: &mut Vec<Item>) -> Result<Option<StopReason>, PipelineError> {
-        // A registration sent before its first message may still be in flight.
-        let known = |id: u32| self.topic_map.get(id as usize).copied().flatten().is_some();
-        if !batch
-            .iter()
-            .flat_map(Item::messages)
-            .all(|(id, _, _)| known(id))
-        {
-            self.drain_registrations()?;
-        }
         let result = self.write_rows_of(batch);
-        let bytes: usize = batch.iter().map(Item::bytes).sum();
-        self.last_batch = (batch.iter().map(Item::count).sum(), bytes);
+        let (messages, bytes) = batch
+            .iter()
+            .fold((0, 0), |(n, b), i| (n + i.count(), b + i.bytes()));
+        self.last_batch = (messages, bytes);
         give_back_batch(&self.shared, &self.topic_stats, batch);
         self.shared.in_flight.fetch_sub(bytes, Relaxed);
         result
@@ -665,8 +658,16 @@ impl WriterCtx {
             (Some(ret), Some(w)) => ret.oversize_limit(w),
             _ => OversizeLimit::NONE,
         };
+        let mut registrations_drained = false;
         for (topic, ts, data) in batch.iter().flat_map(Item::messages) {
-            let Some(idx) = self.topic_map.get(topic as usize).copied().flatten() else {
+            let mut idx = self.topic_map.get(topic as usize).copied().flatten();
+            if idx.is_none() && !registrations_drained {
+                // A registration sent before its first message may still be in flight.
+                self.drain_registrations()?;
+                registrations_drained = true;
+                idx = self.topic_map.get(topic as usize).copied().flatten();
+            }
+            let Some(idx) = idx else {
                 continue; // Unknown topic: stays "unwritten" in the counts.
             };
             if let Some(tap) = self.tap.as_mut() {
