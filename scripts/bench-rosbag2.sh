@@ -3,8 +3,9 @@
 # disk is out of the picture. scripts/bench/rosbag2_writer.cpp drives rosbag2_cpp::Writer
 # (sqlite3 plugin, rosbag2's default preset, a cache that drops nothing) as fast as it takes
 # messages; with --ringbag the same run also measures `ringbag record --source synthetic` and
-# the bare SQLite loop (examples/bare_sqlite) on the same cases, interleaved run by run so that
-# the machine's load falls on all three alike.
+# the bare SQLite loop (examples/bare_sqlite) on the same cases, interleaved run by run in an
+# order that rotates each run, so that the machine's load falls on all three alike, and prints
+# the median of the per-run rosbag2/ringbag ratios of wall time and CPU.
 #
 # Cases: 1 MiB x 1024 and 100 B x 2,000,000 on one topic. Per program and case: the median of
 # RUNS runs of wall time and CPU (user+sys of the whole process, from wait4), CPU s per GB of
@@ -142,7 +143,7 @@ def bare_run(size: int, count: int, batch: int, page: int) -> dict:
     return r | {"timed": j["seconds"], "payload": j["payload_bytes"]}
 
 
-rows = []
+rows, leads = [], []
 for name, profile, size, count, batch, page in cases:
     progs = [(rosbag2_name, lambda: rosbag2(size, count))]
     if fresh:
@@ -152,7 +153,10 @@ for name, profile, size, count, batch, page in cases:
                   ("bare SQLite loop", lambda: bare_run(size, count, batch, page))]
     samples = {p: [] for p, _ in progs}
     for i in range(runs):
-        for prog, fn in progs:
+        # Rotate the order each run: a program that follows one which freed hundreds of MiB runs
+        # while the VM hands those pages back to its host, and a fixed order would pin that cost
+        # on the same program every time.
+        for prog, fn in progs[i % len(progs):] + progs[:i % len(progs)]:
             r = fn()
             samples[prog].append(r)
             print(f"  {name:18} {prog:34} run {i + 1}: wall {r['wall']:.3f} s, CPU {r['cpu']:.3f} s, "
@@ -166,6 +170,14 @@ for name, profile, size, count, batch, page in cases:
                      f"{statistics.median(timed):.3f}" if timed else "-",
                      f"{max(x['rss_mib'] for x in s):.0f}", f"{min(loads):.1f}-{max(loads):.1f}"])
 
+    if with_ringbag:
+        # The lead is a ratio of two programs run seconds apart; the median of per-run ratios keeps
+        # one slow minute from counting for one program and not the other.
+        for key in ("wall", "cpu"):
+            ratios = [a[key] / b[key] for a, b in zip(samples[rosbag2_name], samples["ringbag"])]
+            leads.append(f"{name}: rosbag2/ringbag {key} median {statistics.median(ratios):.2f} "
+                         f"(range {min(ratios):.2f}-{max(ratios):.2f})")
+
 head = ["case", "program", "wall s", "CPU s", "CPU s/GB", "timed s", "peak RSS MiB", "load 1 min"]
 print(f"\nmedian of {runs} runs; wall and CPU (user+sys) of the whole process; timed s: the program's own "
       "figure (rosbag2: write loop + close; ringbag: its summary; bare loop: its insert loop)")
@@ -173,4 +185,6 @@ print("| " + " | ".join(head) + " |")
 print("|" + "---|" * len(head))
 for r in rows:
     print("| " + " | ".join(r) + " |")
+for line in leads:
+    print(line)
 PY
