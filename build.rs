@@ -50,8 +50,10 @@ fn git_commit() -> Option<String> {
             .filter(|s| !s.is_empty())
     };
     let commit = git(&["rev-parse", "--short=12", "HEAD"])?;
-    // --git-path resolves worktrees and the common dir; a path that does not exist yet (no
-    // packed-refs) still counts, cargo then reruns only when it appears.
+    // --git-path resolves worktrees and the common dir. Only paths that exist are watched:
+    // cargo counts a missing one as changed on every build, which rebuilt the crate each
+    // time in a checkout without packed-refs. A ref that moves between the loose file and
+    // packed-refs (`git pack-refs`) removes a watched file, which reruns this and re-picks.
     let mut watch = vec!["HEAD".to_string(), "packed-refs".to_string()];
     if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
         watch.push(r);
@@ -59,7 +61,9 @@ fn git_commit() -> Option<String> {
     for w in watch {
         if let Some(p) = git(&["rev-parse", "--git-path", &w]) {
             let p = Path::new(&dir).join(p);
-            println!("cargo:rerun-if-changed={}", p.display());
+            if p.exists() {
+                println!("cargo:rerun-if-changed={}", p.display());
+            }
         }
     }
     Some(commit)

@@ -68,12 +68,20 @@ pub struct Skipped {
     pub after: Option<(u64, i64)>,
 }
 
+/// Why a split that vanished while a bag was being opened or read was left out.
+const DELETED: &str = "deleted since the bag was opened";
+
 impl Skipped {
     fn from_error(path: &Path, e: BagError, after: Option<(u64, i64)>) -> Self {
         // The error names the file already; keep only what is wrong with it.
         let text = e.to_string();
         let prefix = format!("{}: ", path.display());
-        let reason = text.strip_prefix(&prefix).unwrap_or(&text).to_string();
+        let mut reason = text.strip_prefix(&prefix).unwrap_or(&text).to_string();
+        // A split that failed to open and is gone now was deleted in between (a live
+        // recording's retention), whatever SQLite made of the missing file.
+        if after.is_none() && fs::symlink_metadata(path).is_err() {
+            reason = DELETED.into();
+        }
         Skipped {
             path: path.to_path_buf(),
             reason,
@@ -315,6 +323,29 @@ pub fn split_stats(conn: &Connection, path: &Path) -> Result<SplitStats, BagErro
     })
 }
 
+/// Open the bag directory `path` with `open`, again when a live recording changed it
+/// meanwhile. Its retention rewrites metadata.yaml and then deletes a split, so a reader that
+/// read the old listing finds a listed file gone: when metadata.yaml changed meanwhile (by
+/// content: an inode number is recycled by the next rewrite's temp file), or a split vanished
+/// between listing and opening, the listing is stale and is read again. Bounded, because a
+/// recorder with tiny splits may rotate faster than a loaded reader opens. Never blocks: a
+/// FIFO under metadata.yaml's name is refused, not read.
+fn retry_while_rewritten<T>(
+    path: &Path,
+    open: impl Fn(&Path) -> Result<T, BagError>,
+) -> Result<T, BagError> {
+    let meta_bytes = || super::fsguard::read_regular_text(&path.join(METADATA_FILE)).ok();
+    let mut tries = 0;
+    loop {
+        let before = meta_bytes();
+        match open(path) {
+            Err(BagError::NotFound { path: p }) if tries < 50 && p != path => tries += 1,
+            Err(_) if tries < 50 && before.is_some() && meta_bytes() != before => tries += 1,
+            r => return r,
+        }
+    }
+}
+
 impl Bag {
     /// Open a bag directory or a single .db3 file.
     pub fn open(path: &Path) -> Result<Bag, BagError> {
@@ -337,21 +368,7 @@ impl Bag {
                 None,
             );
         }
-        // A live recording's retention rewrites metadata.yaml and then deletes a split: a
-        // reader that read the old listing finds a listed file gone. When metadata.yaml
-        // changed meanwhile, that is the reason: read the new one. (Compared by content: an
-        // inode number is recycled by the next rewrite's temp file.) Bounded, because a
-        // recorder with tiny splits may rotate faster than a loaded reader opens.
-        // Never blocks: a FIFO under that name is refused, not read.
-        let meta_bytes = || super::fsguard::read_regular_text(&path.join(METADATA_FILE)).ok();
-        let mut tries = 0;
-        loop {
-            let before = meta_bytes();
-            match Self::open_dir(path) {
-                Err(_) if tries < 50 && before.is_some() && meta_bytes() != before => tries += 1,
-                r => return r,
-            }
-        }
+        retry_while_rewritten(path, Self::open_dir)
     }
 
     /// Open a bag directory, trusting its metadata.yaml as far as it can be trusted.
@@ -474,6 +491,10 @@ impl Bag {
     /// open, an unreadable metadata.yaml, anything hostile (special files, paths outside
     /// the bag), and a bag of which no split is readable.
     pub fn open_tolerant(path: &Path) -> Result<(Bag, Vec<Skipped>), BagError> {
+        retry_while_rewritten(path, Self::open_tolerant_once)
+    }
+
+    fn open_tolerant_once(path: &Path) -> Result<(Bag, Vec<Skipped>), BagError> {
         if !path.is_dir() {
             return Bag::open(path).map(|b| (b, Vec::new()));
         }
@@ -668,7 +689,17 @@ impl Bag {
             deferred: None,
         };
         for (order, s) in self.splits.iter().enumerate() {
-            guard_split(&s.path)?;
+            match guard_split(&s.path) {
+                Ok(()) => {}
+                // Deleted since the bag was opened: a live recording's retention removes its
+                // oldest splits while `play` (or a `--loop` pass) is still to reach them.
+                // Nothing of it is left to read; special files stay errors.
+                Err(e @ BagError::NotFound { .. }) if tolerant => {
+                    it.skipped.push(Skipped::from_error(&s.path, e, None));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
             match self.cursor(order, s, filter) {
                 Ok(Some((lower_bound, c))) => {
                     it.pending
