@@ -387,9 +387,18 @@ impl Bag {
             }
         }
         if let Some(extra) = Self::unlisted_newer(path, &listed)?.into_iter().next() {
+            // `reindex` refuses a bag whose lock is held, so only an ended recording is sent
+            // there; a live one is described when it ends (play reads it meanwhile).
+            let why = match super::lock::state(path) {
+                super::lock::LockState::Held => {
+                    "recording in progress: a running recorder holds the bag's lock and lists \
+                     its splits when it ends; `ringbag play` reads it meanwhile"
+                }
+                _ => "recording interrupted; run `ringbag reindex`",
+            };
             return Err(BagError::invalid(
                 &meta_path,
-                format!("does not list {extra} (recording in progress or interrupted; run `ringbag reindex`)"),
+                format!("does not list {extra} ({why})"),
             ));
         }
         Self::open_files(path, path, listed, Some(*metadata))

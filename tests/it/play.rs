@@ -681,9 +681,30 @@ fn a_bag_still_being_recorded_plays_its_unlisted_splits() {
     let o = play(&bag, &[]);
     assert_eq!(played(&ok(&o)), expected(&msgs, |_| true));
     assert_eq!(stderr(&o), "ringbag: played 30 messages\n");
-    // `info` still says what is going on.
-    let info = crate::common::run(&["info", bag.to_str().unwrap()]);
-    assert_eq!(info.status.code(), Some(2));
+    // `info` still says what is going on, and sends to `reindex` only a bag whose recorder
+    // is gone (reindex refuses one whose lock is held).
+    let info = || {
+        let o = crate::common::run(&["info", bag.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        stderr(&o)
+    };
+    let head = format!(
+        "ringbag: error: {}: does not list r_1.db3 (",
+        bag.join("metadata.yaml").display()
+    );
+    let interrupted = format!("{head}recording interrupted; run `ringbag reindex`)\n");
+    assert_eq!(info(), interrupted);
+    let lock = ringbag::bag::lock::BagLock::acquire(&bag).unwrap();
+    assert_eq!(
+        info(),
+        format!(
+            "{head}recording in progress: a running recorder holds the bag's lock and lists \
+             its splits when it ends; `ringbag play` reads it meanwhile)\n"
+        )
+    );
+    // Released without a clean finish: the marker stays, as after a crash.
+    drop(lock);
+    assert_eq!(info(), interrupted);
 }
 
 #[test]
