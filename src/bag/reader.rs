@@ -79,7 +79,8 @@ impl Skipped {
         let mut reason = text.strip_prefix(&prefix).unwrap_or(&text).to_string();
         // A split that failed to open and is gone now was deleted in between (a live
         // recording's retention), whatever SQLite made of the missing file.
-        if after.is_none() && fs::symlink_metadata(path).is_err() {
+        let gone = matches!(fs::symlink_metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+        if after.is_none() && gone {
             reason = DELETED.into();
         }
         Skipped {

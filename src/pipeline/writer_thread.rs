@@ -638,19 +638,23 @@ impl WriterCtx {
     /// run of rows and around each rotation, commit each run. Returns a stop reason when
     /// `--max-splits` ends the recording inside the batch.
     fn write(&mut self, batch: &mut Vec<Item>) -> Result<Option<StopReason>, PipelineError> {
-        let result = self.write_rows_of(batch);
         let (messages, bytes) = batch
             .iter()
             .fold((0, 0), |(n, b), i| (n + i.count(), b + i.bytes()));
+        let result = self.write_rows_of(batch, messages);
         self.last_batch = (messages, bytes);
         give_back_batch(&self.shared, &self.topic_stats, batch);
         self.shared.in_flight.fetch_sub(bytes, Relaxed);
         result
     }
 
-    fn write_rows_of(&mut self, batch: &[Item]) -> Result<Option<StopReason>, PipelineError> {
+    /// `messages`: how many the batch holds, counted once by `write`.
+    fn write_rows_of(
+        &mut self,
+        batch: &[Item],
+        messages: usize,
+    ) -> Result<Option<StopReason>, PipelineError> {
         // Rows in batch order with their producer ids; oversize messages are left out here.
-        let messages: usize = batch.iter().map(Item::count).sum();
         let mut rows: Vec<Row> = Vec::with_capacity(messages);
         let mut ids: Vec<u32> = Vec::with_capacity(messages);
         // Once per batch: the per-message check below is arithmetic, no system call.
