@@ -806,7 +806,12 @@ fn play_of_a_bag_whose_recording_deletes_its_splits_meanwhile_never_fails() {
         let o = play(&out, &[]);
         let err = stderr(&o);
         let l = ok(&o);
-        assert!(!l.is_empty(), "played nothing: {err}");
+        // On a slow machine (qemu) retention can delete every split a play listed before it
+        // reaches them; then it plays nothing, and must say why.
+        assert!(
+            !l.is_empty() || err.contains(": deleted since the bag was opened"),
+            "played nothing, without saying why: {err}"
+        );
         assert!(
             l.windows(2).all(|w| w[0].bag_ns <= w[1].bag_ns),
             "out of order: {err}"
