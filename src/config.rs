@@ -484,7 +484,7 @@ impl ServiceConfig {
             synthetic_rate: config.synthetic_rate.unwrap_or(SyntheticRate::Realtime),
             synthetic_count: config.synthetic_count.unwrap_or(0),
             max_cache_size,
-            warnings: crate::cli::resolve::unrecorded_policy_topics(
+            warnings: crate::snapshot::settings::unrecorded_policy_topics(
                 &config.selection(),
                 &snapshot.policy,
                 "",
@@ -510,8 +510,8 @@ impl ServiceConfig {
             size.as_ref()
                 .map(|_| PathBuf::from(crate::snapshot::control::DEFAULT_CONTROL_SOCKET))
         });
-        crate::cli::resolve::snapshot_settings(
-            &crate::cli::resolve::SnapshotOptions {
+        crate::snapshot::settings::snapshot_settings(
+            &crate::snapshot::settings::SnapshotOptions {
                 size: size.as_deref(),
                 duration: duration.as_deref(),
                 file: self.snapshot_file.as_deref(),

@@ -14,6 +14,7 @@ pub mod policy;
 pub mod ring;
 #[cfg(all(feature = "ros", ringbag_std_srvs))]
 pub mod ros_service;
+pub mod settings;
 pub mod snapshotter;
 pub mod trigger;
 
