@@ -409,6 +409,11 @@ fn start_snapshots(
     let Some(rs) = &settings.snapshot.ring else {
         return Ok(None);
     };
+    // The control socket's path before the ring: a recorder already listening there (the
+    // service started twice) must not cost the ring it left or create a new one.
+    if let Some(socket) = rs.control_socket.as_deref() {
+        crate::snapshot::control::refuse_if_listening(socket)?;
+    }
     let path = rs.ring_file(root);
     std::fs::create_dir_all(root).map_err(|source| crate::snapshot::ring::RingError::Io {
         path: root.to_path_buf(),

@@ -93,6 +93,16 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         &recording_root(&output),
         "--",
     )?;
+    // A recorder already listening there is refused now, before the status file, the ring
+    // or the bag exist (the bind refuses it again, should one start meanwhile).
+    if let Some(socket) = snapshot
+        .ring
+        .as_ref()
+        .and_then(|r| r.control_socket.as_deref())
+    {
+        crate::snapshot::control::refuse_if_listening(socket)
+            .map_err(|e| format!("--control-socket: {e}"))?;
+    }
     for line in unrecorded_policy_topics(&selection(a), &snapshot.policy, "--") {
         log::warn!("{line}");
     }

@@ -20,6 +20,9 @@ pub const DEFAULT_CONTROL_SOCKET: &str = "/run/ringbag/control.sock";
 const MAX_REQUEST: u64 = 64 * 1024;
 /// How long a connection may take to send its request, and the recorder to answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest control socket path: a unix socket address (`sun_path`) holds 108 bytes,
+/// the last of them the terminating NUL.
+pub const MAX_SOCKET_PATH: usize = 107;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -32,6 +35,10 @@ pub enum ControlError {
     /// Another recorder already listens there (bad input for `record`).
     #[error("{}: another recorder already listens on this control socket", path.display())]
     InUse { path: PathBuf },
+    /// The path cannot be a control socket (bad input): too long, a file that is not a
+    /// socket, a parent that is not a directory. Nothing there was touched.
+    #[error("{}: {why}", path.display().to_string().replace('\0', "\\0"))]
+    BadPath { path: PathBuf, why: String },
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -39,6 +46,155 @@ pub enum ControlError {
     },
     #[error("{}: unexpected answer from the recorder: {answer}", path.display())]
     Protocol { path: PathBuf, answer: String },
+}
+
+/// What a file at `path` is, for a message ("a FIFO", "a regular file", ...).
+fn file_kind(ft: &std::fs::FileType) -> &'static str {
+    if ft.is_file() {
+        "a regular file"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else {
+        crate::bag::fsguard::kind(ft)
+    }
+}
+
+/// An error of creating the socket or its directory: the path's fault (bad input) when the
+/// kernel says so, else a failure while working.
+fn path_error(path: &Path, e: std::io::Error) -> ControlError {
+    let bad = e.kind() == std::io::ErrorKind::InvalidInput
+        || matches!(
+            e.raw_os_error(),
+            Some(
+                libc::EACCES
+                    | libc::EPERM
+                    | libc::EROFS
+                    | libc::ENOTDIR
+                    | libc::EISDIR
+                    | libc::EEXIST
+                    | libc::ELOOP
+                    | libc::ENAMETOOLONG
+            )
+        );
+    if bad {
+        ControlError::BadPath {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        }
+    } else {
+        ControlError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }
+    }
+}
+
+/// Check `path` as a place for the control socket before anything is created, as
+/// [`ControlServer::start`] will use it: at most [`MAX_SOCKET_PATH`] bytes, no NUL, nothing
+/// there but (at most) a socket, and its nearest existing ancestor a directory this process
+/// may create entries in (missing directories in between are created). A socket that a
+/// recorder listens on passes here (the service's own socket, when `--check-config` or a
+/// SIGHUP reads the config while it runs); [`refuse_if_listening`] and the bind refuse it.
+pub fn check_socket_path(path: &Path) -> Result<(), ControlError> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileTypeExt;
+    let bad = |why: String| {
+        Err(ControlError::BadPath {
+            path: path.to_path_buf(),
+            why,
+        })
+    };
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.is_empty() {
+        return bad("empty path".into());
+    }
+    if bytes.contains(&0) {
+        return bad("contains a NUL byte".into());
+    }
+    if bytes.len() > MAX_SOCKET_PATH {
+        return bad(format!(
+            "{} bytes long; a unix socket path holds at most {MAX_SOCKET_PATH} bytes",
+            bytes.len()
+        ));
+    }
+    match path.symlink_metadata() {
+        Ok(m) if m.file_type().is_socket() => {}
+        Ok(m) => {
+            // Never replaced: the user's file (or /dev/null) is not ours to delete.
+            return bad(format!(
+                "exists and is {}, not a socket; only a stale socket is replaced",
+                file_kind(&m.file_type())
+            ));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        // ENOTDIR (a parent is a file) and the like: the ancestor walk below names it.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {}
+        Err(e) => return bad(e.to_string()),
+    }
+    for anc in path.ancestors().skip(1) {
+        let anc = if anc.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            anc
+        };
+        match std::fs::metadata(anc) {
+            Ok(m) if m.is_dir() => {
+                use nix::unistd::{faccessat, AccessFlags};
+                // AT_EACCESS: the effective ids decide, as they will for mkdir and bind.
+                return faccessat(
+                    nix::fcntl::AT_FDCWD,
+                    anc,
+                    AccessFlags::W_OK | AccessFlags::X_OK,
+                    nix::fcntl::AtFlags::AT_EACCESS,
+                )
+                .or_else(|e| {
+                    bad(format!(
+                        "cannot be created in {}: {}",
+                        anc.display(),
+                        std::io::Error::from(e)
+                    ))
+                });
+            }
+            Ok(_) => return bad(format!("{} is not a directory", anc.display())),
+            Err(_) if anc.symlink_metadata().is_ok() => {
+                return bad(format!(
+                    "{} is a symbolic link to a missing target",
+                    anc.display()
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => continue,
+            Err(e) => return bad(format!("{}: {e}", anc.display())),
+        }
+    }
+    Ok(())
+}
+
+/// True when `path` is a socket nobody listens on (a recorder that died left it): it may be
+/// replaced. A socket a recorder listens on is [`ControlError::InUse`]; one that refuses us
+/// otherwise (a datagram socket, no permission) is someone else's and [`ControlError::BadPath`].
+/// False when nothing is there. Call after [`check_socket_path`].
+fn stale_socket(path: &Path) -> Result<bool, ControlError> {
+    if path.symlink_metadata().is_err() {
+        return Ok(false);
+    }
+    match UnixStream::connect(path) {
+        Ok(_) => Err(ControlError::InUse {
+            path: path.to_path_buf(),
+        }),
+        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => Ok(true),
+        Err(e) => Err(ControlError::BadPath {
+            path: path.to_path_buf(),
+            why: format!("a socket that is not a stale control socket ({e}); not replaced"),
+        }),
+    }
+}
+
+/// [`check_socket_path`], then refuse a socket a recorder listens on ([`ControlError::InUse`]):
+/// for `record` before it creates anything, and before the ring of any recording.
+pub fn refuse_if_listening(path: &Path) -> Result<(), ControlError> {
+    check_socket_path(path)?;
+    stale_socket(path).map(|_| ())
 }
 
 /// The listening side, in a thread of its own.
@@ -50,23 +206,28 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// Bind `path` (replacing a stale socket nobody listens on) and serve triggers into `tx`.
+    /// Only a socket is ever removed: anything else at `path` is [`ControlError::BadPath`]
+    /// and left as it was (the same checks as [`check_socket_path`], made again here since
+    /// the file may have changed since the settings were checked).
     pub fn start(path: &Path, tx: Sender<Cmd>) -> Result<ControlServer, ControlError> {
         let io = |source| ControlError::Io {
             path: path.to_path_buf(),
             source,
         };
-        if path.symlink_metadata().is_ok() {
-            if UnixStream::connect(path).is_ok() {
-                return Err(ControlError::InUse {
-                    path: path.to_path_buf(),
-                });
-            }
-            std::fs::remove_file(path).map_err(io)?;
+        check_socket_path(path)?;
+        if stale_socket(path)? {
+            std::fs::remove_file(path).map_err(|e| path_error(path, e))?;
         }
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io)?;
+            std::fs::create_dir_all(dir).map_err(|e| path_error(path, e))?;
         }
-        let listener = UnixListener::bind(path).map_err(io)?;
+        let listener = UnixListener::bind(path).map_err(|e| match e.raw_os_error() {
+            // Another recorder bound it between our look and our bind.
+            Some(libc::EADDRINUSE) => ControlError::InUse {
+                path: path.to_path_buf(),
+            },
+            _ => path_error(path, e),
+        })?;
         // Polled, so the thread notices the stop flag without a wake-up connection.
         listener.set_nonblocking(true).map_err(io)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -94,7 +255,15 @@ impl ControlServer {
         self.stop.store(true, Relaxed);
         if let Some(h) = self.handle.take() {
             let _ = h.join();
-            let _ = std::fs::remove_file(&self.path);
+            // Only our socket: if something else has taken its place meanwhile, it stays.
+            use std::os::unix::fs::FileTypeExt;
+            if self
+                .path
+                .symlink_metadata()
+                .is_ok_and(|m| m.file_type().is_socket())
+            {
+                let _ = std::fs::remove_file(&self.path);
+            }
         }
     }
 }

@@ -421,6 +421,7 @@ impl SnapshotError {
                 | SnapshotError::Ring(ring::RingError::Invalid { .. })
                 | SnapshotError::Ring(ring::RingError::InUse { .. })
                 | SnapshotError::Control(control::ControlError::InUse { .. })
+                | SnapshotError::Control(control::ControlError::BadPath { .. })
         )
     }
 }

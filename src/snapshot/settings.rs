@@ -143,6 +143,12 @@ pub fn snapshot_settings(
                 .map_err(|e| e.replacen("--trigger-topic", &name("trigger-topic"), 1))
         })
         .transpose()?;
+    // The socket's path before the ring's room: neither is created here, and a bad socket
+    // path must be refused before `record` or the service creates anything.
+    if let Some(socket) = o.control_socket {
+        crate::snapshot::control::check_socket_path(socket)
+            .map_err(|e| format!("{}: {e}", name("control-socket")))?;
+    }
     let ring = RingSettings {
         size,
         window_ns,

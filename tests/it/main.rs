@@ -17,3 +17,4 @@ mod recovery;
 mod retention;
 mod service;
 mod snapshot;
+mod start_paths;

@@ -1,0 +1,241 @@
+//! The paths a recorder opens at start, as bad input (issue 22, items 8, 12, 17, 18): the
+//! control socket's path, the service's config and its paths, the status file. Each refusal
+//! is one line and exit 2, made before anything is created, returns at once (a FIFO must not
+//! block it), and leaves what was planted there exactly as it was.
+
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+
+use crate::common::{spawn, stderr, wait_deadline};
+
+/// Run `args` and require it to end within 10 s: a FIFO used to block `open` forever, and
+/// /dev/zero to be read into memory without end.
+fn run_within_deadline(args: &[&str]) -> std::process::Output {
+    wait_deadline(spawn(args), 10)
+        .unwrap_or_else(|| panic!("ringbag {args:?} hung (killed after 10 s)"))
+}
+
+fn assert_one_error_line(o: &std::process::Output, line: &str) {
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(o));
+    assert_eq!(stderr(o), format!("{line}\n"));
+}
+
+fn mkfifo(p: &Path) {
+    nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o644)).expect("mkfifo");
+}
+
+/// What a planted file is, to prove it was left alone: its type, inode, and bytes if regular.
+#[derive(Debug, PartialEq)]
+struct Planted {
+    kind: &'static str,
+    ino: u64,
+    bytes: Option<Vec<u8>>,
+    link: Option<PathBuf>,
+}
+
+fn planted(p: &Path) -> Planted {
+    let m = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: gone: {e}", p.display()));
+    let ft = m.file_type();
+    let kind = if ft.is_file() {
+        "file"
+    } else if ft.is_dir() {
+        "dir"
+    } else if ft.is_fifo() {
+        "fifo"
+    } else if ft.is_char_device() {
+        "char"
+    } else if ft.is_symlink() {
+        "link"
+    } else if ft.is_socket() {
+        "socket"
+    } else {
+        "other"
+    };
+    Planted {
+        kind,
+        ino: m.ino(),
+        bytes: ft.is_file().then(|| fs::read(p).unwrap()),
+        link: ft.is_symlink().then(|| fs::read_link(p).unwrap()),
+    }
+}
+
+/// A character device like /dev/null, made in `dir` (only root may), so that a regression
+/// deletes a copy and never the machine's own /dev/null. None when mknod is not allowed.
+fn char_device(dir: &Path) -> Option<PathBuf> {
+    let p = dir.join("null-copy");
+    nix::sys::stat::mknod(
+        &p,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .ok()
+    .map(|()| p)
+}
+
+/// A path in `dir` of exactly `len` bytes.
+fn path_of_len(dir: &Path, len: usize) -> PathBuf {
+    let base = dir.join("s").to_str().unwrap().len();
+    assert!(base < len, "temp dir too long for the test");
+    dir.join("s".repeat(len - base + 1))
+}
+
+/// The paths a `--control-socket` must not take: each planted thing stays exactly as it was,
+/// and the refusal comes before the status file, the ring or the bag exist.
+#[test]
+fn record_refuses_a_control_socket_path_that_is_not_a_socket_and_leaves_it_intact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let plain = t.join("plain");
+    fs::write(&plain, b"someone's notes\n").unwrap();
+    let fifo = t.join("fifo");
+    mkfifo(&fifo);
+    let dir = t.join("adir");
+    fs::create_dir(&dir).unwrap();
+    let link = t.join("link-to-dev-null");
+    std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+    let long = path_of_len(t, 108);
+    let d = |p: &Path| p.display().to_string();
+    let mut cases: Vec<(PathBuf, String)> = vec![
+        (
+            plain.clone(),
+            format!(
+                "{}: exists and is a regular file, not a socket; only a stale socket is replaced",
+                d(&plain)
+            ),
+        ),
+        (
+            fifo.clone(),
+            format!(
+                "{}: exists and is a FIFO, not a socket; only a stale socket is replaced",
+                d(&fifo)
+            ),
+        ),
+        (
+            dir.clone(),
+            format!(
+                "{}: exists and is a directory, not a socket; only a stale socket is replaced",
+                d(&dir)
+            ),
+        ),
+        (
+            link.clone(),
+            format!(
+                "{}: exists and is a symbolic link, not a socket; only a stale socket is replaced",
+                d(&link)
+            ),
+        ),
+        (
+            plain.join("c.sock"),
+            format!("{}/c.sock: {} is not a directory", d(&plain), d(&plain)),
+        ),
+        (
+            long.clone(),
+            format!(
+                "{}: 108 bytes long; a unix socket path holds at most 107 bytes",
+                d(&long)
+            ),
+        ),
+    ];
+    if let Some(dev) = char_device(t) {
+        cases.push((
+            dev.clone(),
+            format!("{}: exists and is a character device, not a socket; only a stale socket is replaced", d(&dev)),
+        ));
+    }
+    let before: Vec<Planted> = [&plain, &fifo, &dir, &link].map(|p| planted(p)).into();
+    let out = t.join("out");
+    let ring = t.join("ring");
+    let status = t.join("status.json");
+    for (sock, why) in &cases {
+        let o = run_within_deadline(&[
+            "record",
+            "--source",
+            "synthetic",
+            "--synthetic-count",
+            "5",
+            "--clock",
+            "system",
+            "-o",
+            out.to_str().unwrap(),
+            "--status-file",
+            status.to_str().unwrap(),
+            "--snapshot-size",
+            "1MiB",
+            "--snapshot-file",
+            ring.to_str().unwrap(),
+            "--control-socket",
+            sock.to_str().unwrap(),
+        ]);
+        assert_one_error_line(&o, &format!("ringbag: error: --control-socket: {why}"));
+        assert!(!out.exists(), "{}: the bag was created", sock.display());
+        assert!(!ring.exists(), "{}: the ring was created", sock.display());
+        assert!(
+            !status.exists(),
+            "{}: the status file was written",
+            sock.display()
+        );
+    }
+    let after: Vec<Planted> = [&plain, &fifo, &dir, &link].map(|p| planted(p)).into();
+    assert_eq!(before, after);
+    assert!(fs::read_dir(&dir).unwrap().next().is_none());
+    if let Some((dev, _)) = cases.last().filter(|(p, _)| p.ends_with("null-copy")) {
+        assert_eq!(planted(dev).kind, "char");
+    }
+}
+
+/// A socket nobody listens on (a recorder killed -9 left it) is replaced; one a recorder
+/// listens on is refused before the ring exists.
+#[test]
+fn a_stale_control_socket_is_replaced_and_a_live_one_refused_before_the_ring() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let record = |sock: &Path, name: &str| {
+        run_within_deadline(&[
+            "record",
+            "--source",
+            "synthetic",
+            "--synthetic-count",
+            "5",
+            "--clock",
+            "system",
+            "-o",
+            t.join(name).to_str().unwrap(),
+            "--snapshot-size",
+            "1MiB",
+            "--snapshot-file",
+            t.join(format!("{name}.ring")).to_str().unwrap(),
+            "--control-socket",
+            sock.to_str().unwrap(),
+        ])
+    };
+    let stale = t.join("stale.sock");
+    drop(UnixListener::bind(&stale).unwrap()); // the file stays, nobody listens
+    let o = record(&stale, "after-stale");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(t.join("after-stale").is_dir());
+    assert!(
+        !stale.exists(),
+        "the replacing socket is removed at the end"
+    );
+
+    let live = t.join("live.sock");
+    let listener = UnixListener::bind(&live).unwrap();
+    let o = record(&live, "beside-live");
+    assert_one_error_line(
+        &o,
+        &format!(
+            "ringbag: error: --control-socket: {}: another recorder already listens on this control socket",
+            live.display()
+        ),
+    );
+    assert!(!t.join("beside-live").exists());
+    assert!(
+        !t.join("beside-live.ring").exists(),
+        "no ring before the refusal"
+    );
+    assert_eq!(planted(&live).kind, "socket", "the live socket is left");
+    drop(listener);
+}
