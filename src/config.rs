@@ -439,15 +439,17 @@ impl ServiceConfig {
                 .trim();
             err(key, m.to_string())
         })?;
+        if let Some(ring) = &snapshot.ring {
+            let file = ring.ring_file(&output_root);
+            preflight_snapshot_file(&file)
+                .map_err(|m| err("snapshot_file", format!("{}: {m}", shown(&file))))?;
+        }
         let status_file = config
             .status_file
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_STATUS_FILE));
-        if status_file.file_name().is_none() || status_file.is_dir() {
-            return Err(err(
-                "status_file",
-                format!("{}: needs a file name", status_file.display()),
-            ));
+        if let Err(m) = check_status_file(&status_file) {
+            return Err(err("status_file", format!("{}: {m}", shown(&status_file))));
         }
         let synthetic_profile = config.synthetic_profile.unwrap_or(SyntheticProfile::Robot);
         let synthetic_topics = if source == SourceChoice::Synthetic {
@@ -572,6 +574,101 @@ impl ServiceConfig {
     }
 }
 
+/// A path for a one-line message: a NUL byte (which a TOML string may hold) shown as `\0`.
+fn shown(path: &Path) -> String {
+    path.display().to_string().replace('\0', "\\0")
+}
+
+/// What no path may hold, whatever the file: a NUL byte (no system call takes it), a
+/// component longer than NAME_MAX, or more than PATH_MAX bytes in all.
+fn path_text_problem(path: &Path) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.contains(&0) {
+        return Some("contains a NUL byte".into());
+    }
+    if bytes.len() >= libc::PATH_MAX as usize {
+        return Some(format!(
+            "{} bytes long; a path holds at most {} bytes",
+            bytes.len(),
+            libc::PATH_MAX - 1
+        ));
+    }
+    path.components()
+        .map(|c| c.as_os_str().len())
+        .find(|&n| n > 255)
+        .map(|n| format!("has a name of {n} bytes; at most 255 bytes each"))
+}
+
+/// The status file as the service writes it: replaced by a rename in its directory every
+/// second. So it needs a UTF-8 file name, and whatever is already there must be a regular
+/// file (a rename would replace a directory's, FIFO's, device's or link's name with ours);
+/// its directory may be missing (systemd's RuntimeDirectory= creates /run/ringbag at start,
+/// and the service writes once it exists) but no ancestor may be a file.
+pub fn check_status_file(path: &Path) -> Result<(), String> {
+    if let Some(m) = path_text_problem(path) {
+        return Err(m);
+    }
+    match path.file_name() {
+        None => return Err("needs a file name".into()),
+        Some(n) if n.to_str().is_none() => return Err("needs a file name in UTF-8".into()),
+        Some(_) => {}
+    }
+    if path.is_dir() {
+        return Err("exists and is a directory; the status file needs a file name".into());
+    }
+    if let Some(m) = status_file_taken(path) {
+        return Err(m);
+    }
+    for anc in path.ancestors().skip(1) {
+        match std::fs::metadata(anc) {
+            Ok(m) if m.is_dir() => return Ok(()),
+            Ok(_) => return Err(format!("{} is not a directory", anc.display())),
+            Err(_) => continue,
+        }
+    }
+    Ok(())
+}
+
+/// Why the status file may not be written at `path` when something other than a regular
+/// file or a directory is there: a FIFO, device, socket or symbolic link, whose name the
+/// rename that writes the status file would take over (as root, `/dev/null` itself). None
+/// when nothing or a regular file is there (a directory fails the rename on its own).
+pub fn status_file_taken(path: &Path) -> Option<String> {
+    use std::os::unix::fs::FileTypeExt;
+    let ft = path.symlink_metadata().ok()?.file_type();
+    if ft.is_file() || ft.is_dir() {
+        return None;
+    }
+    let kind = if ft.is_symlink() {
+        "a symbolic link"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        crate::bag::fsguard::kind(&ft)
+    };
+    Some(format!(
+        "exists and is {kind}, not a regular file; not replaced (the status file is written by a rename)"
+    ))
+}
+
+/// HOOK(ring file preflight): the ring file the service will open, checked before it starts.
+/// The ring's own preflight (snapshot_file / --snapshot-file: directories, FIFOs, devices,
+/// files that are not rings) belongs here once it exists; until then the least the service
+/// needs: no NUL, and nothing there but a regular file.
+fn preflight_snapshot_file(path: &Path) -> Result<(), String> {
+    if let Some(m) = path_text_problem(path) {
+        return Err(m);
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(format!(
+            "is {}, not a regular file (the ring is a file of its own)",
+            crate::bag::fsguard::kind(&m.file_type())
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The recording root must be a directory this process can create bags in, or be creatable
 /// (its nearest existing ancestor writable).
 pub fn check_root(root: &Path) -> Result<(), String> {
@@ -579,7 +676,18 @@ pub fn check_root(root: &Path) -> Result<(), String> {
     if !root.is_absolute() {
         return Err(format!("{}: must be an absolute path", root.display()));
     }
+    if let Some(m) = path_text_problem(root) {
+        return Err(format!("{}: {m}", shown(root)));
+    }
     for dir in root.ancestors() {
+        if std::fs::metadata(dir).is_err() && dir.symlink_metadata().is_ok() {
+            // mkdir -p would fail on it (EEXIST) at every start.
+            return Err(format!(
+                "{}: {} is a symbolic link to a missing target",
+                root.display(),
+                dir.display()
+            ));
+        }
         match std::fs::metadata(dir) {
             Ok(m) if m.is_dir() => {
                 if nix::sys::statvfs::statvfs(dir).is_ok_and(|st| st.blocks() == 0) {

@@ -163,6 +163,15 @@ pub fn run_with(
     // the bag holds.
     let mut status = settings.status_file.as_deref().map(StatusFile::new);
     if let Some(st) = &status {
+        if let Some(reason) = crate::config::status_file_taken(st.path) {
+            return Err(failure(
+                RecordError::StatusFile {
+                    path: st.path.to_path_buf(),
+                    reason,
+                },
+                None,
+            ));
+        }
         write_status_counts(st.path, 0, 0).map_err(|e| {
             failure(
                 RecordError::StatusFile {

@@ -239,3 +239,195 @@ fn a_stale_control_socket_is_replaced_and_a_live_one_refused_before_the_ring() {
     assert_eq!(planted(&live).kind, "socket", "the live socket is left");
     drop(listener);
 }
+
+/// `--status-file` naming a FIFO or a link: refused, not replaced by the status file's rename.
+#[test]
+fn record_refuses_a_status_file_that_is_a_fifo_or_a_link_and_leaves_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let fifo = t.join("fifo");
+    mkfifo(&fifo);
+    let target = t.join("target.json");
+    fs::write(&target, b"{}").unwrap();
+    let link = t.join("link.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let before = [planted(&fifo), planted(&link), planted(&target)];
+    for (p, kind) in [(&fifo, "a FIFO"), (&link, "a symbolic link")] {
+        let out = t.join("out");
+        let o = run_within_deadline(&[
+            "record",
+            "--source",
+            "synthetic",
+            "--synthetic-count",
+            "5",
+            "--clock",
+            "system",
+            "-o",
+            out.to_str().unwrap(),
+            "--status-file",
+            p.to_str().unwrap(),
+        ]);
+        assert_one_error_line(
+            &o,
+            &format!(
+                "ringbag: error: {}: cannot write the status file: exists and is {kind}, not a \
+                 regular file; not replaced (the status file is written by a rename)",
+                p.display()
+            ),
+        );
+        assert!(!out.exists());
+    }
+    assert_eq!(before, [planted(&fifo), planted(&link), planted(&target)]);
+}
+
+/// A config whose paths the daemon cannot use: `--check-config` refuses it (exit 2, one
+/// line naming the key), and so does the daemon at start (exit 2, which the unit does not
+/// restart, instead of exit 1 and a restart loop), leaving the planted files as they were
+/// and creating no recording root.
+#[test]
+fn check_config_refuses_every_path_the_daemon_would_refuse_and_the_daemon_exits_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let dir = t.join("adir");
+    fs::create_dir(&dir).unwrap();
+    let fifo = t.join("fifo");
+    mkfifo(&fifo);
+    let plain = t.join("plain");
+    fs::write(&plain, b"not a socket\n").unwrap();
+    let dangling = t.join("dangling");
+    std::os::unix::fs::symlink(t.join("missing"), &dangling).unwrap();
+    let long = path_of_len(t, 108);
+    let root = t.join("root");
+    let d = |p: &Path| p.display().to_string();
+    // The good config these cases change one key of.
+    let keys = |over: &[(&str, String)]| {
+        let mut k: Vec<(&str, String)> = vec![
+            ("output_root", d(&root)),
+            ("source", "synthetic".into()),
+            ("clock", "system".into()),
+            ("status_file", d(&t.join("status.json"))),
+            ("snapshot_size", "1MiB".into()),
+            ("snapshot_file", d(&t.join("ring"))),
+            ("control_socket", d(&t.join("c.sock"))),
+        ];
+        for (key, v) in over {
+            k.iter_mut().find(|(n, _)| n == key).unwrap().1 = v.clone();
+        }
+        k.iter()
+            .map(|(n, v)| format!("{n} = \"{}\"\n", v.replace('\0', "\\u0000")))
+            .collect::<String>()
+    };
+    // (key, value, the problem after "KEY: ", whether to run the daemon too). The daemon
+    // never runs with /dev/null: a regression would delete the machine's own.
+    let cases: Vec<(&str, String, String, bool)> = vec![
+        (
+            "output_root",
+            format!("{}/a\0b", d(t)),
+            format!("{}/a\\0b: contains a NUL byte", d(t)),
+            true,
+        ),
+        (
+            "output_root",
+            d(&dangling.join("bags")),
+            format!("{}/bags: {} is a symbolic link to a missing target", d(&dangling), d(&dangling)),
+            true,
+        ),
+        (
+            "snapshot_file",
+            d(&dir),
+            format!("{}: is a directory, not a regular file (the ring is a file of its own)", d(&dir)),
+            true,
+        ),
+        (
+            "control_socket",
+            d(&dir),
+            format!("{}: exists and is a directory, not a socket; only a stale socket is replaced", d(&dir)),
+            true,
+        ),
+        (
+            "control_socket",
+            d(&long),
+            format!("{}: 108 bytes long; a unix socket path holds at most 107 bytes", d(&long)),
+            true,
+        ),
+        (
+            "control_socket",
+            d(&fifo),
+            format!("{}: exists and is a FIFO, not a socket; only a stale socket is replaced", d(&fifo)),
+            true,
+        ),
+        (
+            "control_socket",
+            d(&plain),
+            format!("{}: exists and is a regular file, not a socket; only a stale socket is replaced", d(&plain)),
+            true,
+        ),
+        (
+            "control_socket",
+            "/dev/null".into(),
+            "/dev/null: exists and is a character device, not a socket; only a stale socket is replaced".into(),
+            false,
+        ),
+        (
+            "status_file",
+            d(&fifo),
+            format!("{}: exists and is a FIFO, not a regular file; not replaced (the status file is written by a rename)", d(&fifo)),
+            true,
+        ),
+        (
+            "status_file",
+            d(&dir),
+            format!("{}: exists and is a directory; the status file needs a file name", d(&dir)),
+            true,
+        ),
+    ];
+    let before = [
+        planted(&dir),
+        planted(&fifo),
+        planted(&plain),
+        planted(&dangling),
+    ];
+    let config = t.join("ringbag.toml");
+    for (key, value, why, run_daemon) in &cases {
+        let text = keys(&[(key, value.clone())]);
+        fs::write(&config, &text).unwrap();
+        let line = text.lines().position(|l| l.starts_with(key)).unwrap() + 1;
+        let column = key.len() + 4;
+        let want = format!(
+            "ringbag: error: {}:{line}:{column}: {key}: {why}",
+            config.display()
+        );
+        let o = run_within_deadline(&[
+            "daemon",
+            "--config",
+            config.to_str().unwrap(),
+            "--check-config",
+        ]);
+        assert_one_error_line(&o, &want);
+        if *run_daemon {
+            let o = run_within_deadline(&["daemon", "--config", config.to_str().unwrap()]);
+            assert_one_error_line(&o, &want);
+        }
+        assert!(!root.exists(), "{text}: the recording root was created");
+        assert!(!t.join("ring").exists(), "{text}: the ring was created");
+    }
+    assert_eq!(
+        before,
+        [
+            planted(&dir),
+            planted(&fifo),
+            planted(&plain),
+            planted(&dangling)
+        ]
+    );
+    assert!(fs::read_dir(&dir).unwrap().next().is_none());
+    // The same config with good paths passes.
+    fs::write(&config, keys(&[])).unwrap();
+    let o = run_within_deadline(&[
+        "daemon",
+        "--config",
+        config.to_str().unwrap(),
+        "--check-config",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
