@@ -247,11 +247,7 @@ impl ServiceConfig {
     }
 
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::parse(&text, path)
+        Self::parse(&read_config_text(path)?, path)
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
@@ -269,10 +265,7 @@ impl ServiceConfig {
 
     /// Read and check `path` from end to end (`ringbag daemon --check-config`).
     pub fn load_checked(path: &Path) -> Result<Checked, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = read_config_text(path)?;
         let checked = Self::check(&text, path)?;
         for w in &checked.warnings {
             log::warn!("{}: {w}", path.display());
@@ -572,6 +565,67 @@ impl ServiceConfig {
             max_cache_size: bytes("max_cache_size", &self.max_cache_size)?,
         })
     }
+}
+
+/// The largest config file read (a real one is a few KiB): a mistaken path to a huge file,
+/// or a device such as /dev/zero, is refused instead of read into memory.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Why a small text file (the config, the status file) cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SmallFileError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("is {0}, not a regular file; not read")]
+    NotRegular(&'static str),
+    #[error("larger than {0} bytes; not read")]
+    TooLarge(u64),
+    #[error("not UTF-8 text")]
+    NotText,
+}
+
+/// Read `path` only if it is a regular file of at most `cap` bytes, without ever blocking:
+/// opened with `O_NONBLOCK` (a FIFO opens at once instead of waiting for a writer; the flag
+/// has no effect on a regular file's reads), `fstat` of the opened descriptor says what was
+/// opened (no race with a rename in between), and at most `cap + 1` bytes are read, so a file
+/// that grows meanwhile cannot make it read without end. Symbolic links are followed (a
+/// config is often a link into a package).
+pub fn read_small_regular_file(path: &Path, cap: u64) -> Result<String, SmallFileError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    let m = f.metadata()?;
+    if !m.is_file() {
+        return Err(SmallFileError::NotRegular(crate::bag::fsguard::kind(
+            &m.file_type(),
+        )));
+    }
+    if m.len() > cap {
+        return Err(SmallFileError::TooLarge(cap));
+    }
+    let mut bytes = Vec::with_capacity(m.len() as usize);
+    f.take(cap + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap {
+        return Err(SmallFileError::TooLarge(cap));
+    }
+    String::from_utf8(bytes).map_err(|_| SmallFileError::NotText)
+}
+
+/// The config file's text ([`read_small_regular_file`], at most [`MAX_CONFIG_BYTES`]).
+fn read_config_text(path: &Path) -> Result<String, ConfigError> {
+    read_small_regular_file(path, MAX_CONFIG_BYTES).map_err(|e| match e {
+        SmallFileError::Io(source) => ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        },
+        other => ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message: other.to_string(),
+        },
+    })
 }
 
 /// A path for a one-line message: a NUL byte (which a TOML string may hold) shown as `\0`.

@@ -406,9 +406,16 @@ pub enum Read {
     Stale(Box<Status>, Duration),
 }
 
+/// The largest status file `ringbag status` reads: one the service writes holds ~0.5 KiB per
+/// topic, so this is tens of thousands of topics; /dev/zero or a huge file is refused instead.
+pub const MAX_STATUS_BYTES: u64 = 16 << 20;
+
 /// Read the status file; Err is one line naming the file (missing, unreadable, not ours).
+/// Only a regular file is read, never blocking on a FIFO and never more than
+/// [`MAX_STATUS_BYTES`] ([`crate::config::read_small_regular_file`]).
 pub fn read(path: &Path) -> Result<Read, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = crate::config::read_small_regular_file(path, MAX_STATUS_BYTES)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let status: Status = serde_json::from_str(&text)
         .map_err(|e| format!("{}: not a ringbag status file: {e}", path.display()))?;
     let age = Duration::from_millis(unix_ms_now().saturating_sub(status.updated_unix_ms));

@@ -431,3 +431,72 @@ fn check_config_refuses_every_path_the_daemon_would_refuse_and_the_daemon_exits_
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
+
+/// `daemon --config` and `status --file` read only regular files, and at most a cap: a FIFO
+/// used to hang them forever, /dev/zero to grow them to gigabytes.
+#[test]
+fn config_and_status_files_that_are_special_or_huge_are_refused_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let fifo = t.join("fifo");
+    mkfifo(&fifo);
+    // Sparse: no disk space is used, whatever the machine has free.
+    let big_config = t.join("big.toml");
+    fs::File::create(&big_config)
+        .unwrap()
+        .set_len((1 << 20) + 1)
+        .unwrap();
+    let big_status = t.join("big.json");
+    fs::File::create(&big_status)
+        .unwrap()
+        .set_len((16 << 20) + 1)
+        .unwrap();
+    let commands = |p: &Path| -> [Vec<String>; 3] {
+        let p = p.to_str().unwrap().to_string();
+        [
+            vec!["daemon".into(), "--config".into(), p.clone()],
+            vec![
+                "daemon".into(),
+                "--config".into(),
+                p.clone(),
+                "--check-config".into(),
+            ],
+            vec!["status".into(), "--file".into(), p],
+        ]
+    };
+    for (p, why) in [
+        (fifo.as_path(), "is a FIFO, not a regular file; not read"),
+        (
+            Path::new("/dev/zero"),
+            "is a character device, not a regular file; not read",
+        ),
+    ] {
+        for args in commands(p) {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let o = run_within_deadline(&args);
+            assert_one_error_line(&o, &format!("ringbag: error: {}: {why}", p.display()));
+        }
+    }
+    assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    let o = run_within_deadline(&[
+        "daemon",
+        "--config",
+        big_config.to_str().unwrap(),
+        "--check-config",
+    ]);
+    assert_one_error_line(
+        &o,
+        &format!(
+            "ringbag: error: {}: larger than 1048576 bytes; not read",
+            big_config.display()
+        ),
+    );
+    let o = run_within_deadline(&["status", "--file", big_status.to_str().unwrap()]);
+    assert_one_error_line(
+        &o,
+        &format!(
+            "ringbag: error: {}: larger than 16777216 bytes; not read",
+            big_status.display()
+        ),
+    );
+}
