@@ -79,7 +79,9 @@ fn char_device(dir: &Path) -> Option<PathBuf> {
 fn path_of_len(dir: &Path, len: usize) -> PathBuf {
     let base = dir.join("s").to_str().unwrap().len();
     assert!(base < len, "temp dir too long for the test");
-    dir.join("s".repeat(len - base + 1))
+    let p = dir.join("s".repeat(len - base + 1));
+    assert_eq!(p.as_os_str().len(), len);
+    p
 }
 
 /// The paths a `--control-socket` must not take: each planted thing stays exactly as it was,
@@ -184,6 +186,28 @@ fn record_refuses_a_control_socket_path_that_is_not_a_socket_and_leaves_it_intac
     if let Some((dev, _)) = cases.last().filter(|(p, _)| p.ends_with("null-copy")) {
         assert_eq!(planted(dev).kind, "char");
     }
+    // The longest path a unix socket takes is used, in a directory that is created.
+    let longest = path_of_len(&t.join("new-dir"), 107);
+    assert_eq!(longest.as_os_str().len(), 107);
+    let o = run_within_deadline(&[
+        "record",
+        "--source",
+        "synthetic",
+        "--synthetic-count",
+        "5",
+        "--clock",
+        "system",
+        "-o",
+        out.to_str().unwrap(),
+        "--snapshot-size",
+        "1MiB",
+        "--snapshot-file",
+        ring.to_str().unwrap(),
+        "--control-socket",
+        longest.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(out.is_dir());
 }
 
 /// A socket nobody listens on (a recorder killed -9 left it) is replaced; one a recorder
