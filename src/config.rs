@@ -505,6 +505,16 @@ impl ServiceConfig {
             size.as_ref()
                 .map(|_| PathBuf::from(crate::snapshot::control::DEFAULT_CONTROL_SOCKET))
         });
+        // The service runs in / (systemd): a relative path would name another file there than
+        // the one `--check-config` looked at in the shell's directory.
+        for (key, path) in [
+            ("snapshot_file", self.snapshot_file.as_deref()),
+            ("control_socket", socket.as_deref()),
+        ] {
+            if let Some(p) = path.filter(|p| !p.is_absolute()) {
+                return Err(format!("{key}: {}: must be an absolute path", shown(p)));
+            }
+        }
         crate::snapshot::settings::snapshot_settings(
             &crate::snapshot::settings::SnapshotOptions {
                 size: size.as_deref(),
@@ -660,6 +670,10 @@ fn path_text_problem(path: &Path) -> Option<String> {
 /// its directory may be missing (systemd's RuntimeDirectory= creates /run/ringbag at start,
 /// and the service writes once it exists) but no ancestor may be a file.
 pub fn check_status_file(path: &Path) -> Result<(), String> {
+    if !path.is_absolute() {
+        // As for output_root: the service's directory is /, not the shell's.
+        return Err("must be an absolute path".into());
+    }
     if let Some(m) = path_text_problem(path) {
         return Err(m);
     }

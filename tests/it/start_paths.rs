@@ -399,6 +399,24 @@ fn check_config_refuses_every_path_the_daemon_would_refuse_and_the_daemon_exits_
             true,
         ),
         (
+            "control_socket",
+            "c.sock".into(),
+            "c.sock: must be an absolute path".into(),
+            true,
+        ),
+        (
+            "snapshot_file",
+            "ring".into(),
+            "ring: must be an absolute path".into(),
+            true,
+        ),
+        (
+            "status_file",
+            "status.json".into(),
+            "status.json: must be an absolute path".into(),
+            true,
+        ),
+        (
             "status_file",
             d(&dir),
             format!("{}: exists and is a directory; the status file needs a file name", d(&dir)),
