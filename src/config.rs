@@ -599,19 +599,24 @@ pub enum SmallFileError {
 /// has no effect on a regular file's reads), `fstat` of the opened descriptor says what was
 /// opened (no race with a rename in between), and at most `cap + 1` bytes are read, so a file
 /// that grows meanwhile cannot make it read without end. Symbolic links are followed (a
-/// config is often a link into a package).
+/// config is often a link into a package). A `stat` first keeps devices from being opened
+/// at all: opening some has effects of its own (/dev/watchdog arms the watchdog).
 pub fn read_small_regular_file(path: &Path, cap: u64) -> Result<String, SmallFileError> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
+    let not_regular = |m: &std::fs::Metadata| {
+        SmallFileError::NotRegular(crate::bag::fsguard::kind(&m.file_type()))
+    };
+    if let Some(m) = std::fs::metadata(path).ok().filter(|m| !m.is_file()) {
+        return Err(not_regular(&m));
+    }
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)?;
     let m = f.metadata()?;
     if !m.is_file() {
-        return Err(SmallFileError::NotRegular(crate::bag::fsguard::kind(
-            &m.file_type(),
-        )));
+        return Err(not_regular(&m));
     }
     if m.len() > cap {
         return Err(SmallFileError::TooLarge(cap));
