@@ -409,11 +409,13 @@ fn start_snapshots(
     let Some(rs) = &settings.snapshot.ring else {
         return Ok(None);
     };
-    let path = rs.ring_file(root);
     std::fs::create_dir_all(root).map_err(|source| crate::snapshot::ring::RingError::Io {
         path: root.to_path_buf(),
         source,
     })?;
+    // Checked again here, not only when the arguments were: a daemon's ring may have been
+    // replaced since its start. A foreign or unsafe file is refused before recovery reads it.
+    let path = rs.prepare(root)?;
     // A failure to write the crash bag is logged, not fatal: recording matters more.
     if let Err(e) = snapshotter::recover(&path, root, settings.writer.clone(), clock.now_ns()) {
         log::error!("{}: cannot write the crash bag: {e}", path.display());

@@ -88,7 +88,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
             trigger_topic: a.trigger_topic.as_deref(),
             control_socket: a.control_socket.as_deref(),
         },
-        std::path::Path::new(crate::snapshot::DEFAULT_RING_DIR),
+        &crate::snapshot::default_ring_dir(),
         &recording_root(&output),
         "--",
     )?;
@@ -267,7 +267,12 @@ pub fn snapshot_settings(
         trigger_topic,
         control_socket: o.control_socket.map(Path::to_path_buf),
     };
-    let path = ring.ring_file(root);
+    // Before anything is created: the ring's path must be free or hold a ring of ours.
+    // Flags name the file (`<file>: <problem>`); a config names its key first.
+    let path = ring.preflight(root).map_err(|e| match prefix {
+        "" => format!("{}: {e}", name("snapshot-file")),
+        _ => e.to_string(),
+    })?;
     let capacity = Ring::capacity_for(size);
     crate::snapshot::ring::check_room(&path, Ring::file_size(capacity))
         .map_err(|e| e.to_string())?;

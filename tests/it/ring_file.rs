@@ -1,0 +1,284 @@
+//! The snapshot ring's file: only a ring of ours is ever opened, recovered or replaced. A
+//! symbolic link, a directory, a special file, another user's ring, one others may read, or
+//! any other file at the ring's path is bad input (exit 2, one line) and stays as it was.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ringbag::snapshot::ring::{Ring, RingTopic, RingWriter};
+
+use crate::common::{run, stderr, topic};
+
+/// `record` of 20 synthetic messages into `out` with a 4 MiB ring at `ring` (None: the
+/// default place).
+fn record_with_ring(out: &Path, ring: Option<&Path>, extra: &[&str]) -> std::process::Output {
+    let out_s = out.to_string_lossy().into_owned();
+    let ring_s = ring.map(|r| r.to_string_lossy().into_owned());
+    let mut a = vec![
+        "record",
+        "--source",
+        "synthetic",
+        "--synthetic-profile",
+        "small",
+        "--synthetic-rate",
+        "max",
+        "--synthetic-count",
+        "20",
+        "--clock",
+        "system",
+        "--snapshot-size",
+        "4MiB",
+        "-o",
+        &out_s,
+    ];
+    if let Some(r) = &ring_s {
+        a.extend(["--snapshot-file", r.as_str()]);
+    }
+    a.extend(extra);
+    run(&a)
+}
+
+/// Exit 2, exactly one line (`ringbag: error: ...` containing `needle`), no bag, and no
+/// word about a replacement or a recovery that did not happen.
+fn assert_refused(o: &std::process::Output, out: &Path, needle: &str) {
+    let e = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.starts_with("ringbag: error: "), "{e}");
+    assert!(e.contains(needle), "wanted {needle:?}: {e}");
+    assert!(!e.contains("replaces"), "{e}");
+    assert!(!out.exists(), "nothing recorded: {e}");
+}
+
+/// An unclean ring (as a kill -9 leaves it) with 10 records, at `path`.
+fn unclean_ring(path: &Path) {
+    let r = Arc::new(Ring::create(path, 1 << 16, 0).unwrap());
+    let mut w = RingWriter::new(r);
+    let t = w
+        .add_topic(RingTopic::new(&topic("/a", "std_msgs/msg/String"), None))
+        .unwrap();
+    for i in 0..10 {
+        w.append(t, i, &[7u8; 100]).unwrap();
+    }
+}
+
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_snapshot_file_that_is_not_a_ring_is_refused_and_left_byte_for_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    let precious = tmp.path().join("notes.txt");
+    std::fs::write(&precious, b"someone's data, not a ring\n").unwrap();
+    std::fs::set_permissions(&precious, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = tmp.path().join("root/bag");
+    let o = record_with_ring(&out, Some(&precious), &[]);
+    assert_refused(&o, &out, "is not a ringbag ring; not overwritten");
+    assert_eq!(
+        std::fs::read(&precious).unwrap(),
+        b"someone's data, not a ring\n"
+    );
+}
+
+#[test]
+fn a_symbolic_link_at_the_ring_path_is_not_followed_and_its_target_is_unchanged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = tmp.path().join("shadow");
+    std::fs::write(&target, b"root:x:0:0\n").unwrap();
+    let link = tmp.path().join("ring");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let out = tmp.path().join("root/bag");
+    let o = record_with_ring(&out, Some(&link), &[]);
+    assert_refused(&o, &out, "a symbolic link");
+    assert_eq!(std::fs::read(&target).unwrap(), b"root:x:0:0\n");
+    // A dangling link: its target is not created either.
+    let absent = tmp.path().join("absent");
+    let dangling = tmp.path().join("ring2");
+    std::os::unix::fs::symlink(&absent, &dangling).unwrap();
+    let o = record_with_ring(&out, Some(&dangling), &[]);
+    assert_refused(&o, &out, "a symbolic link");
+    assert!(!absent.exists());
+    // A link to a ring of ours is refused too: the link, not the ring, is at the path.
+    let real = tmp.path().join("real.ring");
+    unclean_ring(&real);
+    let before = std::fs::read(&real).unwrap();
+    let to_ring = tmp.path().join("ring3");
+    std::os::unix::fs::symlink(&real, &to_ring).unwrap();
+    let o = record_with_ring(&out, Some(&to_ring), &[]);
+    assert_refused(&o, &out, "a symbolic link");
+    assert_eq!(std::fs::read(&real).unwrap(), before);
+}
+
+#[test]
+fn a_ring_of_another_user_is_neither_recovered_nor_reused_nor_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ring = tmp.path().join("planted.ring");
+    unclean_ring(&ring);
+    // As if `nobody` had made it: a complete, unclean ring that recovery would turn into a
+    // crash bag in our root.
+    std::os::unix::fs::chown(&ring, Some(65534), Some(65534)).unwrap();
+    let before = std::fs::read(&ring).unwrap();
+    let root = tmp.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let out = root.join("bag");
+    let o = record_with_ring(&out, Some(&ring), &[]);
+    assert_refused(&o, &out, "owned by uid 65534");
+    assert_eq!(entries(&root), Vec::<PathBuf>::new(), "no crash bag");
+    assert_eq!(std::fs::read(&ring).unwrap(), before);
+    assert_eq!(std::fs::symlink_metadata(&ring).unwrap().uid(), 65534);
+}
+
+#[test]
+fn a_ring_others_may_read_or_that_has_two_links_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("root/bag");
+    let ring = tmp.path().join("open.ring");
+    unclean_ring(&ring);
+    std::fs::set_permissions(&ring, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let before = std::fs::read(&ring).unwrap();
+    let o = record_with_ring(&out, Some(&ring), &[]);
+    assert_refused(&o, &out, "mode 0644");
+    assert_eq!(std::fs::read(&ring).unwrap(), before);
+    // A hard link elsewhere (someone else's name for it) is refused as well.
+    std::fs::set_permissions(&ring, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::hard_link(&ring, tmp.path().join("other-name")).unwrap();
+    let o = record_with_ring(&out, Some(&ring), &[]);
+    assert_refused(&o, &out, "2 hard links");
+    assert_eq!(std::fs::read(&ring).unwrap(), before);
+}
+
+#[test]
+fn a_directory_a_device_or_a_fifo_as_the_ring_is_bad_input_before_anything_is_created() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("root/bag");
+    let dir = tmp.path().join("a-dir");
+    std::fs::create_dir(&dir).unwrap();
+    let fifo = tmp.path().join("a-fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    for (path, kind) in [
+        (dir.as_path(), "a directory"),
+        (Path::new("/dev/null"), "a character device"),
+        (fifo.as_path(), "a FIFO"),
+    ] {
+        let o = record_with_ring(&out, Some(path), &[]);
+        assert_refused(&o, &out, &format!("{}: {kind}", path.display()));
+        assert!(!tmp.path().join("root").exists(), "{kind}: no root created");
+    }
+    assert!(entries(&dir).is_empty());
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+}
+
+#[test]
+fn the_ring_is_created_0600_whatever_the_umask_and_reused_by_the_next_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ring = tmp.path().join("ring");
+    // The test process's umask (022 under cargo) would make a plain create 0644.
+    let o = record_with_ring(&tmp.path().join("root/a"), Some(&ring), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = std::fs::symlink_metadata(&ring).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o600);
+    assert_eq!(m.uid(), nix::unistd::geteuid().as_raw());
+    // Ours, so the next run into another bag uses it again.
+    let o = record_with_ring(&tmp.path().join("root/b"), Some(&ring), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // An empty file of ours (a ring whose creation was cut short) is taken over too.
+    let empty = tmp.path().join("empty.ring");
+    std::fs::File::create(&empty).unwrap();
+    std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = record_with_ring(&tmp.path().join("root/c"), Some(&empty), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 4 << 20);
+}
+
+#[test]
+fn the_default_ring_lives_in_a_0700_directory_of_the_user_in_dev_shm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let dir = ringbag::snapshot::default_ring_dir();
+    assert_eq!(
+        dir,
+        Path::new("/dev/shm").join(format!("ringbag-{}", nix::unistd::geteuid().as_raw()))
+    );
+    let settings = ringbag::snapshot::RingSettings {
+        size: 4 << 20,
+        window_ns: 0,
+        file: None,
+        dir: dir.clone(),
+        trigger_topic: None,
+        control_socket: None,
+    };
+    std::fs::create_dir_all(&root).unwrap();
+    let ring = settings.ring_file(&root);
+    assert_eq!(ring.parent(), Some(dir.as_path()));
+    let o = record_with_ring(&root.join("bag"), None, &[]);
+    // Clean up before asserting: the ring is in the real /dev/shm. The directory is removed
+    // only when empty (other tests' rings may be in it).
+    let ring_meta = std::fs::symlink_metadata(&ring);
+    let dir_meta = std::fs::symlink_metadata(&dir);
+    let _ = std::fs::remove_file(&ring);
+    let _ = std::fs::remove_dir(&dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let dir_meta = dir_meta.unwrap();
+    assert!(dir_meta.is_dir());
+    assert_eq!(dir_meta.uid(), nix::unistd::geteuid().as_raw());
+    assert_eq!(dir_meta.mode() & 0o077, 0, "{:o}", dir_meta.mode());
+    assert_eq!(ring_meta.unwrap().mode() & 0o7777, 0o600);
+}
+
+#[test]
+fn check_config_refuses_a_snapshot_file_that_is_not_a_ring_as_the_daemon_would() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let precious = tmp.path().join("data.bin");
+    std::fs::write(&precious, [1u8; 64]).unwrap();
+    let config = tmp.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output_root = \"{}\"\nsource = \"synthetic\"\nsnapshot_size = \"4MiB\"\n\
+             snapshot_file = \"{}\"\ncontrol_socket = \"{}\"\n",
+            root.display(),
+            precious.display(),
+            tmp.path().join("c.sock").display()
+        ),
+    )
+    .unwrap();
+    let cfg = config.to_str().unwrap();
+    for args in [
+        &["daemon", "--config", cfg, "--check-config"][..],
+        &["daemon", "--config", cfg][..],
+    ] {
+        let o = run(args);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert_eq!(e.lines().count(), 1, "{args:?}: {e}");
+        assert!(
+            e.contains(&format!(
+                ":4:17: snapshot_file: {}: exists and is not a ringbag ring",
+                precious.display()
+            )),
+            "{args:?}: {e}"
+        );
+    }
+    assert_eq!(std::fs::read(&precious).unwrap(), [1u8; 64]);
+    assert!(!root.exists());
+    // A path that is free passes the check, creating nothing.
+    let free = tmp.path().join("free.ring");
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace(precious.to_str().unwrap(), free.to_str().unwrap());
+    std::fs::write(&config, text).unwrap();
+    let o = run(&["daemon", "--config", cfg, "--check-config"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!free.exists());
+}
