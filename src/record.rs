@@ -125,6 +125,8 @@ pub struct Running<'a> {
     pub pipeline: &'a Pipeline,
     pub clock: &'a crate::clock::ClockHandle,
     pub settings: &'a RecordSettings,
+    /// The snapshot ring, when there is one (its state goes into the status).
+    pub ring: Option<Arc<crate::snapshot::ring::Ring>>,
 }
 
 /// Hooks into [`run_with`]: `record` has none; the service uses them to drive systemd's
@@ -320,6 +322,7 @@ pub fn run_with(
         pipeline: &pipeline,
         clock: &clock_handle,
         settings: &settings,
+        ring: snapshots.as_ref().map(|s| s.ring.clone()),
     };
     hooks.started(&running);
     while !source_ended.load(std::sync::atomic::Ordering::Acquire) && !pipeline.stopping() {

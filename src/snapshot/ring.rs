@@ -411,6 +411,31 @@ impl Ring {
         self.atomic(H_SEQ).load(Acquire)
     }
 
+    /// Bytes of the data area the ring holds now (records and lap skips between the
+    /// published tail and head), at most `capacity`. Safe while the writer appends.
+    pub fn used_bytes(&self) -> u64 {
+        // The tail first: the head read after it is at least as new, so never behind it.
+        let tail = self.tail();
+        self.head().saturating_sub(tail).min(self.capacity)
+    }
+
+    /// The stamp of the oldest record the ring holds (None when empty or unreadable), from
+    /// its header alone. Safe while the writer appends: a record evicted under the read is
+    /// passed over for the new tail's (a few tries; a ring that wraps that fast says None).
+    pub fn oldest_ts(&self) -> Option<i64> {
+        // An empty Vec: `read_if` never touches it when `want` refuses, so nothing is
+        // allocated (callers poll this once a second from the status thread).
+        let mut none = Vec::new();
+        for _ in 0..8 {
+            match self.read_if(self.tail(), &mut none, |_| false) {
+                Step::Skipped { head, .. } | Step::Record { head, .. } => return Some(head.ts),
+                Step::Evicted { .. } => continue,
+                Step::End | Step::Damaged { .. } => return None,
+            }
+        }
+        None
+    }
+
     /// Whether the run that wrote this ring ended cleanly.
     pub fn was_clean(&self) -> bool {
         self.atomic(H_STATE).load(Acquire) == STATE_CLEAN

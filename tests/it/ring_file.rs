@@ -282,3 +282,154 @@ fn check_config_refuses_a_snapshot_file_that_is_not_a_ring_as_the_daemon_would()
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(!free.exists());
 }
+
+/// Kills the daemon if the test fails before stopping it.
+struct KillOnDrop(std::process::Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The status file's `ring` object, once the file parses.
+fn ring_status(status: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(status).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    Some(v.get("ring")?.clone()).filter(|r| !r.is_null())
+}
+
+/// Poll `cond` on the status file's ring every 20 ms for up to `secs`.
+fn wait_ring(
+    status: &Path,
+    secs: u64,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(r) = ring_status(status).filter(|r| cond(r)) {
+            return r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {:?}",
+            ring_status(status)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_daemon_with_a_ring_reports_its_fill_oldest_message_and_open_snapshot_in_status() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let status = tmp.path().join("status.json");
+    let ring = tmp.path().join("ring");
+    let sock = tmp.path().join("c.sock");
+    let config = tmp.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
+             synthetic_profile = \"small\"\nclock = \"system\"\nmax_bag_size = \"1MiB\"\n\
+             max_record_size = \"16MiB\"\nsnapshot_size = \"16MiB\"\nsnapshot_duration = 600\n\
+             snapshot_file = \"{}\"\ncontrol_socket = \"{}\"\n",
+            root.display(),
+            status.display(),
+            ring.display(),
+            sock.display()
+        ),
+    )
+    .unwrap();
+    let mut d = KillOnDrop(
+        crate::common::ringbag()
+            .args(["daemon", "--config", config.to_str().unwrap()])
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("daemon starts"),
+    );
+    let first = wait_ring(&status, 30, "messages in the ring", |r| {
+        r["appended"].as_u64() > Some(0) && r["oldest_ns"].is_i64()
+    });
+    assert_eq!(first["path"], ring.to_str().unwrap());
+    // 16 MiB at ~140 KB/s: minutes before anything is evicted, even under emulation.
+    assert_eq!(first["size_bytes"], 16 << 20);
+    let capacity = first["capacity_bytes"].as_u64().unwrap();
+    assert!(capacity > 15 << 20 && capacity < 16 << 20, "{first}");
+    assert_eq!(first["window_s"], 600.0);
+    let used = first["used_bytes"].as_u64().unwrap();
+    assert!(used > 0 && used <= capacity, "{first}");
+    let fill = first["fill"].as_f64().unwrap();
+    assert!(
+        (fill - used as f64 / capacity as f64).abs() < 1e-9,
+        "{first}"
+    );
+    assert!(first["oldest_age_s"].as_f64().unwrap() >= 0.0, "{first}");
+    assert!(first["pending_trigger"].is_null(), "{first}");
+    // The figures move as messages arrive: more appended, more held, the oldest older.
+    let later = wait_ring(&status, 30, "the ring's figures moving", |r| {
+        r["appended"].as_u64() > first["appended"].as_u64()
+            && r["used_bytes"].as_u64() > Some(used)
+            && r["oldest_age_s"].as_f64() > first["oldest_age_s"].as_f64()
+    });
+    assert_eq!(
+        later["oldest_ns"], first["oldest_ns"],
+        "nothing evicted yet"
+    );
+    // A trigger with a long post-window: its snapshot stays open, and says so.
+    let o = run(&[
+        "trigger",
+        "--control-socket",
+        sock.to_str().unwrap(),
+        "--reason",
+        "estop",
+        "--post",
+        "300",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let open = wait_ring(&status, 30, "the open snapshot", |r| {
+        !r["pending_trigger"].is_null()
+    });
+    let p = &open["pending_trigger"];
+    assert_eq!(p["reason"], "estop");
+    let (t, end) = (
+        p["trigger_ns"].as_i64().unwrap(),
+        p["end_ns"].as_i64().unwrap(),
+    );
+    assert_eq!(end - t, 300_000_000_000, "{p}");
+    // `ringbag status` shows the same, for a person and as JSON.
+    let human = run(&["status", "--file", status.to_str().unwrap()]);
+    assert_eq!(human.status.code(), Some(0), "{}", stderr(&human));
+    let text = crate::common::stdout(&human);
+    assert!(text.lines().next().unwrap().contains(" MiB ("), "{text}");
+    assert!(text.lines().next().unwrap().contains("; ring "), "{text}");
+    assert!(
+        text.contains(&format!("ring:  {}:", ring.display())),
+        "{text}"
+    );
+    assert!(text.contains("snapshot open: \"estop\""), "{text}");
+    let json = run(&["status", "--json", "--file", status.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_str(&crate::common::stdout(&json)).unwrap();
+    assert_eq!(v["ring"]["pending_trigger"]["reason"], "estop");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let code = loop {
+        if let Some(st) = d.0.try_wait().unwrap() {
+            break st.code();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "daemon stops on SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(code, Some(0));
+}
