@@ -433,3 +433,64 @@ fn a_daemon_with_a_ring_reports_its_fill_oldest_message_and_open_snapshot_in_sta
     };
     assert_eq!(code, Some(0));
 }
+
+#[test]
+fn a_ring_a_real_other_user_left_in_a_shared_directory_is_refused_and_theirs_lives_in_their_own_dir(
+) {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP: needs root to run ringbag as nobody");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // A directory everyone may write, as /tmp or /dev/shm.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let shared_ring = tmp.path().join("shared.ring");
+    let nobody_out = tmp.path().join("nobody-root/bag");
+    let as_nobody = |ring: Option<&Path>| {
+        let mut c = crate::common::ringbag_as_nobody();
+        c.args([
+            "record",
+            "--source",
+            "synthetic",
+            "--synthetic-profile",
+            "small",
+        ])
+        .args(["--synthetic-rate", "max", "--synthetic-count", "20"])
+        .args(["--clock", "system", "--snapshot-size", "4MiB", "-o"])
+        .arg(&nobody_out)
+        .env_remove("RINGBAG_LOG");
+        if let Some(r) = ring {
+            c.arg("--snapshot-file").arg(r);
+        }
+        c.output()
+    };
+    let o = match as_nobody(Some(&shared_ring)) {
+        Ok(o) if o.status.code() != Some(127) && !stderr(&o).starts_with("setpriv:") => o,
+        other => {
+            eprintln!("SKIP: cannot run ringbag as nobody: {other:?}");
+            return;
+        }
+    };
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = std::fs::symlink_metadata(&shared_ring).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o7777), (65534, 0o600));
+    let before = std::fs::read(&shared_ring).unwrap();
+    // Root, pointed at nobody's ring: refused, nothing recovered, the ring as it was.
+    let root = tmp.path().join("root");
+    let out = root.join("bag");
+    let o = record_with_ring(&out, Some(&shared_ring), &[]);
+    assert_refused(&o, &out, "a ring owned by uid 65534");
+    assert!(!root.exists());
+    assert_eq!(std::fs::read(&shared_ring).unwrap(), before);
+    // nobody's default ring: in /dev/shm/ringbag-65534, 0700, its own.
+    let _ = std::fs::remove_dir_all(&nobody_out);
+    let o = as_nobody(None).unwrap();
+    let dir = Path::new("/dev/shm/ringbag-65534");
+    let dir_meta = std::fs::symlink_metadata(dir);
+    let rings = entries(dir);
+    let _ = std::fs::remove_dir_all(dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let dir_meta = dir_meta.unwrap();
+    assert_eq!((dir_meta.uid(), dir_meta.mode() & 0o7777), (65534, 0o700));
+    assert_eq!(rings.len(), 1, "{rings:?}");
+}
