@@ -352,7 +352,7 @@ fn a_daemon_with_a_ring_reports_its_fill_oldest_message_and_open_snapshot_in_sta
             .spawn()
             .expect("daemon starts"),
     );
-    let first = wait_ring(&status, 30, "messages in the ring", |r| {
+    let first = wait_ring(&status, 60, "messages in the ring", |r| {
         r["appended"].as_u64() > Some(0) && r["oldest_ns"].is_i64()
     });
     assert_eq!(first["path"], ring.to_str().unwrap());
@@ -371,7 +371,7 @@ fn a_daemon_with_a_ring_reports_its_fill_oldest_message_and_open_snapshot_in_sta
     assert!(first["oldest_age_s"].as_f64().unwrap() >= 0.0, "{first}");
     assert!(first["pending_trigger"].is_null(), "{first}");
     // The figures move as messages arrive: more appended, more held, the oldest older.
-    let later = wait_ring(&status, 30, "the ring's figures moving", |r| {
+    let later = wait_ring(&status, 60, "the ring's figures moving", |r| {
         r["appended"].as_u64() > first["appended"].as_u64()
             && r["used_bytes"].as_u64() > Some(used)
             && r["oldest_age_s"].as_f64() > first["oldest_age_s"].as_f64()
@@ -391,7 +391,7 @@ fn a_daemon_with_a_ring_reports_its_fill_oldest_message_and_open_snapshot_in_sta
         "300",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let open = wait_ring(&status, 30, "the open snapshot", |r| {
+    let open = wait_ring(&status, 60, "the open snapshot", |r| {
         !r["pending_trigger"].is_null()
     });
     let p = &open["pending_trigger"];
