@@ -725,10 +725,9 @@ pub fn status_file_taken(path: &Path) -> Option<String> {
     ))
 }
 
-/// HOOK(ring file preflight): the ring file the service will open, checked before it starts.
-/// The ring's own preflight (snapshot_file / --snapshot-file: directories, FIFOs, devices,
-/// files that are not rings) belongs here once it exists; until then the least the service
-/// needs: no NUL, and nothing there but a regular file.
+/// The ring file's name as text (no NUL) and its kind, named with the key's own words before
+/// the snapshot settings run the ring's full preflight (`ring::preflight`: links, foreign
+/// owners, files that are not rings), which record and the daemon's start share.
 fn preflight_snapshot_file(path: &Path) -> Result<(), String> {
     if let Some(m) = path_text_problem(path) {
         return Err(m);

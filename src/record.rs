@@ -125,6 +125,8 @@ pub struct Running<'a> {
     pub pipeline: &'a Pipeline,
     pub clock: &'a crate::clock::ClockHandle,
     pub settings: &'a RecordSettings,
+    /// The snapshot ring, when there is one (its state goes into the status).
+    pub ring: Option<Arc<crate::snapshot::ring::Ring>>,
 }
 
 /// Hooks into [`run_with`]: `record` has none; the service uses them to drive systemd's
@@ -329,6 +331,7 @@ pub fn run_with(
         pipeline: &pipeline,
         clock: &clock_handle,
         settings: &settings,
+        ring: snapshots.as_ref().map(|s| s.ring.clone()),
     };
     hooks.started(&running);
     while !source_ended.load(std::sync::atomic::Ordering::Acquire) && !pipeline.stopping() {
@@ -423,11 +426,13 @@ fn start_snapshots(
     if let Some(socket) = rs.control_socket.as_deref() {
         crate::snapshot::control::refuse_if_listening(socket)?;
     }
-    let path = rs.ring_file(root);
     std::fs::create_dir_all(root).map_err(|source| crate::snapshot::ring::RingError::Io {
         path: root.to_path_buf(),
         source,
     })?;
+    // Checked again here, not only when the arguments were: a daemon's ring may have been
+    // replaced since its start. A foreign or unsafe file is refused before recovery reads it.
+    let path = rs.prepare(root)?;
     // A failure to write the crash bag is logged, not fatal: recording matters more.
     if let Err(e) = snapshotter::recover(&path, root, settings.writer.clone(), clock.now_ns()) {
         log::error!("{}: cannot write the crash bag: {e}", path.display());

@@ -433,8 +433,10 @@ pub struct RecordArgs {
     /// duration is reached first evicts the oldest. [default: bounded by size only]
     #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     pub snapshot_duration: Option<String>,
-    /// The ring file [default: /dev/shm/ringbag-<recording root>-<crc>.ring, so the next
-    /// record into the same root finds a ring a crash left].
+    /// The ring file [default: /dev/shm/ringbag-<uid>/ringbag-<recording root>-<crc>.ring,
+    /// so the next record into the same root finds a ring a crash left]. Created 0600; an
+    /// existing file must be a ring of this user (mode 0600, one link): anything else is
+    /// refused, never overwritten.
     #[arg(long, value_name = "PATH")]
     pub snapshot_file: Option<PathBuf>,
     /// Topics kept in the ring only, not recorded continuously. With neither this nor

@@ -89,7 +89,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
             trigger_topic: a.trigger_topic.as_deref(),
             control_socket: a.control_socket.as_deref(),
         },
-        std::path::Path::new(crate::snapshot::DEFAULT_RING_DIR),
+        &crate::snapshot::default_ring_dir(),
         &recording_root(&output),
         "--",
     )?;

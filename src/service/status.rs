@@ -71,6 +71,90 @@ pub struct ClockStatus {
     pub steps: u64,
 }
 
+/// The black box's memory ring (`null` without `snapshot_size`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RingStatus {
+    pub path: PathBuf,
+    /// The ring file's whole size (`snapshot_size`), bytes.
+    pub size_bytes: u64,
+    /// Its data area, bytes: what messages can fill.
+    pub capacity_bytes: u64,
+    /// Bytes of the data area holding messages now.
+    pub used_bytes: u64,
+    /// `used_bytes / capacity_bytes`, 0 to 1.
+    pub fill: f64,
+    /// `snapshot_duration` in seconds; null = bounded by size only.
+    pub window_s: Option<f64>,
+    /// Messages appended since the ring was created.
+    pub appended: u64,
+    /// Stamp of the oldest message held (ns since the epoch, the recording's clock); null
+    /// when the ring is empty.
+    pub oldest_ns: Option<i64>,
+    /// How long ago that was, seconds: how far back a trigger now can reach.
+    pub oldest_age_s: Option<f64>,
+    /// The snapshot being written (its reason and window), kept in the ring so that a
+    /// restart finishes it; null when none is open.
+    pub pending_trigger: Option<PendingStatus>,
+}
+
+/// An open snapshot: why, and the window it covers.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PendingStatus {
+    pub reason: String,
+    pub trigger_ns: i64,
+    /// null: from the oldest message in the ring.
+    pub start_ns: Option<i64>,
+    pub end_ns: i64,
+}
+
+impl RingStatus {
+    /// Read the ring's published state (safe while the writer appends; no locks).
+    pub fn of(ring: &crate::snapshot::ring::Ring, now_ns: i64) -> RingStatus {
+        let window_ns = ring.window_ns();
+        let capacity = ring.capacity();
+        let used = ring.used_bytes();
+        let oldest_ns = ring.oldest_ts();
+        RingStatus {
+            path: ring.path().to_path_buf(),
+            size_bytes: crate::snapshot::ring::Ring::file_size(capacity),
+            capacity_bytes: capacity,
+            used_bytes: used,
+            fill: if capacity > 0 {
+                used as f64 / capacity as f64
+            } else {
+                0.0
+            },
+            window_s: (window_ns > 0).then(|| window_ns as f64 / 1e9),
+            appended: ring.seq(),
+            oldest_ns,
+            oldest_age_s: oldest_ns.map(|t| now_ns.saturating_sub(t).max(0) as f64 / 1e9),
+            pending_trigger: ring.pending_trigger().map(|p| PendingStatus {
+                reason: p.reason,
+                trigger_ns: p.trigger_ns,
+                start_ns: (p.start_ns != i64::MIN).then_some(p.start_ns),
+                end_ns: p.end_ns,
+            }),
+        }
+    }
+
+    /// `ring 3.1 of 60.0 MiB (5 %), oldest 12 s ago; snapshot "estop" open`: for STATUS=.
+    fn line(&self) -> String {
+        let mut s = format!(
+            "ring {} of {} ({:.0} %)",
+            mib(self.used_bytes),
+            mib(self.capacity_bytes),
+            self.fill * 100.0
+        );
+        if let Some(age) = self.oldest_age_s {
+            s.push_str(&format!(", oldest {age:.0} s ago"));
+        }
+        if let Some(p) = &self.pending_trigger {
+            s.push_str(&format!("; snapshot \"{}\" open", p.reason));
+        }
+        s
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Status {
     pub pid: u32,
@@ -92,6 +176,9 @@ pub struct Status {
     pub clock: ClockStatus,
     pub topics: Vec<TopicStatus>,
     pub last_error: Option<String>,
+    /// The snapshot ring; absent in files of older versions, null without a ring.
+    #[serde(default)]
+    pub ring: Option<RingStatus>,
 }
 
 impl Status {
@@ -127,6 +214,9 @@ impl Status {
             None => format!("clock {}", self.clock.source),
         };
         parts.push(clock);
+        if let Some(r) = &self.ring {
+            parts.push(r.line());
+        }
         parts.join("; ")
     }
 
@@ -197,6 +287,35 @@ impl Status {
                 .map(|r| format!("; fallback: {r}"))
                 .unwrap_or_default()
         );
+        if let Some(r) = &self.ring {
+            let _ = writeln!(
+                s,
+                "ring:  {}: {} of {} ({:.1} %), file {}, window {}, {} messages appended, oldest {}",
+                r.path.display(),
+                mib(r.used_bytes),
+                mib(r.capacity_bytes),
+                r.fill * 100.0,
+                mib(r.size_bytes),
+                r.window_s
+                    .map_or_else(|| "by size only".to_string(), |w| format!("{w:.0} s")),
+                r.appended,
+                match (r.oldest_ns, r.oldest_age_s) {
+                    (Some(t), Some(age)) => format!("{} ({age:.1} s ago)", utc(t)),
+                    _ => "none (empty)".to_string(),
+                }
+            );
+            if let Some(p) = &r.pending_trigger {
+                let _ = writeln!(
+                    s,
+                    "snapshot open: \"{}\", triggered {}, window {} to {}",
+                    p.reason,
+                    utc(p.trigger_ns),
+                    p.start_ns
+                        .map_or_else(|| "the oldest message".to_string(), utc),
+                    utc(p.end_ns)
+                );
+            }
+        }
         for t in &self.topics {
             let _ = writeln!(
                 s,
@@ -218,6 +337,12 @@ impl Status {
         }
         s
     }
+}
+
+fn utc(ns: i64) -> String {
+    chrono::DateTime::from_timestamp_nanos(ns)
+        .format("%Y-%m-%dT%H:%M:%S%.3fZ")
+        .to_string()
 }
 
 fn mib(b: u64) -> String {
@@ -377,6 +502,7 @@ impl Collector {
             },
             topics: topic_status,
             last_error,
+            ring: run.ring.as_deref().map(|r| RingStatus::of(r, now_ns)),
         }
     }
 }
@@ -431,4 +557,46 @@ pub fn read(path: &Path) -> Result<Read, String> {
     } else {
         Read::Fresh(Box::new(status), age)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_line_says_the_ring_fill_oldest_age_and_open_snapshot_in_one_line() {
+        let mut st = Status::default();
+        st.clock.source = "system".into();
+        assert!(!st.line().contains("ring"), "no ring, no word of one");
+        st.ring = Some(RingStatus {
+            path: "/run/ringbag/r.ring".into(),
+            size_bytes: 64 << 20,
+            capacity_bytes: 63 << 20,
+            used_bytes: 21 << 20,
+            fill: 1.0 / 3.0,
+            window_s: Some(60.0),
+            appended: 1000,
+            oldest_ns: Some(1),
+            oldest_age_s: Some(41.6),
+            pending_trigger: Some(PendingStatus {
+                reason: "estop".into(),
+                trigger_ns: 5,
+                start_ns: None,
+                end_ns: 10,
+            }),
+        });
+        let line = st.line();
+        assert!(!line.contains('\n'));
+        assert!(
+            line.ends_with(
+                "; ring 21.0 MiB of 63.0 MiB (33 %), oldest 42 s ago; snapshot \"estop\" open"
+            ),
+            "{line}"
+        );
+        // Status files of earlier versions (no `ring`) still read.
+        let mut v = serde_json::to_value(&st).unwrap();
+        v.as_object_mut().unwrap().remove("ring");
+        let back: Status = serde_json::from_value(v).unwrap();
+        assert_eq!(back.ring, None);
+    }
 }

@@ -32,10 +32,20 @@ use ring::{AppendError, Ring, RingTopic, RingWriter};
 use snapshotter::Cmd;
 use trigger::{Origin, TriggerRequest};
 
-/// Where the ring lives when `--snapshot-file` is not given (`record`): tmpfs.
+/// The tmpfs under which `record` keeps its rings when `--snapshot-file` is not given, in a
+/// directory of the user's own: see [`default_ring_dir`].
 pub const DEFAULT_RING_DIR: &str = "/dev/shm";
 /// The service's ring directory (systemd's `RuntimeDirectory=ringbag`, tmpfs).
 pub const SERVICE_RING_DIR: &str = "/run/ringbag";
+
+/// `record`'s ring directory: `/dev/shm/ringbag-<euid>`, created 0700 and checked before use
+/// ([`ring::ensure_private_dir`]). Not /dev/shm itself: anyone can create files there, and the
+/// ring's name is predictable, so another user could plant a link or a ring of their own under
+/// it. Not `$XDG_RUNTIME_DIR`: it is often absent (sudo, services, ssh without a session) and
+/// small (10 % of RAM), and a ring must be found again by the next run into the same root.
+pub fn default_ring_dir() -> PathBuf {
+    Path::new(DEFAULT_RING_DIR).join(format!("ringbag-{}", nix::unistd::geteuid().as_raw()))
+}
 
 /// `--trigger-topic TOPIC[:TYPE]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +103,7 @@ pub struct RingSettings {
     pub window_ns: i64,
     /// `--snapshot-file`; None = derived from the recording root in `dir`.
     pub file: Option<PathBuf>,
-    /// Where a derived ring file goes.
+    /// Where a derived ring file goes: a directory of our own ([`ring::ensure_private_dir`]).
     pub dir: PathBuf,
     pub trigger_topic: Option<TriggerTopic>,
     pub control_socket: Option<PathBuf>,
@@ -127,6 +137,29 @@ impl RingSettings {
             "ringbag-{tail}-{:08x}.ring",
             crc32fast::hash(text.as_bytes())
         ))
+    }
+}
+
+impl RingSettings {
+    /// Check, changing nothing, that the ring for `root` can be used: its directory (when
+    /// derived) is ours alone, and the path holds nothing or a ring of ours
+    /// ([`ring::preflight`]). Returns the ring's path.
+    pub fn preflight(&self, root: &Path) -> Result<PathBuf, ring::RingError> {
+        if self.file.is_none() {
+            ring::check_private_dir(&self.dir)?;
+        }
+        let path = self.ring_file(root);
+        ring::preflight(&path)?;
+        Ok(path)
+    }
+
+    /// Before recovery and [`Ring::create`]: [`RingSettings::preflight`], after creating a
+    /// derived ring's directory 0700 when it is missing. Returns the ring's path.
+    pub fn prepare(&self, root: &Path) -> Result<PathBuf, ring::RingError> {
+        if self.file.is_none() {
+            ring::ensure_private_dir(&self.dir)?;
+        }
+        self.preflight(root)
     }
 }
 
@@ -419,6 +452,7 @@ impl SnapshotError {
             self,
             SnapshotError::Ring(ring::RingError::NoRoom { .. })
                 | SnapshotError::Ring(ring::RingError::Invalid { .. })
+                | SnapshotError::Ring(ring::RingError::Refused { .. })
                 | SnapshotError::Ring(ring::RingError::InUse { .. })
                 | SnapshotError::Control(control::ControlError::InUse { .. })
                 | SnapshotError::Control(control::ControlError::BadPath { .. })

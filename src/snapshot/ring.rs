@@ -30,6 +30,7 @@
 //! the copy may be torn and is discarded as evicted. The CRCs are a second net.
 
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU64, Ordering::*};
 
@@ -79,6 +80,11 @@ pub enum RingError {
     },
     #[error("{}: {message}", path.display())]
     Invalid { path: PathBuf, message: String },
+    /// A path ringbag must not use as its ring: a symbolic link, a directory or special
+    /// file, a file of another user or readable by others, a file that is not a ring of ours,
+    /// or a ring directory others can write. Bad input: nothing is read, written or deleted.
+    #[error("{}: {message}", path.display())]
+    Refused { path: PathBuf, message: String },
     /// Another live recorder holds this ring (its lock).
     #[error("{}: the ring is in use by another running recorder (use another recording root or --snapshot-file)", path.display())]
     InUse { path: PathBuf },
@@ -246,16 +252,41 @@ impl Ring {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
         check_room(path, size)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(io)?;
-        let file = lock(file, path)?;
-        // Only now, holding the lock: drop the old contents (a fresh ring starts empty).
+        let file = match open_trusted(path, true)? {
+            // Only a ring of ours is ever replaced (open_trusted): any other file is
+            // someone's data.
+            Some(file) => lock(file, path)?,
+            None => {
+                // O_EXCL: a file (or symbolic link) planted since the check above is an error,
+                // never opened; 0600: the ring holds the robot's data, for our user only.
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(path)
+                    .map_err(|e| match e.kind() {
+                        std::io::ErrorKind::AlreadyExists => RingError::Refused {
+                            path: path.to_path_buf(),
+                            message: "appeared while the ring was being created (another process writes this directory); not touched".into(),
+                        },
+                        _ => io(e),
+                    })?;
+                lock(file, path)?
+            }
+        };
+        // Under a umask such as 0277 the creation mode loses bits; ours is exactly 0600.
+        nix::sys::stat::fchmod(&*file, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .map_err(|e| io(e.into()))?;
+        // Only now, holding the lock: drop the old contents (a fresh ring starts empty). The
+        // magic goes in first, so a crash at any point of the set-up leaves an empty file or
+        // one that starts with it: ours either way, replaced at the next start, never refused.
         file.set_len(0).map_err(io)?;
+        {
+            use std::os::unix::fs::FileExt;
+            file.write_all_at(MAGIC, 0).map_err(io)?;
+        }
         file.set_len(size).map_err(io)?;
         // Reserve the pages: on tmpfs an mmap write into a hole when the filesystem is full
         // is a SIGBUS; a failed fallocate here is an error message instead.
@@ -300,11 +331,10 @@ impl Ring {
             path: path.to_path_buf(),
             message,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(io)?;
+        // The same checks as before a ring is replaced: a ring another user planted (or one
+        // others can read or change) is never recovered into our root.
+        let file = open_trusted(path, true)?
+            .ok_or_else(|| io(std::io::Error::from(std::io::ErrorKind::NotFound)))?;
         let file = lock(file, path)?;
         let len = file.metadata().map_err(io)?.len();
         if len < DATA_AT {
@@ -379,6 +409,31 @@ impl Ring {
     /// Records ever appended.
     pub fn seq(&self) -> u64 {
         self.atomic(H_SEQ).load(Acquire)
+    }
+
+    /// Bytes of the data area the ring holds now (records and lap skips between the
+    /// published tail and head), at most `capacity`. Safe while the writer appends.
+    pub fn used_bytes(&self) -> u64 {
+        // The tail first: the head read after it is at least as new, so never behind it.
+        let tail = self.tail();
+        self.head().saturating_sub(tail).min(self.capacity)
+    }
+
+    /// The stamp of the oldest record the ring holds (None when empty or unreadable), from
+    /// its header alone. Safe while the writer appends: a record evicted under the read is
+    /// passed over for the new tail's (a few tries; a ring that wraps that fast says None).
+    pub fn oldest_ts(&self) -> Option<i64> {
+        // An empty Vec: `read_if` never touches it when `want` refuses, so nothing is
+        // allocated (callers poll this once a second from the status thread).
+        let mut none = Vec::new();
+        for _ in 0..8 {
+            match self.read_if(self.tail(), &mut none, |_| false) {
+                Step::Skipped { head, .. } | Step::Record { head, .. } => return Some(head.ts),
+                Step::Evicted { .. } => continue,
+                Step::End | Step::Damaged { .. } => return None,
+            }
+        }
+        None
     }
 
     /// Whether the run that wrote this ring ended cleanly.
@@ -720,6 +775,282 @@ fn lock(file: File, path: &Path) -> Result<nix::fcntl::Flock<File>, RingError> {
     })
 }
 
+/// What a file that is not a regular file is, for the error line.
+fn kind_of(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_symlink() {
+        "a symbolic link"
+    } else if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+fn refused(path: &Path, message: impl Into<String>) -> RingError {
+    RingError::Refused {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+fn not_a_ring(path: &Path) -> RingError {
+    refused(
+        path,
+        "exists and is not a ringbag ring; not overwritten (remove it, or choose another --snapshot-file)",
+    )
+}
+
+/// A regular file, or the error naming what is there instead.
+fn check_regular(meta: &std::fs::Metadata, path: &Path) -> Result<(), RingError> {
+    if meta.file_type().is_file() {
+        return Ok(());
+    }
+    Err(refused(
+        path,
+        format!(
+            "{}, not a ring file; not touched",
+            kind_of(meta.file_type())
+        ),
+    ))
+}
+
+/// Whether a ring of ours may be trusted: one link, owned by our effective user, with no
+/// permission for group or others. Anything else was not made by us (rings are created 0600),
+/// or can be read or changed by someone else: recovering it would copy another user's bytes
+/// into our bags, reusing it would hand them our data.
+fn check_owner(meta: &std::fs::Metadata, path: &Path) -> Result<(), RingError> {
+    let euid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != euid {
+        return Err(refused(
+            path,
+            format!(
+                "a ring owned by uid {}, not by this process (uid {euid}); neither recovered nor replaced (remove it)",
+                meta.uid()
+            ),
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(refused(
+            path,
+            format!(
+                "a ring of mode {:04o}: group or others may read or change it (a ring is 0600); neither recovered nor replaced (chmod 600 it, or remove it)",
+                meta.mode() & 0o7777
+            ),
+        ));
+    }
+    if meta.nlink() != 1 {
+        return Err(refused(
+            path,
+            format!(
+                "a ring with {} hard links (a ring has one); neither recovered nor replaced",
+                meta.nlink()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Open an existing ring of ours (for writing too with `write`): without following a
+/// symbolic link, without opening anything but a regular file, and only when it is a ring
+/// ([`is_ours`]) that may be trusted ([`check_owner`]). `Ok(None)`: nothing at `path`.
+fn open_trusted(path: &Path, write: bool) -> Result<Option<File>, RingError> {
+    let io = |source| RingError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    // lstat first: opening a device or a FIFO can have effects of its own (a tape rewinds,
+    // a FIFO blocks), so nothing but a regular file is opened at all.
+    let before = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        // ENOTDIR: a file where a directory of the path should be; the caller says which.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::ENOTDIR) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(io(e)),
+    };
+    check_regular(&before, path)?;
+    // O_NOFOLLOW and O_NONBLOCK: if the name was swapped for a link or a FIFO since the
+    // lstat, the open fails or returns at once instead of following or blocking; fstat then
+    // checks what was really opened. Opening changes nothing (no O_TRUNC, no O_CREAT).
+    let file = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refused(path, "a symbolic link, not a ring file; not followed"),
+            _ => io(e),
+        })?;
+    let meta = file.metadata().map_err(io)?;
+    check_regular(&meta, path)?;
+    if (meta.dev(), meta.ino()) != (before.dev(), before.ino()) {
+        return Err(refused(
+            path,
+            "was replaced while it was being opened; not touched",
+        ));
+    }
+    // What the file is comes first (a text file must not be called an unsafe ring); whether
+    // a ring may be trusted, second.
+    if !is_ours(&file, path)? {
+        return Err(not_a_ring(path));
+    }
+    check_owner(&meta, path)?;
+    Ok(Some(file))
+}
+
+/// Whether a file holds a ring of ours: it starts with the magic, or it is empty (a ring
+/// whose creation was cut short: [`Ring::create`] writes the magic first). Reads 8 bytes.
+fn is_ours(file: &File, path: &Path) -> Result<bool, RingError> {
+    use std::os::unix::fs::FileExt;
+    let len = file
+        .metadata()
+        .map_err(|source| RingError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .len();
+    if len == 0 {
+        return Ok(true);
+    }
+    let mut magic = [0u8; 8];
+    Ok(file.read_exact_at(&mut magic, 0).is_ok() && &magic == MAGIC)
+}
+
+/// Check, before anything is created, that [`Ring::create`] (and recovery) may use `path`:
+/// either nothing is there and its directory exists or can be created, or a ring of ours is
+/// there ([`is_ours`], [`check_owner`]). Refuses a symbolic link, a directory, a special file,
+/// another user's file, one others may read or change, and any file that is not a ring, with
+/// the reason. Reads at most the file's first 8 bytes; changes nothing. `record`, the daemon
+/// and `--check-config` call it, so all three judge a path alike.
+pub fn preflight(path: &Path) -> Result<(), RingError> {
+    if path.as_os_str().is_empty() || path.file_name().is_none() {
+        return Err(refused(path, "needs a file name"));
+    }
+    match open_trusted(path, false)? {
+        Some(_) => Ok(()),
+        None => {
+            // The nearest existing ancestor must be a directory (create_dir_all makes the rest).
+            let parent = path
+                .ancestors()
+                .skip(1)
+                .map(|d| {
+                    if d.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        d
+                    }
+                })
+                .find(|d| d.symlink_metadata().is_ok())
+                .unwrap_or(Path::new("."));
+            match std::fs::metadata(parent) {
+                Ok(m) if m.is_dir() => {
+                    use nix::unistd::{access, AccessFlags};
+                    access(parent, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|e| {
+                        refused(
+                            path,
+                            format!(
+                                "cannot create the ring in {}: {}",
+                                parent.display(),
+                                std::io::Error::from(e)
+                            ),
+                        )
+                    })
+                }
+                Ok(_) => Err(refused(
+                    path,
+                    format!("{} is not a directory", parent.display()),
+                )),
+                Err(e) => Err(refused(
+                    path,
+                    format!("cannot create the ring in {}: {e}", parent.display()),
+                )),
+            }
+        }
+    }
+}
+
+/// Make sure the directory of derived ring files (`/dev/shm/ringbag-<uid>` for `record`,
+/// `/run/ringbag` for the service) is ours alone: created 0700 when missing; when present,
+/// a real directory (not a symbolic link), owned by our effective user, writable by no one
+/// else. In a world-writable place such as /dev/shm anyone could otherwise plant the ring's
+/// predictable name (a link to a file of ours, or a ring of theirs to be recovered).
+pub fn ensure_private_dir(dir: &Path) -> Result<(), RingError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(parent) = dir.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|source| RingError::Io {
+            path: parent.to_path_buf(),
+            source,
+        })?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(source) => {
+            return Err(RingError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    }
+    check_private_dir(dir)
+}
+
+/// The checks of [`ensure_private_dir`] on a directory that exists; a missing one passes
+/// (it is created 0700). Changes nothing.
+pub fn check_private_dir(dir: &Path) -> Result<(), RingError> {
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(RingError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
+    if !meta.is_dir() {
+        return Err(refused(
+            dir,
+            format!(
+                "{}, not the ring's directory; not used",
+                kind_of(meta.file_type())
+            ),
+        ));
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != euid {
+        return Err(refused(
+            dir,
+            format!(
+                "the ring's directory is owned by uid {}, not by this process (uid {euid}); not used (remove it)",
+                meta.uid()
+            ),
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(refused(
+            dir,
+            format!(
+                "the ring's directory has mode {:04o}: others may write it; not used (chmod 700 it)",
+                meta.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Free bytes on the filesystem that will hold `path`: that of its nearest existing ancestor
 /// (the ring's directory may not exist yet, e.g. /run/ringbag before the service starts).
 pub fn available_bytes(path: &Path) -> u64 {
@@ -746,10 +1077,8 @@ pub fn available_bytes(path: &Path) -> u64 {
 
 /// Refuse a ring its filesystem cannot hold (counting the space an old ring at `path` frees).
 pub fn check_room(path: &Path, size: u64) -> Result<(), RingError> {
-    let existing = std::fs::metadata(path).map_or(0, |m| {
-        use std::os::unix::fs::MetadataExt;
-        m.blocks() * 512
-    });
+    // lstat: a link's target is not ours to count (nor to replace).
+    let existing = std::fs::symlink_metadata(path).map_or(0, |m| m.blocks() * 512);
     let available = available_bytes(path).saturating_add(existing);
     if available < size {
         return Err(RingError::NoRoom {
@@ -1142,6 +1471,54 @@ mod tests {
             .unwrap();
         let e = Ring::open_existing(&path).unwrap_err().to_string();
         assert!(e.contains("too short"), "{e}");
+    }
+
+    #[test]
+    fn the_ring_directory_is_made_0700_and_refused_when_others_could_plant_files_in_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("shm/ringbag-0");
+        ensure_private_dir(&dir).unwrap();
+        let m = std::fs::symlink_metadata(&dir).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o700);
+        // Writable by others: anyone could plant the ring's predictable name.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = ensure_private_dir(&dir).unwrap_err().to_string();
+        assert!(e.contains("mode 1777: others may write it"), "{e}");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        // Another user's directory (as root here: chown to nobody).
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(&dir, Some(65534), None).unwrap();
+            let e = ensure_private_dir(&dir).unwrap_err().to_string();
+            assert!(e.contains("owned by uid 65534"), "{e}");
+        }
+        // A symbolic link to a directory of ours is not the directory.
+        let real = tmp.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = check_private_dir(&link).unwrap_err().to_string();
+        assert!(e.contains("a symbolic link"), "{e}");
+        assert!(matches!(
+            ensure_private_dir(&link),
+            Err(RingError::Refused { .. })
+        ));
+    }
+
+    #[test]
+    fn preflight_accepts_a_free_path_or_a_ring_of_ours_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = dir.path().join("sub/dir/ring");
+        preflight(&free).unwrap();
+        assert!(!dir.path().join("sub").exists());
+        let path = ring_with_twenty(dir.path());
+        let before = std::fs::read(&path).unwrap();
+        preflight(&path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        // Below a plain file: nowhere to create it.
+        let e = preflight(&path.join("x")).unwrap_err().to_string();
+        assert!(e.contains("is not a directory"), "{e}");
     }
 
     #[test]

@@ -157,7 +157,12 @@ pub fn snapshot_settings(
         trigger_topic,
         control_socket: o.control_socket.map(Path::to_path_buf),
     };
-    let path = ring.ring_file(root);
+    // Before anything is created: the ring's path must be free or hold a ring of ours.
+    // Flags name the file (`<file>: <problem>`); a config names its key first.
+    let path = ring.preflight(root).map_err(|e| match prefix {
+        "" => format!("{}: {e}", name("snapshot-file")),
+        _ => e.to_string(),
+    })?;
     let capacity = Ring::capacity_for(size);
     crate::snapshot::ring::check_room(&path, Ring::file_size(capacity))
         .map_err(|e| e.to_string())?;

@@ -15,6 +15,7 @@ mod reader;
 mod record;
 mod recovery;
 mod retention;
+mod ring_file;
 mod service;
 mod snapshot;
 mod start_paths;
