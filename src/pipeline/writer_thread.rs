@@ -132,6 +132,13 @@ pub enum PipelineError {
     },
     #[error("writer thread panicked: {0}")]
     Panicked(String),
+    /// The bag's files were deleted (or replaced) under the running recorder: what it
+    /// writes would go into unlinked files that vanish at close, so it stops instead.
+    #[error("{}: {what} while recording; stopped (what was written since is lost; the service restarts into a new bag)", path.display())]
+    BagGone {
+        path: std::path::PathBuf,
+        what: String,
+    },
 }
 
 /// Why the writer stopped on its own (the caller may also stop it).
@@ -171,6 +178,9 @@ pub struct Progress {
     pub peak_queue_bytes: std::sync::atomic::AtomicU64,
     /// The background syncer (closing fsyncs, write-back of the open split).
     pub sync: Arc<SyncHealth>,
+    /// Why the writer stopped on its own with an error (set once, as it stops), for the
+    /// status reports: the last figures must not read like a healthy recording.
+    pub failure: std::sync::OnceLock<String>,
 }
 
 pub struct Pipeline {
@@ -258,6 +268,7 @@ impl Pipeline {
             splits_deleted: splits_deleted.clone(),
             tap,
             last_batch: (0, 0),
+            presence: Presence::new(&bag_dir),
         };
         let handle = std::thread::Builder::new()
             .name("ringbag-writer".into())
@@ -421,11 +432,95 @@ struct WriterCtx {
     tap: Option<Box<dyn Tap>>,
     /// Messages and bytes of the batch written last, for the slow-turn log line.
     last_batch: (usize, usize),
+    /// Watches that the bag's directory and open split are still the files being written.
+    presence: Presence,
+}
+
+/// How often the writer checks that its bag still exists ([`Presence`]).
+const PRESENCE_EVERY: Duration = Duration::from_millis(250);
+
+/// Whether the bag directory and the open split are still on disk as the files the writer
+/// holds open. A deleted directory (or recording root) leaves SQLite writing into unlinked
+/// files: every commit succeeds and the data vanishes at close. Two stats of paths every
+/// [`PRESENCE_EVERY`], off the per-message path, find it.
+struct Presence {
+    last: Instant,
+    /// The bag directory's inode when recording started.
+    dir_ino: Option<u64>,
+    /// The open split's path and inode, learned when first seen.
+    split: Option<(std::path::PathBuf, u64)>,
+}
+
+impl Presence {
+    fn new(dir: &std::path::Path) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Presence {
+            last: Instant::now(),
+            dir_ino: std::fs::symlink_metadata(dir).ok().map(|m| m.ino()),
+            split: None,
+        }
+    }
+
+    /// `Some(what happened)` when the bag or its open split is gone or replaced. Stat errors
+    /// other than "not found" say nothing (a transient EIO must not end the recording here;
+    /// the next write reports it).
+    fn check(&mut self, w: &BagWriter) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        if self.last.elapsed() < PRESENCE_EVERY {
+            return None;
+        }
+        self.last = Instant::now();
+        let gone = |p: &std::path::Path| matches!(std::fs::symlink_metadata(p), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+        let dir = w.dir();
+        match std::fs::symlink_metadata(dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let root = dir.parent().filter(|p| !p.as_os_str().is_empty());
+                return Some(match root {
+                    Some(r) if gone(r) => format!(
+                        "the bag directory was deleted with its recording root {}",
+                        r.display()
+                    ),
+                    _ => "the bag directory was deleted".to_string(),
+                });
+            }
+            Ok(m) if self.dir_ino.is_some_and(|i| i != m.ino()) => {
+                return Some("the bag directory was replaced by another one".to_string());
+            }
+            _ => {}
+        }
+        let path = w.open_split_path()?;
+        match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(format!(
+                "the open split {} was deleted",
+                path.file_name().unwrap_or_default().to_string_lossy()
+            )),
+            Ok(m) => match &self.split {
+                Some((p, ino)) if p == path && *ino != m.ino() => Some(format!(
+                    "the open split {} was replaced by another file",
+                    path.file_name().unwrap_or_default().to_string_lossy()
+                )),
+                Some((p, _)) if p == path => None,
+                _ => {
+                    self.split = Some((path.to_path_buf(), m.ino()));
+                    None
+                }
+            },
+            Err(_) => None,
+        }
+    }
 }
 
 impl WriterCtx {
     fn run(mut self) -> Result<(BagSummary, StopReason), PipelineError> {
         let r = self.run_loop();
+        if let Err(e) = &r {
+            if matches!(e, PipelineError::BagGone { .. }) {
+                // Said at once (journal, the status file's last error): finishing a bag
+                // whose directory is gone may take a moment before the exit line.
+                log::error!("{e}");
+            }
+            let _ = self.progress.failure.set(e.to_string());
+        }
         // Whatever happened, stop producers and finish the bag with what was committed.
         // Nothing is written after this point, so producers stop queueing (and count why).
         self.shared.stop.store(true, Relaxed);
@@ -484,6 +579,15 @@ impl WriterCtx {
             let queued = self.shared.in_flight.load(Relaxed) as u64;
             self.progress.peak_queue_bytes.fetch_max(queued, Relaxed);
             let turn = Turn::start();
+            if let Some(what) = self
+                .presence
+                .check(self.writer.as_ref().expect("writer present"))
+            {
+                return Err(PipelineError::BagGone {
+                    path: self.writer().dir().to_path_buf(),
+                    what,
+                });
+            }
             let stopping = self.shared.stop.load(Relaxed);
             if self.progress.rotate_requested.swap(false, Relaxed) && !stopping {
                 // Write what is batched (and carried) into the split being closed first, so

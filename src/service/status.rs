@@ -92,16 +92,24 @@ pub struct Status {
     pub clock: ClockStatus,
     pub topics: Vec<TopicStatus>,
     pub last_error: Option<String>,
+    /// Why the recording stopped on its own with an error (the bag deleted under it, a full
+    /// disk), once it has: the rates above are then the last ones, not a live recording's.
+    #[serde(default)]
+    pub stopped: Option<String>,
 }
 
 impl Status {
     /// One line for systemd's STATUS= (`systemctl status` shows it).
     pub fn line(&self) -> String {
         let b = &self.budget;
-        let mut parts = vec![format!(
+        let mut parts = Vec::new();
+        if let Some(why) = &self.stopped {
+            parts.push(format!("STOPPED: {why}"));
+        }
+        parts.push(format!(
             "{:.0} msg/s, {:.2} MB/s, {} dropped",
             self.messages_per_s, self.mb_per_s, self.dropped
-        )];
+        ));
         if self.lost_in_middleware > 0 {
             parts.push(format!("{} lost in middleware", self.lost_in_middleware));
         }
@@ -377,6 +385,7 @@ impl Collector {
             },
             topics: topic_status,
             last_error,
+            stopped: progress.failure.get().cloned(),
         }
     }
 }
