@@ -10,6 +10,7 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use crossbeam_utils::CachePadded;
 
 use super::queue::{give_back_batch, Item, Producer, Register, Shared};
+use super::room::Room;
 use super::stats::{RecordSummary, TopicStats, TopicSummary};
 use super::syncer::{BackgroundSync, SyncHealth, WRITEBACK_INTERVAL};
 use crate::bag::writer::{row_growth_bytes, BagSummary, BagWriter, Row};
@@ -40,9 +41,10 @@ pub trait Tap: Send {
     fn finished_bags(&mut self) -> Vec<std::path::PathBuf> {
         Vec::new()
     }
-    /// Bytes of such a bag still being written: on the budget until it is finished.
-    fn in_progress_bytes(&self) -> u64 {
-        0
+    /// Where such a bag being written asks for room on the budget ([`Room`]): the writer
+    /// thread answers at every turn of its loop. Taken once, when the writer starts.
+    fn room(&self) -> Option<Arc<Room>> {
+        None
     }
 }
 
@@ -250,6 +252,15 @@ impl Pipeline {
             None => log::warn!("cannot start the sync thread; fsyncing on the writer thread"),
         }
         let bag_dir = writer.dir().to_path_buf();
+        let room = tap.as_ref().and_then(|t| t.room());
+        if let Some(room) = &room {
+            room.set_bounded(retention.as_ref().is_some_and(|r| {
+                let p = r.policy();
+                p.max_record_size.is_some()
+                    || p.min_free_space.is_some()
+                    || p.min_free_space_percent.is_some()
+            }));
+        }
         progress
             .splits
             .store(u64::from(writer.splits_created()), Relaxed);
@@ -269,6 +280,7 @@ impl Pipeline {
             tap,
             last_batch: (0, 0),
             presence: Presence::new(&bag_dir),
+            room,
         };
         let handle = std::thread::Builder::new()
             .name("ringbag-writer".into())
@@ -434,6 +446,8 @@ struct WriterCtx {
     last_batch: (usize, usize),
     /// Watches that the bag's directory and open split are still the files being written.
     presence: Presence,
+    /// Where a snapshot bag being written asks for room on the budget.
+    room: Option<Arc<Room>>,
 }
 
 /// How often the writer checks that its bag still exists ([`Presence`]).
@@ -513,6 +527,10 @@ impl Presence {
 impl WriterCtx {
     fn run(mut self) -> Result<(BagSummary, StopReason), PipelineError> {
         let r = self.run_loop();
+        if let Some(room) = &self.room {
+            // From here a snapshot still being written keeps to the room it was given.
+            room.writer_gone();
+        }
         if let Err(e) = &r {
             if matches!(e, PipelineError::BagGone { .. }) {
                 // Said at once (journal, the status file's last error): finishing a bag
@@ -588,6 +606,7 @@ impl WriterCtx {
                     what,
                 });
             }
+            self.answer_room()?;
             let stopping = self.shared.stop.load(Relaxed);
             if self.progress.rotate_requested.swap(false, Relaxed) && !stopping {
                 // Write what is batched (and carried) into the split being closed first, so
@@ -902,6 +921,61 @@ impl WriterCtx {
         Ok(None)
     }
 
+    /// Answer a snapshot bag's question for room ([`Room`]), if one waits: make room on the
+    /// budget for what it asks while keeping this recording's own room until it can delete
+    /// again, and check the partition can take it beside [`DISK_RESERVE_BYTES`]. One atomic
+    /// load when nothing is asked.
+    fn answer_room(&mut self) -> Result<(), PipelineError> {
+        let Some(room) = self.room.clone() else {
+            return Ok(());
+        };
+        let Some((seq, bytes, on_disk)) = room.question() else {
+            return Ok(());
+        };
+        // A bag finished since is adopted first: its release must not leave it uncounted.
+        if let (Some(tap), Some(ret)) = (self.tap.as_mut(), self.retention.as_mut()) {
+            for dir in tap.finished_bags() {
+                ret.adopt_bag(&dir);
+            }
+        }
+        let w = self.writer.as_mut().expect("writer present");
+        let headroom = continuous_headroom(w, self.cfg.batch_max_bytes as u64);
+        let verdict = match self.retention.as_mut() {
+            Some(ret) => match ret.room_beside(w, bytes, on_disk, headroom)? {
+                Ok(d) => {
+                    self.splits_deleted.fetch_add(d, Relaxed);
+                    Ok(())
+                }
+                // Giving room back is always granted (the bag is finished or removed).
+                Err(_) if bytes == 0 => Ok(()),
+                Err(why) => Err(why),
+            },
+            None => Ok(()),
+        };
+        let verdict = verdict.and_then(|()| {
+            let growth = bytes.saturating_sub(on_disk);
+            if growth == 0 {
+                return Ok(());
+            }
+            let Ok(st) = nix::sys::statvfs::statvfs(w.dir()) else {
+                return Ok(()); // Unknown: the snapshot's own writes report a failure.
+            };
+            #[allow(clippy::unnecessary_cast)] // fsblkcnt_t is 32-bit on some targets
+            let available = st.blocks_available() as u64 * st.fragment_size() as u64;
+            let needed = growth + headroom + DISK_RESERVE_BYTES;
+            if available < needed {
+                return Err(format!(
+                    "only {available} bytes free on the partition, {growth} more for the \
+                     snapshot and {} kept for the continuous recording",
+                    headroom + DISK_RESERVE_BYTES
+                ));
+            }
+            Ok(())
+        });
+        room.answer(seq, verdict);
+        Ok(())
+    }
+
     fn retention_max_splits(&self) -> u32 {
         self.retention.as_ref().map_or(0, |r| r.policy().max_splits)
     }
@@ -932,7 +1006,6 @@ impl WriterCtx {
             for dir in tap.finished_bags() {
                 ret.adopt_bag(&dir);
             }
-            ret.set_in_progress_bytes(tap.in_progress_bytes());
         }
         let Some(ret) = self.retention.as_mut() else {
             self.writer().take_newly_closed();
@@ -1028,6 +1101,20 @@ impl WriterCtx {
             }
         }
     }
+}
+
+/// What the continuous recording may still add before retention can delete again: the rest
+/// of its open split (with a batch's worth of overshoot), the next empty split and the close
+/// of this one, counted twice with a WAL.
+fn continuous_headroom(w: &BagWriter, batch_bytes: u64) -> u64 {
+    let rest = w
+        .options()
+        .max_bag_size
+        .saturating_sub(w.open_split_footprint())
+        + batch_bytes;
+    crate::retention::rows_disk_growth(rest, w.options().preset.uses_wal(), w.page_size())
+        + crate::retention::MIN_EMPTY_SPLIT_BYTES
+        + w.close_reserve()
 }
 
 /// Split files of a bag directory and their bytes (with `-wal`/`-shm`), as found on disk.
