@@ -1248,6 +1248,65 @@ mod tests {
     }
 
     #[test]
+    fn room_beside_deletes_oldest_splits_keeps_the_recordings_headroom_and_refuses_past_it() {
+        let mut bag = FakeBag::new((MB, 0));
+        let mut r = Retention::new(size_policy(8 * MB));
+        for i in 0..6 {
+            bag.close(MB, i * S, i * S + S / 2);
+        }
+        let headroom = MB + MB / 2;
+        // 3 MiB beside the recording: the oldest splits go until it fits with the headroom.
+        assert!(r
+            .room_beside(&mut bag, 3 * MB, 0, headroom)
+            .unwrap()
+            .is_ok());
+        assert_eq!(bag.deleted, vec![0, 1, 2]);
+        let fixed = MIN_EMPTY_SPLIT_BYTES + METADATA_SLACK_BYTES + BAG_DIR_RESERVE_BYTES;
+        assert!(bag.on_disk() + 3 * MB + headroom + fixed <= 8 * MB);
+        // The recording's own next batch now counts the 3 MiB granted.
+        r.before_batch(&mut bag, MB, 7 * S).unwrap();
+        assert!(bag.on_disk() + 3 * MB + MB <= 8 * MB);
+        // More than the budget can ever hold beside the recording: refused, with every
+        // closed split gone, and the earlier grant stays counted.
+        let why = r
+            .room_beside(&mut bag, 7 * MB, 3 * MB, headroom)
+            .unwrap()
+            .unwrap_err();
+        assert!(why.contains("--max-record-size"), "{why}");
+        assert!(bag.closed.is_empty());
+        bag.close(MB, 8 * S, 9 * S);
+        bag.close(MB, 9 * S, 10 * S);
+        r.before_batch(&mut bag, MB, 10 * S).unwrap();
+        assert!(bag.on_disk() + 3 * MB + MB <= 8 * MB, "3 MiB still counted");
+    }
+
+    #[test]
+    fn room_beside_refuses_what_would_break_the_free_space_floor() {
+        let freed = Arc::new(Mutex::new(0));
+        let mut bag = FakeBag::new((MB, 0));
+        bag.freed = Some(freed.clone());
+        let mut r = Retention::new(RetentionPolicy {
+            min_free_space: Some(10 * MB),
+            ..Default::default()
+        })
+        .with_free_space(Box::new(FakeSpace {
+            base_available: 11 * MB,
+            total: 100 * MB,
+            freed,
+        }));
+        bag.close(MB, 0, S);
+        bag.close(MB, S, 2 * S);
+        // 1 MiB free above the floor, 2 MiB to delete: 2.5 MiB of growth fits after deleting.
+        assert!(r.room_beside(&mut bag, 3 * MB, MB / 2, 0).unwrap().is_ok());
+        assert_eq!(bag.deleted, vec![0, 1]);
+        let why = r
+            .room_beside(&mut bag, 5 * MB, MB / 2, 0)
+            .unwrap()
+            .unwrap_err();
+        assert!(why.contains("free-space floor"), "{why}");
+    }
+
+    #[test]
     fn deletes_oldest_closed_splits_until_the_coming_batch_fits_the_size_budget() {
         let mut bag = FakeBag::new((MB, 0));
         let mut r = Retention::new(size_policy(4 * MB));
