@@ -321,6 +321,12 @@ impl Copier {
     }
 }
 
+/// An empty split's footprint with `page`-byte pages: six pages (schema and topics) and
+/// sidecars, with slack; at least the recorder's own fallback reserve.
+fn empty_split_bytes(page: u64) -> u64 {
+    MIN_EMPTY_SPLIT_BYTES.max(8 * page)
+}
+
 /// Worst-case bytes a batch of `rows` adds to a bag on disk, finishing it included: the rows
 /// as SQLite lays them out (with a WAL, twice), a new split for every split size the batch
 /// may fill, the close of the open split and a metadata.yaml rewritten through a temp file.
@@ -337,7 +343,7 @@ fn batch_disk_growth(bag: &BagWriter, rows: &[(usize, i64, usize, usize)]) -> u6
     let meta = std::fs::metadata(bag.dir().join(crate::bag::metadata::METADATA_FILE))
         .map_or(0, |m| m.len());
     rows_disk_growth(rows_growth, opts.preset.uses_wal(), page)
-        + splits * (MIN_EMPTY_SPLIT_BYTES + bag.close_reserve())
+        + splits * (empty_split_bytes(page) + bag.close_reserve())
         + bag.close_reserve()
         + 2 * meta
         + meta / 4
@@ -503,9 +509,16 @@ impl Snapshotter {
         let mut copier = Copier::with_room(self.cfg.room.clone(), self.cfg.batch_bytes);
         if let Some(room) = copier.room.as_mut() {
             // Even the empty bag (a split, metadata.yaml, the lock) is on the budget.
+            let o = &self.cfg.writer;
+            let page = u64::from(crate::bag::schema::choose_page_size(
+                o.preset,
+                o.max_bag_size,
+                0,
+                0,
+            ));
             room.make_room(
                 &dir,
-                MIN_EMPTY_SPLIT_BYTES + 8192,
+                empty_split_bytes(page) + 8192,
                 copier.batch_bytes as u64,
             )
             .map_err(|why| format!("no room for a snapshot: {why}"))?;
@@ -881,5 +894,113 @@ mod tests {
         assert_eq!(meta.custom_data["ringbag.snapshot.reason"], "test");
         drop(tx);
         assert_eq!(worker.join().unwrap(), vec![first, second]);
+    }
+
+    /// Snapshot the whole of a ring of 1 KiB records while a fake writer thread grants room up
+    /// to `limit` bytes; returns the finished bags, the largest grant and the root's files.
+    fn snapshot_with_room(limit: u64) -> (Vec<PathBuf>, u64, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = Arc::new(Ring::create(&dir.path().join("ring"), 8 << 20, 0).unwrap());
+        let mut w = RingWriter::new(ring.clone());
+        let t = w
+            .add_topic(RingTopic::new(
+                &TopicInfo::new("/a", "std_msgs/msg/String"),
+                None,
+            ))
+            .unwrap();
+        for i in 0..4_000i64 {
+            w.append(t, i * MS, &[7u8; 1024]).unwrap();
+        }
+        let room = Arc::new(Room::default());
+        room.set_bounded(true);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (room, stop) = (room.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut most = 0;
+                while !stop.load(Relaxed) {
+                    if let Some((seq, bytes, _)) = room.question() {
+                        if bytes <= limit {
+                            most = most.max(bytes);
+                            room.answer(seq, Ok(()));
+                        } else {
+                            room.answer(seq, Err("the test's budget".into()));
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+                most
+            })
+        };
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let cfg = Config {
+            root: root.clone(),
+            // 1 MiB splits: 4 KiB pages, as under a small budget.
+            writer: WriterOptions {
+                max_bag_size: 1 << 20,
+                ..WriterOptions::new(Flavour::Jazzy)
+            },
+            clock: Arc::new(FakeClock(AtomicI64::new(1_000_000 * MS))),
+            finished: None,
+            room: Some(room),
+            batch_bytes: 64 << 10,
+        };
+        let mut s = Snapshotter::new(ring, cfg);
+        let req = TriggerRequest {
+            reason: Some("room".into()),
+            pre_s: None,
+            post_s: Some(0.0),
+        };
+        let out = s.trigger(&req, Origin::Socket, Some(3_999 * MS));
+        assert!(matches!(out, Outcome::Started { .. }), "{out:?}");
+        // Copy, answering as the thread's loop does, until the snapshot is closed.
+        let mut turns = 0;
+        while s.open.is_some() {
+            s.pump(false);
+            // The bag never holds more than it was granted.
+            if let Some(o) = &s.open {
+                let granted = o.copier.room.as_ref().map_or(0, |r| r.granted);
+                assert!(dir_bytes(&o.dir) <= granted);
+            }
+            turns += 1;
+            assert!(turns < 10_000);
+        }
+        stop.store(true, Relaxed);
+        let most = writer.join().unwrap();
+        (s.finished, most, dir)
+    }
+
+    #[test]
+    fn a_snapshot_without_room_for_its_window_is_cut_short_as_a_finished_bag_within_its_grant() {
+        let (bags, most, _dir) = snapshot_with_room(1 << 20);
+        assert_eq!(bags.len(), 1);
+        let bag = Bag::open(&bags[0]).unwrap();
+        assert_eq!(
+            bag.metadata.custom_data["ringbag.snapshot.cut"],
+            "the test's budget"
+        );
+        let n = stamps(&bags[0]).len();
+        assert!(n > 100 && n < 4_000, "{n} messages");
+        assert_eq!(
+            crate::bag::lock::state(&bags[0]),
+            crate::bag::lock::LockState::Clean
+        );
+        assert!(
+            dir_bytes(&bags[0]) <= most,
+            "{} > {most}",
+            dir_bytes(&bags[0])
+        );
+    }
+
+    #[test]
+    fn a_snapshot_of_which_nothing_fits_is_removed() {
+        // Room for the empty bag only.
+        let (bags, _, dir) = snapshot_with_room(200 << 10);
+        assert!(bags.is_empty());
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("root"))
+            .unwrap()
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 }
