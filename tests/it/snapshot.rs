@@ -538,6 +538,15 @@ fn finished_or_gone(bag: &Path) -> bool {
 
 #[test]
 fn a_snapshot_larger_than_the_budget_keeps_the_root_within_it_at_every_sample_and_is_cut_short() {
+    snapshot_larger_than_the_budget("write-optimized");
+}
+
+#[test]
+fn with_the_wal_preset_a_snapshot_larger_than_the_budget_keeps_the_root_within_it_too() {
+    snapshot_larger_than_the_budget("resilient");
+}
+
+fn snapshot_larger_than_the_budget(preset: &str) {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path().join("root");
     let sock = tmp.path().join("control.sock");
@@ -559,6 +568,8 @@ fn a_snapshot_larger_than_the_budget_keeps_the_root_within_it_at_every_sample_an
             "256KiB",
             "--max-record-size",
             "2MiB",
+            "--storage-preset-profile",
+            preset,
         ],
     );
     assert!(
@@ -590,7 +601,7 @@ fn a_snapshot_larger_than_the_budget_keeps_the_root_within_it_at_every_sample_an
         }
     }
     let log = stop(child);
-    eprintln!("root peak {most} B of {budget} B, {samples} samples ({torn} torn)");
+    eprintln!("{preset}: root peak {most} B of {budget} B, {samples} samples ({torn} torn)");
     assert!(finished_at.is_some(), "the snapshot never finished: {log}");
     assert!(samples > 50, "{samples} samples");
     assert!(
