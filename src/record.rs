@@ -260,7 +260,7 @@ pub fn run_with(
                 .and_then(|r| r.trigger_topic.clone()),
             snapshots.as_ref().and_then(|s| s.sender()),
             snapshots.as_mut().and_then(|s| s.take_finished()),
-            snapshots.as_ref().map(|s| s.in_progress()),
+            snapshots.as_ref().map(|s| s.room()),
         )))
     } else {
         None
@@ -452,12 +452,29 @@ fn start_snapshots(
             String::new()
         }
     );
+    if let Some(max) = settings.retention.max_record_size {
+        // What the continuous recording keeps for itself (a split, a batch, an empty split and
+        // reserves) is not the snapshot's: a ring that holds more is cut short at a trigger.
+        let room = max.saturating_sub(
+            settings.writer.max_bag_size + settings.pipeline.batch_max_bytes as u64 + (256 << 10),
+        );
+        if ring.capacity() > room {
+            log::warn!(
+                "snapshot ring {}: {} bytes, more than --max-record-size {max} leaves a snapshot \
+                 beside the continuous recording (about {room} bytes): a snapshot that needs \
+                 more is cut short, with a warning",
+                path.display(),
+                ring.capacity()
+            );
+        }
+    }
     let cfg = snapshotter::Config {
         root: root.to_path_buf(),
         writer: settings.writer.clone(),
         clock,
         finished: None,
-        in_progress: None,
+        room: None,
+        batch_bytes: settings.pipeline.batch_max_bytes,
     };
     Ok(Some(Snapshots::start(
         ring,

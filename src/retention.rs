@@ -277,7 +277,7 @@ impl CurrentBag for BagWriter {
 /// Bytes on disk for rows that add `growth` bytes to the file, before what a `-wal` already
 /// holds: the b-tree pages a commit rewrites on top, and with a WAL every page once in the
 /// `-wal` (plus its frame header) and once more in the file at the next checkpoint.
-fn rows_disk_growth(growth: u64, uses_wal: bool, page_size: u64) -> u64 {
+pub fn rows_disk_growth(growth: u64, uses_wal: bool, page_size: u64) -> u64 {
     let file = growth + commit_reserve(page_size);
     if uses_wal {
         2 * file + file / 128
@@ -402,8 +402,9 @@ pub struct Retention {
     /// Whether `empty_split_bytes` was measured (else it is the fallback guess).
     empty_split_learned: bool,
     deleted_total: u64,
-    /// Bytes of a bag being written under the root beside the recording (a snapshot), counted
-    /// against `max_record_size` until it is finished and adopted ([`Retention::adopt_bag`]).
+    /// Bytes a bag being written under the root beside the recording (a snapshot) was granted
+    /// ([`Retention::room_beside`]), counted against `max_record_size` until it is finished
+    /// and adopted ([`Retention::adopt_bag`]).
     in_progress_bytes: u64,
 }
 
@@ -489,11 +490,6 @@ impl Retention {
         }
         self.old_meta_bytes += b.meta_bytes + BAG_DIR_RESERVE_BYTES;
         self.old.push_back(b);
-    }
-
-    /// See `in_progress_bytes`: set before each batch by the pipeline.
-    pub fn set_in_progress_bytes(&mut self, bytes: u64) {
-        self.in_progress_bytes = bytes;
     }
 
     /// A finished bag that appeared under the root while recording (a snapshot bag): its
@@ -693,6 +689,84 @@ impl Retention {
         2 * meta + meta / 4 + METADATA_SLACK_BYTES
     }
 
+    /// Bytes on the size budget besides the closed splits, with `need` more to come.
+    fn size_fixed<B: CurrentBag + ?Sized>(&self, w: &B, need: u64) -> u64 {
+        let meta = fs::metadata(w.dir().join(METADATA_FILE)).map_or(0, |m| m.len());
+        w.open_split_footprint()
+            + need
+            + self.metadata_reserve(meta)
+            + BAG_DIR_RESERVE_BYTES
+            + self.in_progress_bytes
+            + self.old_meta_bytes
+            // The front older bag's metadata.yaml is rewritten when it loses a split.
+            + self.old.front().map_or(0, |b| b.meta_bytes)
+    }
+
+    /// Room for a bag written beside the recording (a snapshot) to occupy `bytes`, of which
+    /// it holds `on_disk` now, while keeping `headroom` for the recording's own growth until
+    /// it can delete again (the rest of its open split and the next empty one): deletes the
+    /// oldest closed splits as needed. `Ok(Err(why))` when even with every closed split gone
+    /// the size budget or the free-space floor cannot hold it; the bag then keeps what it
+    /// was granted before (and is counted with that).
+    pub fn room_beside<B: CurrentBag + ?Sized>(
+        &mut self,
+        w: &mut B,
+        bytes: u64,
+        on_disk: u64,
+        headroom: u64,
+    ) -> Result<Result<u64, String>, RetentionError> {
+        self.sync(w);
+        let before = self.in_progress_bytes;
+        self.in_progress_bytes = bytes;
+        let mut deleted = 0;
+        let mut refused = None;
+        if let Some(max) = self.policy.max_record_size {
+            let fixed = self.size_fixed(w, headroom);
+            while !self.fifo.is_empty() && self.fifo_bytes + fixed > max {
+                self.delete_oldest(w)?;
+                deleted += 1;
+            }
+            if self.fifo_bytes + fixed > max {
+                refused = Some(format!(
+                    "--max-record-size {max} holds no more: the continuous recording keeps \
+                     {} bytes for its open and next split",
+                    fixed.saturating_sub(bytes)
+                ));
+            }
+        }
+        if refused.is_none()
+            && (self.policy.min_free_space.is_some()
+                || self.policy.min_free_space_percent.is_some())
+        {
+            let growth = bytes.saturating_sub(on_disk) + headroom + METADATA_SLACK_BYTES;
+            match self.keep_free_space(w, growth) {
+                Ok(n) => deleted += n,
+                Err(RetentionError::OutOfSpace {
+                    available, floor, ..
+                }) => {
+                    refused = Some(format!(
+                        "only {available} bytes free, above the free-space floor of {floor} \
+                         bytes (--min-free-space/--min-free-space-percent) too few for {} more \
+                         bytes and the continuous recording's next split",
+                        bytes.saturating_sub(on_disk)
+                    ))
+                }
+                Err(e) => {
+                    self.in_progress_bytes = before;
+                    return Err(e);
+                }
+            }
+        }
+        self.deleted_total += deleted;
+        Ok(match refused {
+            Some(why) => {
+                self.in_progress_bytes = before;
+                Err(why)
+            }
+            None => Ok(deleted),
+        })
+    }
+
     fn enforce<B: CurrentBag + ?Sized>(
         &mut self,
         w: &mut B,
@@ -701,15 +775,7 @@ impl Retention {
     ) -> Result<u64, RetentionError> {
         let mut deleted = 0;
         if let Some(max) = self.policy.max_record_size {
-            let meta = fs::metadata(w.dir().join(METADATA_FILE)).map_or(0, |m| m.len());
-            let fixed = w.open_split_footprint()
-                + need
-                + self.metadata_reserve(meta)
-                + BAG_DIR_RESERVE_BYTES
-                + self.in_progress_bytes
-                + self.old_meta_bytes
-                // The front older bag's metadata.yaml is rewritten when it loses a split.
-                + self.old.front().map_or(0, |b| b.meta_bytes);
+            let fixed = self.size_fixed(w, need);
             while !self.fifo.is_empty() && self.fifo_bytes + fixed > max {
                 self.delete_oldest(w)?;
                 deleted += 1;
@@ -1179,6 +1245,65 @@ mod tests {
             max_record_size: Some(max),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn room_beside_deletes_oldest_splits_keeps_the_recordings_headroom_and_refuses_past_it() {
+        let mut bag = FakeBag::new((MB, 0));
+        let mut r = Retention::new(size_policy(8 * MB));
+        for i in 0..6 {
+            bag.close(MB, i * S, i * S + S / 2);
+        }
+        let headroom = MB + MB / 2;
+        // 3 MiB beside the recording: the oldest splits go until it fits with the headroom.
+        assert!(r
+            .room_beside(&mut bag, 3 * MB, 0, headroom)
+            .unwrap()
+            .is_ok());
+        assert_eq!(bag.deleted, vec![0, 1, 2]);
+        let fixed = MIN_EMPTY_SPLIT_BYTES + METADATA_SLACK_BYTES + BAG_DIR_RESERVE_BYTES;
+        assert!(bag.on_disk() + 3 * MB + headroom + fixed <= 8 * MB);
+        // The recording's own next batch now counts the 3 MiB granted.
+        r.before_batch(&mut bag, MB, 7 * S).unwrap();
+        assert!(bag.on_disk() + 3 * MB + MB <= 8 * MB);
+        // More than the budget can ever hold beside the recording: refused, with every
+        // closed split gone, and the earlier grant stays counted.
+        let why = r
+            .room_beside(&mut bag, 7 * MB, 3 * MB, headroom)
+            .unwrap()
+            .unwrap_err();
+        assert!(why.contains("--max-record-size"), "{why}");
+        assert!(bag.closed.is_empty());
+        bag.close(MB, 8 * S, 9 * S);
+        bag.close(MB, 9 * S, 10 * S);
+        r.before_batch(&mut bag, MB, 10 * S).unwrap();
+        assert!(bag.on_disk() + 3 * MB + MB <= 8 * MB, "3 MiB still counted");
+    }
+
+    #[test]
+    fn room_beside_refuses_what_would_break_the_free_space_floor() {
+        let freed = Arc::new(Mutex::new(0));
+        let mut bag = FakeBag::new((MB, 0));
+        bag.freed = Some(freed.clone());
+        let mut r = Retention::new(RetentionPolicy {
+            min_free_space: Some(10 * MB),
+            ..Default::default()
+        })
+        .with_free_space(Box::new(FakeSpace {
+            base_available: 11 * MB,
+            total: 100 * MB,
+            freed,
+        }));
+        bag.close(MB, 0, S);
+        bag.close(MB, S, 2 * S);
+        // 1 MiB free above the floor, 2 MiB to delete: 2.5 MiB of growth fits after deleting.
+        assert!(r.room_beside(&mut bag, 3 * MB, MB / 2, 0).unwrap().is_ok());
+        assert_eq!(bag.deleted, vec![0, 1]);
+        let why = r
+            .room_beside(&mut bag, 5 * MB, MB / 2, 0)
+            .unwrap()
+            .unwrap_err();
+        assert!(why.contains("free-space floor"), "{why}");
     }
 
     #[test]

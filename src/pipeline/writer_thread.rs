@@ -10,6 +10,7 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use crossbeam_utils::CachePadded;
 
 use super::queue::{give_back_batch, Item, Producer, Register, Shared};
+use super::room::Room;
 use super::stats::{RecordSummary, TopicStats, TopicSummary};
 use super::syncer::{BackgroundSync, SyncHealth, WRITEBACK_INTERVAL};
 use crate::bag::writer::{row_growth_bytes, BagSummary, BagWriter, Row};
@@ -40,9 +41,10 @@ pub trait Tap: Send {
     fn finished_bags(&mut self) -> Vec<std::path::PathBuf> {
         Vec::new()
     }
-    /// Bytes of such a bag still being written: on the budget until it is finished.
-    fn in_progress_bytes(&self) -> u64 {
-        0
+    /// Where such a bag being written asks for room on the budget ([`Room`]): the writer
+    /// thread answers at every turn of its loop. Taken once, when the writer starts.
+    fn room(&self) -> Option<Arc<Room>> {
+        None
     }
 }
 
@@ -132,6 +134,13 @@ pub enum PipelineError {
     },
     #[error("writer thread panicked: {0}")]
     Panicked(String),
+    /// The bag's files were deleted (or replaced) under the running recorder: what it
+    /// writes would go into unlinked files that vanish at close, so it stops instead.
+    #[error("{}: {what} while recording; stopped (what was written since is lost; the service restarts into a new bag)", path.display())]
+    BagGone {
+        path: std::path::PathBuf,
+        what: String,
+    },
 }
 
 /// Why the writer stopped on its own (the caller may also stop it).
@@ -171,6 +180,9 @@ pub struct Progress {
     pub peak_queue_bytes: std::sync::atomic::AtomicU64,
     /// The background syncer (closing fsyncs, write-back of the open split).
     pub sync: Arc<SyncHealth>,
+    /// Why the writer stopped on its own with an error (set once, as it stops), for the
+    /// status reports: the last figures must not read like a healthy recording.
+    pub failure: std::sync::OnceLock<String>,
 }
 
 pub struct Pipeline {
@@ -240,6 +252,15 @@ impl Pipeline {
             None => log::warn!("cannot start the sync thread; fsyncing on the writer thread"),
         }
         let bag_dir = writer.dir().to_path_buf();
+        let room = tap.as_ref().and_then(|t| t.room());
+        if let Some(room) = &room {
+            room.set_bounded(retention.as_ref().is_some_and(|r| {
+                let p = r.policy();
+                p.max_record_size.is_some()
+                    || p.min_free_space.is_some()
+                    || p.min_free_space_percent.is_some()
+            }));
+        }
         progress
             .splits
             .store(u64::from(writer.splits_created()), Relaxed);
@@ -258,6 +279,8 @@ impl Pipeline {
             splits_deleted: splits_deleted.clone(),
             tap,
             last_batch: (0, 0),
+            presence: Presence::new(&bag_dir),
+            room,
         };
         let handle = std::thread::Builder::new()
             .name("ringbag-writer".into())
@@ -421,11 +444,101 @@ struct WriterCtx {
     tap: Option<Box<dyn Tap>>,
     /// Messages and bytes of the batch written last, for the slow-turn log line.
     last_batch: (usize, usize),
+    /// Watches that the bag's directory and open split are still the files being written.
+    presence: Presence,
+    /// Where a snapshot bag being written asks for room on the budget.
+    room: Option<Arc<Room>>,
+}
+
+/// How often the writer checks that its bag still exists ([`Presence`]).
+const PRESENCE_EVERY: Duration = Duration::from_millis(250);
+
+/// Whether the bag directory and the open split are still on disk as the files the writer
+/// holds open. A deleted directory (or recording root) leaves SQLite writing into unlinked
+/// files: every commit succeeds and the data vanishes at close. Two stats of paths every
+/// [`PRESENCE_EVERY`], off the per-message path, find it.
+struct Presence {
+    last: Instant,
+    /// The bag directory's inode when recording started.
+    dir_ino: Option<u64>,
+    /// The open split's path and inode, learned when first seen.
+    split: Option<(std::path::PathBuf, u64)>,
+}
+
+impl Presence {
+    fn new(dir: &std::path::Path) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Presence {
+            last: Instant::now(),
+            dir_ino: std::fs::symlink_metadata(dir).ok().map(|m| m.ino()),
+            split: None,
+        }
+    }
+
+    /// `Some(what happened)` when the bag or its open split is gone or replaced. Stat errors
+    /// other than "not found" say nothing (a transient EIO must not end the recording here;
+    /// the next write reports it).
+    fn check(&mut self, w: &BagWriter) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        if self.last.elapsed() < PRESENCE_EVERY {
+            return None;
+        }
+        self.last = Instant::now();
+        let gone = |p: &std::path::Path| matches!(std::fs::symlink_metadata(p), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+        let dir = w.dir();
+        match std::fs::symlink_metadata(dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let root = dir.parent().filter(|p| !p.as_os_str().is_empty());
+                return Some(match root {
+                    Some(r) if gone(r) => format!(
+                        "the bag directory was deleted with its recording root {}",
+                        r.display()
+                    ),
+                    _ => "the bag directory was deleted".to_string(),
+                });
+            }
+            Ok(m) if self.dir_ino.is_some_and(|i| i != m.ino()) => {
+                return Some("the bag directory was replaced by another one".to_string());
+            }
+            _ => {}
+        }
+        let path = w.open_split_path()?;
+        match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(format!(
+                "the open split {} was deleted",
+                path.file_name().unwrap_or_default().to_string_lossy()
+            )),
+            Ok(m) => match &self.split {
+                Some((p, ino)) if p == path && *ino != m.ino() => Some(format!(
+                    "the open split {} was replaced by another file",
+                    path.file_name().unwrap_or_default().to_string_lossy()
+                )),
+                Some((p, _)) if p == path => None,
+                _ => {
+                    self.split = Some((path.to_path_buf(), m.ino()));
+                    None
+                }
+            },
+            Err(_) => None,
+        }
+    }
 }
 
 impl WriterCtx {
     fn run(mut self) -> Result<(BagSummary, StopReason), PipelineError> {
         let r = self.run_loop();
+        if let Some(room) = &self.room {
+            // From here a snapshot still being written keeps to the room it was given.
+            room.writer_gone();
+        }
+        if let Err(e) = &r {
+            if matches!(e, PipelineError::BagGone { .. }) {
+                // Said at once (journal, the status file's last error): finishing a bag
+                // whose directory is gone may take a moment before the exit line.
+                log::error!("{e}");
+            }
+            let _ = self.progress.failure.set(e.to_string());
+        }
         // Whatever happened, stop producers and finish the bag with what was committed.
         // Nothing is written after this point, so producers stop queueing (and count why).
         self.shared.stop.store(true, Relaxed);
@@ -484,6 +597,16 @@ impl WriterCtx {
             let queued = self.shared.in_flight.load(Relaxed) as u64;
             self.progress.peak_queue_bytes.fetch_max(queued, Relaxed);
             let turn = Turn::start();
+            if let Some(what) = self
+                .presence
+                .check(self.writer.as_ref().expect("writer present"))
+            {
+                return Err(PipelineError::BagGone {
+                    path: self.writer().dir().to_path_buf(),
+                    what,
+                });
+            }
+            self.answer_room()?;
             let stopping = self.shared.stop.load(Relaxed);
             if self.progress.rotate_requested.swap(false, Relaxed) && !stopping {
                 // Write what is batched (and carried) into the split being closed first, so
@@ -798,6 +921,61 @@ impl WriterCtx {
         Ok(None)
     }
 
+    /// Answer a snapshot bag's question for room ([`Room`]), if one waits: make room on the
+    /// budget for what it asks while keeping this recording's own room until it can delete
+    /// again, and check the partition can take it beside [`DISK_RESERVE_BYTES`]. One atomic
+    /// load when nothing is asked.
+    fn answer_room(&mut self) -> Result<(), PipelineError> {
+        let Some(room) = self.room.clone() else {
+            return Ok(());
+        };
+        let Some((seq, bytes, on_disk)) = room.question() else {
+            return Ok(());
+        };
+        // A bag finished since is adopted first: its release must not leave it uncounted.
+        if let (Some(tap), Some(ret)) = (self.tap.as_mut(), self.retention.as_mut()) {
+            for dir in tap.finished_bags() {
+                ret.adopt_bag(&dir);
+            }
+        }
+        let w = self.writer.as_mut().expect("writer present");
+        let headroom = continuous_headroom(w, self.cfg.batch_max_bytes as u64);
+        let verdict = match self.retention.as_mut() {
+            Some(ret) => match ret.room_beside(w, bytes, on_disk, headroom)? {
+                Ok(d) => {
+                    self.splits_deleted.fetch_add(d, Relaxed);
+                    Ok(())
+                }
+                // Giving room back is always granted (the bag is finished or removed).
+                Err(_) if bytes == 0 => Ok(()),
+                Err(why) => Err(why),
+            },
+            None => Ok(()),
+        };
+        let verdict = verdict.and_then(|()| {
+            let growth = bytes.saturating_sub(on_disk);
+            if growth == 0 {
+                return Ok(());
+            }
+            let Ok(st) = nix::sys::statvfs::statvfs(w.dir()) else {
+                return Ok(()); // Unknown: the snapshot's own writes report a failure.
+            };
+            #[allow(clippy::unnecessary_cast)] // fsblkcnt_t is 32-bit on some targets
+            let available = st.blocks_available() as u64 * st.fragment_size() as u64;
+            let needed = growth + headroom + DISK_RESERVE_BYTES;
+            if available < needed {
+                return Err(format!(
+                    "only {available} bytes free on the partition, {growth} more for the \
+                     snapshot and {} kept for the continuous recording",
+                    headroom + DISK_RESERVE_BYTES
+                ));
+            }
+            Ok(())
+        });
+        room.answer(seq, verdict);
+        Ok(())
+    }
+
     fn retention_max_splits(&self) -> u32 {
         self.retention.as_ref().map_or(0, |r| r.policy().max_splits)
     }
@@ -828,7 +1006,6 @@ impl WriterCtx {
             for dir in tap.finished_bags() {
                 ret.adopt_bag(&dir);
             }
-            ret.set_in_progress_bytes(tap.in_progress_bytes());
         }
         let Some(ret) = self.retention.as_mut() else {
             self.writer().take_newly_closed();
@@ -924,6 +1101,20 @@ impl WriterCtx {
             }
         }
     }
+}
+
+/// What the continuous recording may still add before retention can delete again: the rest
+/// of its open split (with a batch's worth of overshoot), the next empty split and the close
+/// of this one, counted twice with a WAL.
+fn continuous_headroom(w: &BagWriter, batch_bytes: u64) -> u64 {
+    let rest = w
+        .options()
+        .max_bag_size
+        .saturating_sub(w.open_split_footprint())
+        + batch_bytes;
+    crate::retention::rows_disk_growth(rest, w.options().preset.uses_wal(), w.page_size())
+        + crate::retention::MIN_EMPTY_SPLIT_BYTES
+        + w.close_reserve()
 }
 
 /// Split files of a bag directory and their bytes (with `-wal`/`-shm`), as found on disk.

@@ -179,16 +179,24 @@ pub struct Status {
     /// The snapshot ring; absent in files of older versions, null without a ring.
     #[serde(default)]
     pub ring: Option<RingStatus>,
+    /// Why the recording stopped on its own with an error (the bag deleted under it, a full
+    /// disk), once it has: the rates above are then the last ones, not a live recording's.
+    #[serde(default)]
+    pub stopped: Option<String>,
 }
 
 impl Status {
     /// One line for systemd's STATUS= (`systemctl status` shows it).
     pub fn line(&self) -> String {
         let b = &self.budget;
-        let mut parts = vec![format!(
+        let mut parts = Vec::new();
+        if let Some(why) = &self.stopped {
+            parts.push(format!("STOPPED: {why}"));
+        }
+        parts.push(format!(
             "{:.0} msg/s, {:.2} MB/s, {} dropped",
             self.messages_per_s, self.mb_per_s, self.dropped
-        )];
+        ));
         if self.lost_in_middleware > 0 {
             parts.push(format!("{} lost in middleware", self.lost_in_middleware));
         }
@@ -503,6 +511,7 @@ impl Collector {
             topics: topic_status,
             last_error,
             ring: run.ring.as_deref().map(|r| RingStatus::of(r, now_ns)),
+            stopped: progress.failure.get().cloned(),
         }
     }
 }

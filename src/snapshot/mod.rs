@@ -19,14 +19,13 @@ pub mod snapshotter;
 pub mod trigger;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::Sender;
 
 use crate::bag::{MessageDefinition, TopicInfo};
-use crate::pipeline::{Continuous, Tap};
+use crate::pipeline::{Continuous, Room, Tap};
 use policy::{Route, Throttle, TopicPolicy};
 use ring::{AppendError, Ring, RingTopic, RingWriter};
 use snapshotter::Cmd;
@@ -203,7 +202,7 @@ pub struct SnapshotTap {
     trigger_topic: Option<TriggerTopic>,
     triggers: Option<Sender<Cmd>>,
     finished: Option<crossbeam_channel::Receiver<PathBuf>>,
-    in_progress: Option<Arc<AtomicU64>>,
+    room: Option<Arc<Room>>,
     topics: Vec<Option<TapTopic>>,
 }
 
@@ -214,7 +213,7 @@ impl SnapshotTap {
         trigger_topic: Option<TriggerTopic>,
         triggers: Option<Sender<Cmd>>,
         finished: Option<crossbeam_channel::Receiver<PathBuf>>,
-        in_progress: Option<Arc<AtomicU64>>,
+        room: Option<Arc<Room>>,
     ) -> Self {
         SnapshotTap {
             ring,
@@ -222,7 +221,7 @@ impl SnapshotTap {
             trigger_topic,
             triggers,
             finished,
-            in_progress,
+            room,
             topics: Vec::new(),
         }
     }
@@ -336,8 +335,8 @@ impl Tap for SnapshotTap {
             .unwrap_or_default()
     }
 
-    fn in_progress_bytes(&self) -> u64 {
-        self.in_progress.as_ref().map_or(0, |b| b.load(Relaxed))
+    fn room(&self) -> Option<Arc<Room>> {
+        self.room.clone()
     }
 }
 
@@ -349,7 +348,7 @@ pub struct Snapshots {
     thread: Option<JoinHandle<Vec<PathBuf>>>,
     control: Option<control::ControlServer>,
     finished: Option<crossbeam_channel::Receiver<PathBuf>>,
-    in_progress: Arc<AtomicU64>,
+    room: Arc<Room>,
 }
 
 impl Snapshots {
@@ -362,8 +361,8 @@ impl Snapshots {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (ftx, frx) = crossbeam_channel::unbounded();
         cfg.finished = Some(ftx);
-        let in_progress = Arc::new(AtomicU64::new(0));
-        cfg.in_progress = Some(in_progress.clone());
+        let room = Arc::new(Room::default());
+        cfg.room = Some(room.clone());
         let control = control_socket
             .map(|p| control::ControlServer::start(p, tx.clone()))
             .transpose()?;
@@ -378,13 +377,13 @@ impl Snapshots {
             thread: Some(thread),
             control,
             finished: Some(frx),
-            in_progress,
+            room,
         })
     }
 
-    /// Bytes of the snapshot bag being written (0 when none), for the retention budget.
-    pub fn in_progress(&self) -> Arc<AtomicU64> {
-        self.in_progress.clone()
+    /// Where the snapshot bag being written asks the writer thread for room on the budget.
+    pub fn room(&self) -> Arc<Room> {
+        self.room.clone()
     }
 
     /// Finished snapshot bags, once (for the writer thread's retention, through the tap).

@@ -10,15 +10,21 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::ring::{PendingTrigger, Ring, Step};
 use super::trigger::{reason_for_name, Decision, Origin, Outcome, Planner, TriggerRequest, Window};
-use crate::bag::writer::{BagWriter, WriterOptions};
+use crate::bag::writer::{row_growth_bytes, BagWriter, WriterOptions};
 use crate::bag::BagError;
 use crate::clock::TimeSource;
+use crate::pipeline::{Answer, Room};
+use crate::retention::{rows_disk_growth, BAG_DIR_RESERVE_BYTES, MIN_EMPTY_SPLIT_BYTES};
 
 /// Wait this long past a snapshot's end before closing it: messages stamped before the end
 /// may still be in the recorder's queue or batch (the batch delay is 50 ms).
 const CLOSE_GRACE_NS: i64 = 300_000_000;
-/// Rows per bag transaction while copying (bytes).
+/// Rows per bag transaction while recovering a crashed ring (bytes); a live snapshot uses the
+/// recording's batch cap ([`Config::batch_bytes`]).
 const COPY_BATCH_BYTES: usize = 16 << 20;
+/// How long a snapshot waits for the writer thread to make room before it gives up (the
+/// writer answers at every turn, within milliseconds unless its storage stalls).
+const ROOM_WAIT: Duration = Duration::from_secs(10);
 /// Ring bytes one copy call scans before the thread looks for triggers again.
 const COPY_SCAN_BYTES: u64 = 16 << 20;
 
@@ -41,8 +47,12 @@ pub struct Config {
     pub clock: Arc<dyn TimeSource>,
     /// Told of every finished snapshot bag (the writer thread's retention adopts them).
     pub finished: Option<Sender<PathBuf>>,
-    /// Bytes on disk of the snapshot bag being written (the budget counts it meanwhile).
-    pub in_progress: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// Where the snapshot bag asks the writer thread for room on the budget before each
+    /// batch (None: no budget to keep, e.g. unit tests).
+    pub room: Option<Arc<Room>>,
+    /// Bytes of ring records per bag transaction: the recording's batch cap, so the room
+    /// asked for at a time is small next to the budget.
+    pub batch_bytes: usize,
 }
 
 /// What a finished snapshot holds (for logs and tests).
@@ -66,6 +76,87 @@ enum Copied {
     PastEnd,
     /// Its byte budget used up: call again.
     Budget,
+    /// No room for more on the budget or the partition: the snapshot ends here.
+    Cut,
+}
+
+/// A bag's asks for room on the budget, and what it was granted so far.
+struct RoomClient {
+    room: Arc<Room>,
+    /// Bytes the bag may occupy (0 until first granted).
+    granted: u64,
+}
+
+/// Bytes a bag directory occupies as `du` counts it: every file in it, plus the directory.
+fn dir_bytes(dir: &Path) -> u64 {
+    let files: u64 = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
+    files + BAG_DIR_RESERVE_BYTES
+}
+
+impl RoomClient {
+    /// May the bag in `dir` grow by up to `growth` bytes? Asks the writer thread when that
+    /// goes beyond what was granted, `step` more so the next batches need no question.
+    /// `Err(why)`: the snapshot must end.
+    fn make_room(&mut self, dir: &Path, growth: u64, step: u64) -> Result<(), String> {
+        let on_disk = dir_bytes(dir);
+        let need = on_disk + growth;
+        if need <= self.granted {
+            return Ok(());
+        }
+        let mut ask = need + step;
+        loop {
+            match self.room.ask(ask, on_disk, ROOM_WAIT) {
+                Answer::Granted => {
+                    self.granted = ask;
+                    return Ok(());
+                }
+                // Perhaps the exact need still fits.
+                Answer::Refused(_) if ask > need => ask = need,
+                Answer::Refused(why) => return Err(why),
+                Answer::WriterGone if !self.room.bounded() => {
+                    // No budget to keep: only the partition must not fill.
+                    let free = nix::sys::statvfs::statvfs(dir.parent().unwrap_or(dir))
+                        .map(|st| {
+                            #[allow(clippy::unnecessary_cast)] // 32-bit on some targets
+                            let f = st.blocks_available() as u64 * st.fragment_size() as u64;
+                            f
+                        })
+                        .unwrap_or(u64::MAX);
+                    let growth = need - on_disk;
+                    if free < growth + crate::pipeline::DISK_RESERVE_BYTES {
+                        return Err(format!(
+                            "only {free} bytes free on the partition, {growth} needed"
+                        ));
+                    }
+                    self.granted = need;
+                    return Ok(());
+                }
+                Answer::WriterGone => {
+                    // The recording has ended: its bag no longer grows, but nothing deletes
+                    // any more either, so the snapshot keeps to the room it was given.
+                    return Err(
+                        "the recording stopped; nothing is deleted to make more room".into(),
+                    );
+                }
+            }
+        }
+    }
+
+    /// The bag is finished (and handed to retention) or removed: give its room back.
+    fn release(&mut self) {
+        if self.granted > 0 {
+            self.granted = 0;
+            let _ = self.room.ask(0, 0, ROOM_WAIT);
+        }
+    }
 }
 
 /// Copies records from a ring into a bag: ring topic ids → bag topic indexes, batches.
@@ -75,6 +166,10 @@ struct Copier {
     rows: Vec<(usize, i64, usize, usize)>,
     buf: Vec<u8>,
     stats: CopyStats,
+    batch_bytes: usize,
+    room: Option<RoomClient>,
+    /// Why the copy stopped short of its window, once it has.
+    cut: Option<String>,
 }
 
 impl Copier {
@@ -85,6 +180,18 @@ impl Copier {
             rows: Vec::new(),
             buf: Vec::new(),
             stats: CopyStats::default(),
+            batch_bytes: COPY_BATCH_BYTES,
+            room: None,
+            cut: None,
+        }
+    }
+
+    /// A copier that asks `room` before each batch and batches `batch_bytes` at most.
+    fn with_room(room: Option<Arc<Room>>, batch_bytes: usize) -> Self {
+        Copier {
+            batch_bytes: batch_bytes.clamp(64 << 10, COPY_BATCH_BYTES),
+            room: room.map(|room| RoomClient { room, granted: 0 }),
+            ..Copier::new()
         }
     }
 
@@ -146,8 +253,8 @@ impl Copier {
                     let at = self.arena.len();
                     self.arena.extend_from_slice(&self.buf);
                     self.rows.push((idx, head.ts, at, self.buf.len()));
-                    if self.arena.len() >= COPY_BATCH_BYTES {
-                        self.flush(bag)?;
+                    if self.arena.len() >= self.batch_bytes && !self.flush(bag)? {
+                        return Ok(Copied::Cut);
                     }
                 }
                 Step::Evicted { tail } => {
@@ -176,13 +283,25 @@ impl Copier {
                 }
             }
         }
-        self.flush(bag)?;
+        if !self.flush(bag)? {
+            return Ok(Copied::Cut);
+        }
         Ok(result)
     }
 
-    fn flush(&mut self, bag: &mut BagWriter) -> Result<(), BagError> {
+    /// Write the batched rows; false (nothing written) when there is no room for them.
+    fn flush(&mut self, bag: &mut BagWriter) -> Result<bool, BagError> {
         if self.rows.is_empty() {
-            return Ok(());
+            return Ok(true);
+        }
+        if let Some(room) = self.room.as_mut() {
+            let growth = batch_disk_growth(bag, &self.rows);
+            if let Err(why) = room.make_room(bag.dir(), growth, self.batch_bytes as u64) {
+                self.cut = Some(why);
+                self.rows.clear();
+                self.arena.clear();
+                return Ok(false);
+            }
         }
         let arena = &self.arena;
         bag.write_batch(
@@ -198,17 +317,37 @@ impl Copier {
         self.stats.last_ns = Some(self.stats.last_ns.map_or(hi, |l| l.max(hi)));
         self.rows.clear();
         self.arena.clear();
-        Ok(())
+        Ok(true)
     }
 }
 
-/// Bytes of a bag's split files (with their sidecars) as they are on disk now.
-fn bag_bytes_on_disk(dir: &Path) -> u64 {
-    crate::bag::reader::find_split_files(dir)
-        .unwrap_or_default()
-        .iter()
-        .map(|f| crate::bag::writer::split_size_on_disk(&dir.join(f)))
-        .sum()
+/// An empty split's footprint with `page`-byte pages: six pages (schema and topics) and
+/// sidecars, with slack; at least the recorder's own fallback reserve.
+fn empty_split_bytes(page: u64) -> u64 {
+    MIN_EMPTY_SPLIT_BYTES.max(8 * page)
+}
+
+/// Worst-case bytes a batch of `rows` adds to a bag on disk, finishing it included: the rows
+/// as SQLite lays them out (with a WAL, twice), a new split for every split size the batch
+/// may fill, the close of the open split and a metadata.yaml rewritten through a temp file.
+fn batch_disk_growth(bag: &BagWriter, rows: &[(usize, i64, usize, usize)]) -> u64 {
+    let page = bag.page_size();
+    let opts = bag.options();
+    let (rows_growth, bytes) = rows.iter().fold((0, 0), |(g, b), r| {
+        (g + row_growth_bytes(r.3 as u64, page), b + r.3 as u64)
+    });
+    let splits = match opts.max_bag_size {
+        0 => 0,
+        size => 1 + bytes / size,
+    };
+    let meta = std::fs::metadata(bag.dir().join(crate::bag::metadata::METADATA_FILE))
+        .map_or(0, |m| m.len());
+    rows_disk_growth(rows_growth, opts.preset.uses_wal(), page)
+        + splits * (empty_split_bytes(page) + bag.close_reserve())
+        + bag.close_reserve()
+        + 2 * meta
+        + meta / 4
+        + 8192
 }
 
 /// `2026-12-02T03-04-05Z_snapshot_estop` (or `_crash`), unique under `root`.
@@ -365,9 +504,34 @@ impl Snapshotter {
         }
     }
 
-    fn start(&mut self, window: Window, reason: &str, origin: Origin) -> Result<String, BagError> {
+    fn start(&mut self, window: Window, reason: &str, origin: Origin) -> Result<String, String> {
         let dir = snapshot_dir(&self.cfg.root, window.first_trigger_ns, "snapshot", reason);
-        let bag = BagWriter::create(&dir, self.cfg.writer.clone())?;
+        let mut copier = Copier::with_room(self.cfg.room.clone(), self.cfg.batch_bytes);
+        if let Some(room) = copier.room.as_mut() {
+            // Even the empty bag (a split, metadata.yaml, the lock) is on the budget.
+            let o = &self.cfg.writer;
+            let page = u64::from(crate::bag::schema::choose_page_size(
+                o.preset,
+                o.max_bag_size,
+                0,
+                0,
+            ));
+            room.make_room(
+                &dir,
+                empty_split_bytes(page) + 8192,
+                copier.batch_bytes as u64,
+            )
+            .map_err(|why| format!("no room for a snapshot: {why}"))?;
+        }
+        let bag = match BagWriter::create(&dir, self.cfg.writer.clone()) {
+            Ok(b) => b,
+            Err(e) => {
+                if let Some(room) = copier.room.as_mut() {
+                    room.release();
+                }
+                return Err(e.to_string());
+            }
+        };
         let cursor = self
             .ring
             .seek(window.start_ns.saturating_sub(1_000_000_000));
@@ -394,7 +558,7 @@ impl Snapshotter {
             reasons: vec![reason.to_string()],
             origins: vec![origin],
             triggers: 1,
-            copier: Copier::new(),
+            copier,
             opened: Instant::now(),
         });
         // Before answering: a kill -9 right after the trigger still finds it at the restart.
@@ -428,14 +592,8 @@ impl Snapshotter {
                 o.window.end_ns,
                 COPY_SCAN_BYTES,
             );
-            if let Some(b) = &self.cfg.in_progress {
-                b.store(
-                    bag_bytes_on_disk(&o.dir),
-                    std::sync::atomic::Ordering::Relaxed,
-                );
-            }
             match copied {
-                Ok(Copied::PastEnd) => break Ok(true),
+                Ok(Copied::PastEnd | Copied::Cut) => break Ok(true),
                 Ok(Copied::Head) => break Ok(false),
                 // More to copy: keep going unless a trigger waits (checked by the caller).
                 Ok(Copied::Budget) if stopping => continue,
@@ -461,7 +619,7 @@ impl Snapshotter {
             reasons,
             origins,
             triggers,
-            copier,
+            mut copier,
             opened,
             ..
         } = o;
@@ -495,29 +653,62 @@ impl Snapshotter {
         for (k, v) in custom {
             bag.set_custom_data(k, v);
         }
-        let messages = s.messages;
-        let shown = dir.display().to_string();
-        match (failure, bag.finish()) {
-            (None, Ok(summary)) => {
-                log::info!(
-                    ringbag_bag = shown.as_str();
-                    "snapshot {shown} complete: {messages} messages, {} bytes, {:.2} s after the trigger was taken",
-                    summary.size_bytes,
-                    opened.elapsed().as_secs_f64()
-                );
-                if let Some(tx) = &self.cfg.finished {
-                    let _ = tx.send(dir.clone());
-                }
-                // After the bag is handed over: for a moment it may count twice, never zero
-                // times, so the budget is never exceeded by it.
-                self.finished.push(dir);
-            }
-            (Some(e), _) | (None, Err(e)) => {
-                log::error!(ringbag_bag = shown.as_str(); "snapshot {shown}: {e}");
-            }
+        if let Some(why) = &copier.cut {
+            bag.set_custom_data("ringbag.snapshot.cut", why.clone());
         }
-        if let Some(b) = &self.cfg.in_progress {
-            b.store(0, std::sync::atomic::Ordering::Relaxed);
+        let messages = s.messages;
+        let last = s.last_ns;
+        let shown = dir.display().to_string();
+        // A snapshot is finished (readable, on the budget) or removed: never left unfinished
+        // with its lock, its space on disk but on no budget.
+        let keep = match (failure, bag.finish()) {
+            (None, Ok(_)) if messages == 0 && copier.cut.is_some() => {
+                log::warn!(
+                    ringbag_bag = shown.as_str();
+                    "snapshot {shown}: removed, nothing of its window fitted: {}",
+                    copier.cut.as_deref().unwrap_or_default()
+                );
+                false
+            }
+            (None, Ok(summary)) => {
+                match &copier.cut {
+                    Some(why) => log::warn!(
+                        ringbag_bag = shown.as_str();
+                        "snapshot {shown} cut short: {why}; it holds {messages} messages ({} bytes) up to {}, of a window to {}",
+                        summary.size_bytes,
+                        last.map_or_else(|| "-".to_string(), utc_text),
+                        utc_text(window.end_ns)
+                    ),
+                    None => log::info!(
+                        ringbag_bag = shown.as_str();
+                        "snapshot {shown} complete: {messages} messages, {} bytes, {:.2} s after the trigger was taken",
+                        summary.size_bytes,
+                        opened.elapsed().as_secs_f64()
+                    ),
+                }
+                true
+            }
+            (Some(e), Ok(_)) => {
+                log::error!(ringbag_bag = shown.as_str(); "snapshot {shown}: {e}; finished with the {messages} messages copied before");
+                messages > 0
+            }
+            (_, Err(e)) => {
+                log::error!(ringbag_bag = shown.as_str(); "snapshot {shown}: {e}; removed");
+                false
+            }
+        };
+        if keep {
+            if let Some(tx) = &self.cfg.finished {
+                let _ = tx.send(dir.clone());
+            }
+            self.finished.push(dir);
+        } else if let Err(e) = std::fs::remove_dir_all(&dir) {
+            log::error!(ringbag_bag = shown.as_str(); "snapshot {shown}: cannot remove it: {e}");
+        }
+        // After the bag is handed over (retention adopts it before it answers this), or
+        // removed: it counts twice for a moment, never zero times.
+        if let Some(room) = copier.room.as_mut() {
+            room.release();
         }
         self.planner.closed(window.end_ns);
         self.ring.set_pending_trigger(None);
@@ -658,7 +849,8 @@ mod tests {
             writer: WriterOptions::new(Flavour::Jazzy),
             clock,
             finished: Some(ftx),
-            in_progress: None,
+            room: None,
+            batch_bytes: 2 << 20,
         };
         std::fs::create_dir_all(&cfg.root).unwrap();
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -702,5 +894,113 @@ mod tests {
         assert_eq!(meta.custom_data["ringbag.snapshot.reason"], "test");
         drop(tx);
         assert_eq!(worker.join().unwrap(), vec![first, second]);
+    }
+
+    /// Snapshot the whole of a ring of 1 KiB records while a fake writer thread grants room up
+    /// to `limit` bytes; returns the finished bags, the largest grant and the root's files.
+    fn snapshot_with_room(limit: u64) -> (Vec<PathBuf>, u64, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = Arc::new(Ring::create(&dir.path().join("ring"), 8 << 20, 0).unwrap());
+        let mut w = RingWriter::new(ring.clone());
+        let t = w
+            .add_topic(RingTopic::new(
+                &TopicInfo::new("/a", "std_msgs/msg/String"),
+                None,
+            ))
+            .unwrap();
+        for i in 0..4_000i64 {
+            w.append(t, i * MS, &[7u8; 1024]).unwrap();
+        }
+        let room = Arc::new(Room::default());
+        room.set_bounded(true);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (room, stop) = (room.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut most = 0;
+                while !stop.load(Relaxed) {
+                    if let Some((seq, bytes, _)) = room.question() {
+                        if bytes <= limit {
+                            most = most.max(bytes);
+                            room.answer(seq, Ok(()));
+                        } else {
+                            room.answer(seq, Err("the test's budget".into()));
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+                most
+            })
+        };
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let cfg = Config {
+            root: root.clone(),
+            // 1 MiB splits: 4 KiB pages, as under a small budget.
+            writer: WriterOptions {
+                max_bag_size: 1 << 20,
+                ..WriterOptions::new(Flavour::Jazzy)
+            },
+            clock: Arc::new(FakeClock(AtomicI64::new(1_000_000 * MS))),
+            finished: None,
+            room: Some(room),
+            batch_bytes: 64 << 10,
+        };
+        let mut s = Snapshotter::new(ring, cfg);
+        let req = TriggerRequest {
+            reason: Some("room".into()),
+            pre_s: None,
+            post_s: Some(0.0),
+        };
+        let out = s.trigger(&req, Origin::Socket, Some(3_999 * MS));
+        assert!(matches!(out, Outcome::Started { .. }), "{out:?}");
+        // Copy, answering as the thread's loop does, until the snapshot is closed.
+        let mut turns = 0;
+        while s.open.is_some() {
+            s.pump(false);
+            // The bag never holds more than it was granted.
+            if let Some(o) = &s.open {
+                let granted = o.copier.room.as_ref().map_or(0, |r| r.granted);
+                assert!(dir_bytes(&o.dir) <= granted);
+            }
+            turns += 1;
+            assert!(turns < 10_000);
+        }
+        stop.store(true, Relaxed);
+        let most = writer.join().unwrap();
+        (s.finished, most, dir)
+    }
+
+    #[test]
+    fn a_snapshot_without_room_for_its_window_is_cut_short_as_a_finished_bag_within_its_grant() {
+        let (bags, most, _dir) = snapshot_with_room(1 << 20);
+        assert_eq!(bags.len(), 1);
+        let bag = Bag::open(&bags[0]).unwrap();
+        assert_eq!(
+            bag.metadata.custom_data["ringbag.snapshot.cut"],
+            "the test's budget"
+        );
+        let n = stamps(&bags[0]).len();
+        assert!(n > 100 && n < 4_000, "{n} messages");
+        assert_eq!(
+            crate::bag::lock::state(&bags[0]),
+            crate::bag::lock::LockState::Clean
+        );
+        assert!(
+            dir_bytes(&bags[0]) <= most,
+            "{} > {most}",
+            dir_bytes(&bags[0])
+        );
+    }
+
+    #[test]
+    fn a_snapshot_of_which_nothing_fits_is_removed() {
+        // Room for the empty bag only.
+        let (bags, _, dir) = snapshot_with_room(200 << 10);
+        assert!(bags.is_empty());
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("root"))
+            .unwrap()
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 }

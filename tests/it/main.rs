@@ -4,6 +4,7 @@ mod bounds;
 mod common;
 mod concurrency;
 mod crash;
+mod deleted;
 mod errors;
 mod format;
 mod fuzz;

@@ -744,3 +744,54 @@ fn the_budget_spans_every_bag_in_the_root_across_reloads() {
     let info = run(&["info", second.to_str().unwrap()]);
     assert!(info.status.success(), "{}", stderr(&info));
 }
+
+#[test]
+fn deleting_the_output_root_under_the_daemon_is_noticed_within_a_second_said_in_status_and_exits_1()
+{
+    let tmp = tempfile::tempdir().unwrap();
+    let (config, root, _status) = write_config(tmp.path(), "");
+    let mut d = Daemon::start(tmp.path(), &config, &root, &[]);
+    d.wait_for("READY=1", |d| !d.lines_with("READY=1").is_empty());
+    d.wait_for("a STATUS= line", |d| !d.lines_with("STATUS=").is_empty());
+    std::fs::remove_dir_all(&root).expect("delete the root");
+    let deleted_at = Instant::now();
+    let stopped = |d: &Daemon| {
+        d.lines_with("STATUS=STOPPED:")
+            .iter()
+            .any(|(l, _)| l.contains("deleted"))
+    };
+    let end = Instant::now() + DEADLINE;
+    while !stopped(&d) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = deleted_at.elapsed();
+    let (st, err, notes) = d.wait();
+    eprintln!(
+        "deletion in STATUS= after {:.0} ms",
+        took.as_secs_f64() * 1e3
+    );
+    let status_lines: Vec<&str> = notes
+        .iter()
+        .flat_map(|n| n.text.lines())
+        .filter(|l| l.starts_with("STATUS="))
+        .collect();
+    assert!(
+        status_lines
+            .iter()
+            .any(|l| l.starts_with("STATUS=STOPPED:") && l.contains("deleted")),
+        "{status_lines:?}\n{err}"
+    );
+    // The writer checks every 250 ms; the rest is slack for a busy machine (and qemu).
+    assert!(took < Duration::from_millis(1500), "took {took:?}");
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the bag directory was deleted with its recording root")
+            && err
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .starts_with("ringbag: error: "),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

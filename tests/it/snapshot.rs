@@ -498,3 +498,220 @@ fn snapshot_bags_count_against_the_retention_budget_while_recording_goes_on() {
         "{total} bytes on disk, budget {budget}"
     );
 }
+
+/// Bytes under `root` as `du -b` counts them (every file, and a page per directory), or
+/// `None` when the sample is torn: every counted file is stat'ed again at the end and must
+/// still be the same inode, so a file deleted while sampling cannot add a peak that never
+/// existed (files only grow between deletions: a sample that passes is a lower bound).
+fn root_bytes(root: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 4096;
+    let mut seen = Vec::new();
+    for bag in std::fs::read_dir(root).ok()?.flatten() {
+        let Ok(m) = bag.metadata() else { continue };
+        if !m.is_dir() {
+            total += m.len();
+            continue;
+        }
+        total += 4096;
+        for f in std::fs::read_dir(bag.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let Ok(m) = f.metadata() else { continue };
+            total += m.len();
+            seen.push((f.path(), m.ino()));
+        }
+    }
+    seen.iter()
+        .all(|(p, ino)| std::fs::symlink_metadata(p).is_ok_and(|m| m.ino() == *ino))
+        .then_some(total)
+}
+
+/// Whether `bag` is finished (metadata.yaml written, no lock left) or gone.
+fn finished_or_gone(bag: &Path) -> bool {
+    !bag.exists()
+        || (bag.join("metadata.yaml").exists()
+            && ringbag::bag::lock::state(bag) == ringbag::bag::lock::LockState::Clean)
+}
+
+#[test]
+fn a_snapshot_larger_than_the_budget_keeps_the_root_within_it_at_every_sample_and_is_cut_short() {
+    snapshot_larger_than_the_budget("write-optimized");
+}
+
+#[test]
+fn with_the_wal_preset_a_snapshot_larger_than_the_budget_keeps_the_root_within_it_too() {
+    snapshot_larger_than_the_budget("resilient");
+}
+
+fn snapshot_larger_than_the_budget(preset: &str) {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("root");
+    let sock = tmp.path().join("control.sock");
+    let ring = tmp.path().join("ring");
+    let budget: u64 = 2 << 20;
+    // 6.5 MB/s of 64 KiB messages into the ring and the continuous bag (no topic is
+    // ring-only): the ring holds about 16 MiB by the trigger, eight times the budget.
+    let child = recorder(
+        &root,
+        "cont",
+        &sock,
+        &ring,
+        &[
+            "--synthetic-profile",
+            "medium",
+            "--snapshot-topics",
+            "/not/recorded",
+            "-b",
+            "256KiB",
+            "--max-record-size",
+            "2MiB",
+            "--storage-preset-profile",
+            preset,
+        ],
+    );
+    assert!(
+        wait_for(Duration::from_secs(20), || sock.exists()),
+        "socket appears"
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    let t = trigger(&sock, &["--reason", "big", "--post", "0.2"]);
+    assert!(stderr(&t).contains("snapshot started"), "{}", stderr(&t));
+    let snap = bags_named(&root, "_snapshot_big")
+        .pop()
+        .expect("snapshot bag");
+    let (mut most, mut samples, mut torn) = (0u64, 0u64, 0u64);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut finished_at = None;
+    // Sample while the snapshot is written and 0.5 s after it is finished.
+    while Instant::now() < deadline
+        && finished_at.is_none_or(|t: Instant| t.elapsed() < Duration::from_millis(500))
+    {
+        match root_bytes(&root) {
+            Some(b) => {
+                most = most.max(b);
+                samples += 1;
+            }
+            None => torn += 1,
+        }
+        if finished_at.is_none() && finished_or_gone(&snap) {
+            finished_at = Some(Instant::now());
+        }
+    }
+    let log = stop(child);
+    eprintln!("{preset}: root peak {most} B of {budget} B, {samples} samples ({torn} torn)");
+    assert!(finished_at.is_some(), "the snapshot never finished: {log}");
+    assert!(samples > 50, "{samples} samples");
+    assert!(
+        most <= budget,
+        "the root held {most} bytes, budget {budget}: {log}"
+    );
+    assert!(
+        log.contains("snapshot ring") && log.contains("is cut short"),
+        "no warning at start: {log}"
+    );
+    assert!(log.contains("cut short: --max-record-size"), "{log}");
+    assert!(!log.contains("ERROR") && !log.contains("panicked"), "{log}");
+    // What was kept of it is a finished, readable bag that says it was cut.
+    if snap.exists() {
+        let bag = Bag::open(&snap).expect("snapshot bag opens");
+        assert!(bag
+            .metadata
+            .custom_data
+            .contains_key("ringbag.snapshot.cut"));
+        assert!(bag
+            .messages(&ReadFilter::default())
+            .unwrap()
+            .all(|m| m.is_ok()));
+    }
+}
+
+#[test]
+fn a_snapshot_keeps_the_free_space_floor_and_the_continuous_recording_goes_on() {
+    // 4 MiB above the floor, for the continuous recording and the snapshot: the snapshot meets
+    // the floor within its first MiBs, long before the ring (16 MiB) could wrap under it.
+    let Some(fs) = crate::retention::Tmpfs::mount("16m") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = fs.dir.join("root");
+    let sock = tmp.path().join("control.sock");
+    let ring = tmp.path().join("ring");
+    let floor: u64 = 12 << 20;
+    let free = || {
+        let s = nix::sys::statvfs::statvfs(&fs.dir).unwrap();
+        s.blocks_available() as u64 * s.fragment_size() as u64
+    };
+    let child = recorder(
+        &root,
+        "cont",
+        &sock,
+        &ring,
+        &[
+            "--synthetic-profile",
+            "medium",
+            "--snapshot-topics",
+            "/not/recorded",
+            "-b",
+            "512KiB",
+            "--min-free-space",
+            "12MiB",
+        ],
+    );
+    assert!(
+        wait_for(Duration::from_secs(20), || sock.exists()),
+        "socket appears"
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    let t = trigger(&sock, &["--reason", "floor", "--post", "0.2"]);
+    assert!(stderr(&t).contains("snapshot started"), "{}", stderr(&t));
+    let snap = bags_named(&root, "_snapshot_floor")
+        .pop()
+        .expect("snapshot bag");
+    let mut least = u64::MAX;
+    let mut finished_at = None;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut pid_alive = true;
+    while Instant::now() < deadline
+        && finished_at.is_none_or(|t: Instant| t.elapsed() < Duration::from_millis(500))
+    {
+        least = least.min(free());
+        if finished_at.is_none() && finished_or_gone(&snap) {
+            finished_at = Some(Instant::now());
+        }
+        pid_alive =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), None).is_ok();
+    }
+    assert!(pid_alive);
+    let o = {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        );
+        child.wait_with_output().expect("recorder ends")
+    };
+    let log = String::from_utf8_lossy(&o.stderr).into_owned();
+    eprintln!("least free {least} B, floor {floor} B");
+    assert!(finished_at.is_some(), "the snapshot never finished: {log}");
+    // The continuous recording went on, and stopped cleanly when asked.
+    assert_eq!(o.status.code(), Some(0), "{log}");
+    assert!(
+        least >= floor,
+        "only {least} bytes free, floor {floor}: {log}"
+    );
+    assert!(
+        log.contains("cut short: only")
+            || log.contains("removed, nothing of its window fitted: only"),
+        "{log}"
+    );
+    assert!(finished_or_gone(&snap), "{log}");
+    if snap.exists() {
+        let bag = Bag::open(&snap).expect("snapshot bag opens");
+        assert!(bag
+            .metadata
+            .custom_data
+            .contains_key("ringbag.snapshot.cut"));
+    }
+}
