@@ -156,6 +156,9 @@ pub struct Progress {
     pub loops: std::sync::atomic::AtomicU64,
     /// Set by [`Pipeline::request_rotate`]; the writer closes the open split at its next turn.
     pub rotate_requested: AtomicBool,
+    /// With `rotate_requested`: leave the split open if it holds no message yet
+    /// ([`Pipeline::request_rotate_unless_empty`]).
+    pub rotate_unless_empty: AtomicBool,
     /// What the retention budget holds, published after each batch and rotation (0 / -1
     /// without retention): bytes, split files, start of the oldest kept message (ns).
     pub budget_bytes: std::sync::atomic::AtomicU64,
@@ -288,6 +291,15 @@ impl Pipeline {
     /// Ask the writer to close the open split now and open the next (through retention, as
     /// a size or time split does). Returns at once; the writer acts at its next turn.
     pub fn request_rotate(&self) {
+        self.progress.rotate_unless_empty.store(false, Relaxed);
+        self.progress.rotate_requested.store(true, Relaxed);
+    }
+
+    /// [`Pipeline::request_rotate`], except that a split holding no message yet is left
+    /// open (SIGUSR1): with a file budget (`max_bag_files`) an empty split would push a split
+    /// of real history out. The writer logs the skip.
+    pub fn request_rotate_unless_empty(&self) {
+        self.progress.rotate_unless_empty.store(true, Relaxed);
         self.progress.rotate_requested.store(true, Relaxed);
         if let Some(h) = &self.handle {
             h.thread().unpark();
@@ -496,14 +508,27 @@ impl WriterCtx {
                         return Ok(reason);
                     }
                 }
-                if let Some(reason) = self.rotate()? {
-                    return Ok(reason);
+                // A split that holds no message is not closed on SIGUSR1: with a file
+                // budget (`max_bag_files`) an empty split would push a split of history out.
+                let unless_empty = self.progress.rotate_unless_empty.load(Relaxed);
+                let empty = self.writer().open_split_span().is_none();
+                if unless_empty && empty && queued > 0 {
+                    // Messages accepted before the request are still queued: this turn
+                    // writes them, the next one closes the split with them.
+                    self.progress.rotate_requested.store(true, Relaxed);
+                } else {
+                    self.progress.rotate_unless_empty.store(false, Relaxed);
+                    if unless_empty && empty {
+                        log::info!("SIGUSR1: the current split holds no message; not closed");
+                    } else if let Some(reason) = self.rotate()? {
+                        return Ok(reason);
+                    }
+                    if let Some(reason) = self.after_batch()? {
+                        return Ok(reason);
+                    }
+                    self.note_stall(turn);
+                    continue;
                 }
-                if let Some(reason) = self.after_batch()? {
-                    return Ok(reason);
-                }
-                self.note_stall(turn);
-                continue;
             }
             self.drain_registrations()?;
             let mut disconnected = false;

@@ -398,6 +398,14 @@ impl Ring {
         let _ = self.map.flush_range(0, HEADER_BYTES as usize);
     }
 
+    /// Mark the ring in use again by this process (a reload that keeps the ring after the
+    /// previous recording marked it clean): a crash from now on is recovered at the restart.
+    pub fn mark_running(&self) {
+        self.atomic(H_PID)
+            .store(u64::from(std::process::id()), Relaxed);
+        self.atomic(H_STATE).store(STATE_RUNNING, Release);
+    }
+
     /// The header word at `off`, as an atomic.
     fn atomic(&self, off: usize) -> &AtomicU64 {
         debug_assert!(off.is_multiple_of(8) && (off as u64) + 8 <= HEADER_BYTES);
@@ -786,6 +794,9 @@ pub struct RingWriter {
 impl RingWriter {
     pub fn new(ring: std::sync::Arc<Ring>) -> Self {
         let window_ns = ring.window_ns();
+        // A ring kept across a reload already holds records of these topics: their ids
+        // must keep meaning the same topics (a fresh ring's table is empty).
+        let topics = ring.topics();
         RingWriter {
             head: ring.head(),
             tail: ring.tail(),
@@ -793,7 +804,7 @@ impl RingWriter {
             ring,
             window_ns,
             newest_ts: i64::MIN,
-            topics: Vec::new(),
+            topics,
             evicted: 0,
         }
     }

@@ -16,4 +16,5 @@ mod record;
 mod recovery;
 mod retention;
 mod service;
+mod signals;
 mod snapshot;
