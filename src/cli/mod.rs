@@ -63,7 +63,7 @@ fn cmd_trigger(a: &args::TriggerArgs) -> i32 {
         pre_s: a.pre,
         post_s: Some(a.post),
     };
-    if let Err(e) = req.windows() {
+    if let Err(e) = req.check_reason().and_then(|()| req.windows()) {
         return fail(EXIT_BAD_INPUT, e);
     }
     match send_trigger(&a.control_socket, &req) {

@@ -283,6 +283,7 @@ impl Tap for SnapshotTap {
                     origin: Origin::Topic,
                     at_ns: Some(ts),
                     reply: None,
+                    ticket: None,
                 });
             }
         }
@@ -374,6 +375,7 @@ impl Snapshots {
                 origin,
                 at_ns: None,
                 reply: None,
+                ticket: None,
             });
         }
     }

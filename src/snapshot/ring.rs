@@ -44,6 +44,9 @@ const VERSION: u32 = 1;
 const HEADER_BYTES: u64 = 4096;
 const TOPIC_SLOT_BYTES: u64 = 256 * 1024;
 const TRIGGER_SLOT_BYTES: u64 = 4096;
+/// The longest pending-trigger record (its JSON) a slot holds; a longer one would be cut and
+/// unreadable after a crash.
+pub const PENDING_TRIGGER_MAX_BYTES: usize = (TRIGGER_SLOT_BYTES - 16) as usize;
 const TOPIC_SLOTS_AT: u64 = HEADER_BYTES;
 const TRIGGER_SLOTS_AT: u64 = TOPIC_SLOTS_AT + 2 * TOPIC_SLOT_BYTES;
 /// Where the data area starts.

@@ -18,3 +18,4 @@ mod retention;
 mod service;
 mod signals;
 mod snapshot;
+mod triggers;
