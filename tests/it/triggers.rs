@@ -172,10 +172,11 @@ fn a_slow_client_does_not_delay_another_clients_trigger_and_is_cut_off_in_bounde
     let sock = tmp.path().join("control.sock");
     let child = recorder(tmp.path(), "cont");
     assert!(wait_for(|| sock.exists()), "socket appears");
-    // The slow client: one byte of a request every 300 ms, for up to 8 s, then its answer.
+    // The slow client: one byte of a request every 300 ms, for up to 8 s; another thread
+    // waits for its answer and the end of the connection.
     let slow = UnixStream::connect(&sock).expect("connect");
     let started = Instant::now();
-    let slow_thread = {
+    let writer = {
         let slow = slow.try_clone().unwrap();
         std::thread::spawn(move || {
             let request = b"{\"reason\": \"slowly\"}\n";
@@ -187,6 +188,12 @@ fn a_slow_client_does_not_delay_another_clients_trigger_and_is_cut_off_in_bounde
             }
         })
     };
+    let reader = std::thread::spawn(move || {
+        slow.set_read_timeout(Some(DEADLINE)).unwrap();
+        let mut answer = String::new();
+        let _ = (&slow).read_to_string(&mut answer);
+        (answer, started.elapsed())
+    });
     // Its first byte is in: the server holds the connection now.
     std::thread::sleep(Duration::from_millis(50));
     let before_ns = now_ns();
@@ -194,12 +201,9 @@ fn a_slow_client_does_not_delay_another_clients_trigger_and_is_cut_off_in_bounde
     let fast_done = started.elapsed();
     let after_ns = now_ns();
     assert!(fast.status.success(), "{}", stderr(&fast));
-    // The slow one is answered (refused) and closed, by the server's bound, not its own end.
-    slow.set_read_timeout(Some(DEADLINE)).unwrap();
-    let mut answer = String::new();
-    let _ = (&slow).read_to_string(&mut answer);
-    let slow_done = started.elapsed();
-    let _ = slow_thread.join();
+    // The slow one is answered (refused) and closed by the server's bound, not its own end.
+    let (answer, slow_done) = reader.join().unwrap();
+    let _ = writer.join();
     assert!(
         fast_done < slow_done,
         "the fast trigger ({fast_done:?}) waited for the slow client ({slow_done:?})"
