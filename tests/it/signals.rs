@@ -312,9 +312,72 @@ fn a_trigger_right_after_a_reload_holds_the_history_from_before_it() {
         .unwrap_or_else(|| panic!("the reload's gap is logged: {err}"));
     let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
     assert_eq!(st["reloads"], 1, "{st}");
-    assert!(st["reload_gap_ms"].as_u64().is_some(), "{st}");
+    let counted_ms = st["reload_gap_ms"].as_u64().expect("reload_gap_ms");
+    // The hole the reload left in the ring (1 kHz: 1 ms between messages otherwise) is
+    // within what was counted.
+    let all = stamps(&snap[0]);
+    let hole_ms = all.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0) / 1_000_000;
+    assert!(
+        hole_ms as u64 <= counted_ms + 5,
+        "a {hole_ms} ms hole, {counted_ms} ms counted: {gap_line}"
+    );
     eprintln!(
-        "reload: {} messages of the pre-reload history in the snapshot; {gap_line}",
+        "reload: {} messages of the pre-reload history in the snapshot; hole {hole_ms} ms, counted {counted_ms} ms",
         before.len()
+    );
+}
+
+#[test]
+fn a_reload_that_changes_the_ring_size_carries_the_newest_history_over() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (config, root, status) = config(tmp.path(), &ring_keys(tmp.path()));
+    let mut child = daemon(&config);
+    wait_until(&mut child, "history to record", || {
+        accepted(&status) >= 1_500
+    });
+    let reload_ns = now_ns();
+    // A smaller ring (4 MiB still holds far more than this run).
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("snapshot_size = \"8MiB\"", "snapshot_size = \"4MiB\""),
+    )
+    .unwrap();
+    signal(&child, Signal::SIGHUP);
+    wait_until(&mut child, "the status of the second bag", || {
+        std::fs::read_to_string(&status).is_ok_and(|s| s.contains("\"reloads\": 1"))
+    });
+    let t = ringbag()
+        .args(["trigger", "--reason", "after resize", "--post", "0"])
+        .arg("--control-socket")
+        .arg(tmp.path().join("control.sock"))
+        .run_output()
+        .expect("trigger runs");
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    wait_until(&mut child, "the snapshot to finish", || {
+        dirs(&root, "_snapshot_")
+            .first()
+            .is_some_and(|b| b.join("metadata.yaml").is_file())
+    });
+    let (code, err) = stop(child);
+    assert_eq!(code, Some(0), "{err}");
+    let snap = dirs(&root, "_snapshot_after-resize");
+    let stamps = stamps(&snap[0]);
+    let before = stamps.iter().filter(|t| **t < reload_ns).count();
+    assert!(
+        before >= 1_000,
+        "{before} messages from before the reload: {err}"
+    );
+    // The history goes on without a hole in the ring's order.
+    assert!(stamps.windows(2).all(|w| w[0] <= w[1]), "in order");
+    assert!(err.contains("settings changed on reload"), "{err}");
+    assert_eq!(
+        std::fs::metadata(tmp.path().join("ring")).unwrap().len(),
+        4 << 20,
+        "the new ring has the new size"
+    );
+    assert!(
+        !tmp.path().join("ring.reload").exists(),
+        "the old ring is gone"
     );
 }
