@@ -960,3 +960,50 @@ fn splits_on_disk(dir: &std::path::Path) -> (u32, u64) {
         .sum();
     (files.len() as u32, bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bag::writer::WriterOptions;
+    use crate::bag::{Flavour, TopicInfo};
+
+    /// Poll `cond` every ms until it holds (10 s at most).
+    fn wait(what: &str, cond: impl Fn() -> bool) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < end, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_rotation_unless_empty_leaves_an_empty_split_open_and_closes_one_with_messages() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let w = BagWriter::create(&tmp.path().join("bag"), WriterOptions::new(Flavour::Jazzy))
+            .expect("create");
+        let clock: Arc<dyn crate::clock::TimeSource> = Arc::new(crate::clock::SystemClock);
+        let p = Pipeline::start(w, None, clock, PipelineConfig::default());
+        let progress = p.progress();
+        let splits = || progress.splits.load(Relaxed);
+        wait("the first split", || splits() == 1);
+        p.request_rotate_unless_empty();
+        // Taken by the writer (and two more turns: anything it did is published).
+        wait("the request to be taken", || {
+            !progress.rotate_requested.load(Relaxed)
+        });
+        let turns = progress.loops.load(Relaxed);
+        wait("two more turns", || {
+            progress.loops.load(Relaxed) > turns + 1
+        });
+        assert_eq!(splits(), 1, "an empty split is not closed");
+        let producer = p.producer();
+        let topic = producer.add_topic(TopicInfo::new("/t", "std_msgs/msg/String"), None);
+        assert!(producer.push(&topic, b"\0\x01\0\0\x02\0\0\0x\0"));
+        // Asked while the message may still be queued: it goes into the split that closes.
+        p.request_rotate_unless_empty();
+        wait("the split with a message to close", || splits() == 2);
+        let (result, summary) = p.finish();
+        result.expect("finish");
+        assert_eq!(summary.written, 1);
+    }
+}
