@@ -130,7 +130,7 @@ fn a_reason_at_the_bound_survives_a_kill_9_mid_snapshot_with_its_window() {
     let t = trigger(&sock, &["--reason", &reason, "--pre", "1", "--post", "30"]);
     assert!(t.status.success(), "{}", stderr(&t));
     // Extensions add reasons: the record still holds the window (it keeps what fits).
-    for i in 0..10 {
+    for i in 0..4 {
         let more = format!("{}{i}", "\u{2}".repeat(MAX_REASON_BYTES - 1));
         let t = trigger(&sock, &["--reason", &more, "--post", "40"]);
         assert!(stderr(&t).contains("snapshot extended"), "{}", stderr(&t));
@@ -204,8 +204,11 @@ fn a_slow_client_does_not_delay_another_clients_trigger_and_is_cut_off_in_bounde
     // The slow one is answered (refused) and closed by the server's bound, not its own end.
     let (answer, slow_done) = reader.join().unwrap();
     let _ = writer.join();
+    // The slow request line is complete only after 6 s (its newline is byte 21): a server
+    // that served it first made the fast one wait at least that long. (Not "before the slow
+    // one is cut off": under qemu the fast one alone may take about as long as that bound.)
     assert!(
-        fast_done < slow_done,
+        fast_done < Duration::from_secs(5),
         "the fast trigger ({fast_done:?}) waited for the slow client ({slow_done:?})"
     );
     assert!(
