@@ -142,11 +142,26 @@ pub trait Supervisor {
     }
     /// The recording is about to be finished (queue flushed, split committed).
     fn finishing(&mut self, _run: &Running<'_>) {}
+    /// The snapshot ring the previous recording of this process kept (a reload): the next
+    /// recording goes on with its history instead of an empty ring.
+    fn take_ring(&mut self) -> Option<Arc<crate::snapshot::ring::Ring>> {
+        None
+    }
+    /// The recording has ended cleanly with this ring (marked clean, nothing open in it): keep
+    /// it for [`Supervisor::take_ring`], or drop it.
+    fn keep_ring(&mut self, _ring: Arc<crate::snapshot::ring::Ring>) {}
 }
 
 /// No hooks: plain `ringbag record`.
 pub struct Unsupervised;
-impl Supervisor for Unsupervised {}
+impl Supervisor for Unsupervised {
+    fn tick(&mut self, _run: &Running<'_>) -> bool {
+        if signals::take_reload() {
+            log::info!("SIGHUP: `ringbag record` has no configuration to reload; ignored");
+        }
+        false
+    }
+}
 
 pub fn run(settings: RecordSettings) -> Result<RecordOutcome, Box<RecordFailure>> {
     run_with(settings, &mut Unsupervised)
@@ -211,7 +226,7 @@ pub fn run_with(
     }
     // The black box next: a ring a crashed run left becomes a bag before anything else (so
     // the budget below counts it), then a fresh ring, its thread and its control socket.
-    let mut snapshots = match start_snapshots(&settings, &root, clock.clone()) {
+    let mut snapshots = match start_snapshots(&settings, &root, clock.clone(), hooks.take_ring()) {
         Ok(s) => s,
         Err(e) => return Err(failure(e.into(), None)),
     };
@@ -230,12 +245,9 @@ pub fn run_with(
     };
     let writer = BagWriter::create(&settings.output, settings.writer.clone())
         .map_err(|e| failure(create_error(e), None))?;
-    // From here a clean stop saves something: the first SIGINT/SIGTERM asks for it.
-    let signals_installed = signals::install().and_then(|()| match &snapshots {
-        Some(_) => signals::install_snapshot_trigger(),
-        None => Ok(()),
-    });
-    if let Err(e) = signals_installed {
+    // From here a clean stop saves something: the first SIGINT/SIGTERM asks for it. (SIGHUP,
+    // SIGUSR1 and SIGUSR2 are caught since `main_entry` began.)
+    if let Err(e) = signals::install() {
         if let Err(fe) = writer.finish() {
             log::error!("{fe}");
         }
@@ -333,7 +345,11 @@ pub fn run_with(
         settings: &settings,
         ring: snapshots.as_ref().map(|s| s.ring.clone()),
     };
+    // A SIGUSR1 while starting has nothing to close: the previous bag was finished and the
+    // first split has just opened. (A SIGUSR2 is kept: the ring exists now.)
+    let _ = signals::take_rotate();
     hooks.started(&running);
+    let mut requests = Requests::default();
     while !source_ended.load(std::sync::atomic::Ordering::Acquire) && !pipeline.stopping() {
         if signals::stop_requested() {
             log::info!("stop requested; writing what was accepted");
@@ -342,12 +358,8 @@ pub fn run_with(
         if hooks.tick(&running) {
             break;
         }
-        if let Some(s) = &snapshots {
-            if signals::take_snapshot_trigger() {
-                log::info!("SIGUSR2: snapshot requested");
-                s.trigger("sigusr2", crate::snapshot::trigger::Origin::Signal);
-            }
-        }
+        requests.rotate(&running);
+        requests.snapshot(snapshots.as_ref());
         if let Some(st) = status.as_mut() {
             if last_status.elapsed() >= STATUS_INTERVAL {
                 last_status = std::time::Instant::now();
@@ -372,7 +384,9 @@ pub fn run_with(
     let (result, summary) = pipeline.finish();
     // The writer thread has appended its last message to the ring: finish the open snapshot.
     if let Some(s) = snapshots.take() {
+        let ring = s.ring.clone();
         s.finish();
+        hooks.keep_ring(ring);
     }
     if let Some(st) = status.as_mut() {
         st.update(&progress);
@@ -381,6 +395,96 @@ pub fn run_with(
         (Err(e), _) => Err(failure(e.into(), Some(summary))),
         (Ok(_), Err(e)) => Err(failure(RecordError::Source(e), Some(summary))),
         (Ok((bag, stop)), Ok(())) => Ok(RecordOutcome { bag, stop, summary }),
+    }
+}
+
+/// SIGUSR1 closes the open split at most once per this: a burst of SIGUSR1 would otherwise
+/// close one nearly empty split per signal, and with `max_bag_files` each of those pushes a
+/// split of real history out of the budget.
+pub const ROTATE_MIN_GAP: Duration = Duration::from_secs(1);
+
+/// The main loop's handling of SIGUSR1 and SIGUSR2 (the same in `record` and the daemon).
+#[derive(Default)]
+struct Requests {
+    /// When SIGUSR1 last closed a split.
+    last_rotate: Option<std::time::Instant>,
+    /// SIGUSR1s skipped since the last close (reported with the next one).
+    rotates_skipped: u64,
+    /// SIGUSR2 without a ring was logged once; later ones are counted at debug level.
+    snapshot_ignored: u64,
+}
+
+impl Requests {
+    /// SIGUSR1: close the current split, unless one was closed less than
+    /// [`ROTATE_MIN_GAP`] ago (then say so once per burst). The writer itself skips a split
+    /// that holds no message.
+    fn rotate(&mut self, run: &Running<'_>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !signals::take_rotate() {
+            return;
+        }
+        if let Some(ago) = self
+            .last_rotate
+            .map(|t| t.elapsed())
+            .filter(|ago| *ago < ROTATE_MIN_GAP)
+        {
+            if self.rotates_skipped == 0 {
+                log::info!(
+                    "SIGUSR1: a split was closed {} ms ago; not closing another within {} s (a burst would push history out of the budget)",
+                    ago.as_millis(),
+                    ROTATE_MIN_GAP.as_secs()
+                );
+            }
+            self.rotates_skipped += 1;
+            return;
+        }
+        let bag = &run.settings.output;
+        let split = bag.join(format!(
+            "{}_{}.db3",
+            bag.file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default(),
+            run.pipeline
+                .progress()
+                .splits
+                .load(Relaxed)
+                .saturating_sub(1)
+        ));
+        log::info!(
+            ringbag_bag:% = bag.display(), ringbag_split:% = split.display();
+            "SIGUSR1: closing the current split {}{}",
+            split.display(),
+            match std::mem::take(&mut self.rotates_skipped) {
+                0 => String::new(),
+                n => format!(" ({n} SIGUSR1 skipped before)"),
+            }
+        );
+        self.last_rotate = Some(std::time::Instant::now());
+        run.pipeline.request_rotate_unless_empty();
+    }
+
+    /// SIGUSR2: a snapshot, or without a ring one log line (then debug lines).
+    fn snapshot(&mut self, snapshots: Option<&crate::snapshot::Snapshots>) {
+        if !signals::take_snapshot_trigger() {
+            return;
+        }
+        match snapshots {
+            Some(s) => {
+                log::info!("SIGUSR2: snapshot requested");
+                s.trigger("sigusr2", crate::snapshot::trigger::Origin::Signal);
+            }
+            None => {
+                self.snapshot_ignored += 1;
+                if self.snapshot_ignored == 1 {
+                    log::warn!("SIGUSR2: no snapshot ring configured; ignored");
+                } else {
+                    log::debug!(
+                        "SIGUSR2: no snapshot ring configured; ignored ({} so far)",
+                        self.snapshot_ignored
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -411,11 +515,14 @@ impl Drop for SourceEnd {
 }
 
 /// Recover a ring a crashed run left under `root`, then create the new ring and start the
-/// snapshot thread (and control socket). None without `--snapshot-size`.
+/// snapshot thread (and control socket). None without `--snapshot-size`. With `kept` (the
+/// ring of the recording before a reload): the same ring goes on when its file, size and
+/// window are unchanged; otherwise the newest records that fit are copied into the new one.
 fn start_snapshots(
     settings: &RecordSettings,
     root: &std::path::Path,
     clock: Arc<dyn TimeSource>,
+    kept: Option<Arc<crate::snapshot::ring::Ring>>,
 ) -> Result<Option<crate::snapshot::Snapshots>, crate::snapshot::SnapshotError> {
     use crate::snapshot::{ring::Ring, snapshotter, Snapshots};
     let Some(rs) = &settings.snapshot.ring else {
@@ -433,25 +540,66 @@ fn start_snapshots(
     // Checked again here, not only when the arguments were: a daemon's ring may have been
     // replaced since its start. A foreign or unsafe file is refused before recovery reads it.
     let path = rs.prepare(root)?;
-    // A failure to write the crash bag is logged, not fatal: recording matters more.
-    if let Err(e) = snapshotter::recover(&path, root, settings.writer.clone(), clock.now_ns()) {
-        log::error!("{}: cannot write the crash bag: {e}", path.display());
-    }
-    let ring = Arc::new(Ring::create(
-        &path,
-        Ring::capacity_for(rs.size),
-        rs.window_ns,
-    )?);
-    log::info!(
-        "snapshot ring {}: {} bytes{}",
-        path.display(),
-        ring.capacity(),
-        if rs.window_ns > 0 {
-            format!(", at most {} s", rs.window_ns as f64 / 1e9)
-        } else {
-            String::new()
+    let capacity = Ring::capacity_for(rs.size);
+    let ring = match kept {
+        Some(old)
+            if old.path() == path
+                && old.capacity() == capacity
+                && old.window_ns() == rs.window_ns =>
+        {
+            old.mark_running();
+            log::info!(
+                "snapshot ring {}: kept across the reload with its {} bytes of history",
+                path.display(),
+                old.head().saturating_sub(old.tail())
+            );
+            old
         }
-    );
+        kept => {
+            // A kept ring with other settings is set aside (renamed when it is at the new
+            // ring's path), so that its history can be carried over into the new one.
+            let old = kept.and_then(|r| set_aside(r, &path));
+            // A failure to write the crash bag is logged, not fatal: recording matters more.
+            if let Err(e) =
+                snapshotter::recover(&path, root, settings.writer.clone(), clock.now_ns())
+            {
+                log::error!("{}: cannot write the crash bag: {e}", path.display());
+            }
+            let ring = match (Ring::create(&path, capacity, rs.window_ns), old) {
+                (Ok(r), old) => {
+                    let ring = Arc::new(r);
+                    if let Some((old, old_path)) = old {
+                        carry_over(&old, &ring);
+                        drop(old);
+                        let _ = std::fs::remove_file(&old_path);
+                    }
+                    ring
+                }
+                (Err(e), Some((old, old_path))) => {
+                    // No room for both at once: the old history goes, the new ring comes.
+                    log::warn!(
+                        "{}: {e}; the previous ring's history is dropped to make room",
+                        path.display()
+                    );
+                    drop(old);
+                    let _ = std::fs::remove_file(&old_path);
+                    Arc::new(Ring::create(&path, capacity, rs.window_ns)?)
+                }
+                (Err(e), None) => return Err(e.into()),
+            };
+            log::info!(
+                "snapshot ring {}: {} bytes{}",
+                path.display(),
+                ring.capacity(),
+                if rs.window_ns > 0 {
+                    format!(", at most {} s", rs.window_ns as f64 / 1e9)
+                } else {
+                    String::new()
+                }
+            );
+            ring
+        }
+    };
     if let Some(max) = settings.retention.max_record_size {
         // What the continuous recording keeps for itself (a split, a batch, an empty split and
         // reserves) is not the snapshot's: a ring that holds more is cut short at a trigger.
@@ -481,6 +629,54 @@ fn start_snapshots(
         cfg,
         rs.control_socket.as_deref(),
     )?))
+}
+
+/// A ring kept across a reload whose settings changed: out of the new ring's way. Returns it
+/// with the path its file has now (to delete once its records are copied), or None when it
+/// cannot be moved (then it is dropped, and its file is replaced by the new ring).
+fn set_aside(
+    old: Arc<crate::snapshot::ring::Ring>,
+    new_path: &std::path::Path,
+) -> Option<(Arc<crate::snapshot::ring::Ring>, PathBuf)> {
+    if old.path() != new_path {
+        return Some((old.clone(), old.path().to_path_buf()));
+    }
+    let mut aside = new_path.as_os_str().to_owned();
+    aside.push(".reload");
+    let aside = PathBuf::from(aside);
+    // The mapping and the lock belong to the open file, not its name: renaming keeps both.
+    match std::fs::rename(new_path, &aside) {
+        Ok(()) => Some((old, aside)),
+        Err(e) => {
+            log::warn!(
+                "{}: cannot set the previous ring aside ({e}); its history is dropped",
+                new_path.display()
+            );
+            None
+        }
+    }
+}
+
+/// Copy the records of `old` into the new ring, oldest first: the new ring's own size and
+/// window evict what does not fit, so it keeps the newest history that fits.
+fn carry_over(old: &crate::snapshot::ring::Ring, new: &Arc<crate::snapshot::ring::Ring>) {
+    use crate::snapshot::ring::{scan, RingWriter};
+    let mut w = RingWriter::new(new.clone());
+    let ids: Vec<Option<u32>> = old
+        .topics()
+        .into_iter()
+        .map(|t| w.add_topic(t).ok())
+        .collect();
+    let (records, _) = scan(old, |head, data| {
+        if let Some(Some(id)) = ids.get(head.topic as usize) {
+            let _ = w.append(*id, head.ts, data);
+        }
+    });
+    log::info!(
+        "snapshot ring {}: settings changed on reload; the previous ring's {records} records copied, {} bytes of the newest kept",
+        new.path().display(),
+        new.head().saturating_sub(new.tail())
+    );
 }
 
 const STATUS_INTERVAL: Duration = Duration::from_millis(100);

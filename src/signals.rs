@@ -17,6 +17,11 @@
 //!   signal. `record` has none: finishing may legitimately take long on a slow card, and its
 //!   supervisor's stop timeout (systemd's TimeoutStopSec) bounds it.
 //!
+//! * SIGHUP, SIGUSR1 and SIGUSR2 (`record`, `daemon`) are requests, caught from the first
+//!   instruction of `main_entry` by [`install_requests`]: they only set flags that the
+//!   recording's main loop takes (or logs as ignored), so none of them can end the process at
+//!   any moment, ring or no ring.
+//!
 //! The handlers only touch atomics and async-signal-safe calls.
 
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, Ordering::SeqCst};
@@ -111,52 +116,51 @@ pub fn install_with_grace(grace: Duration) -> Result<(), nix::Error> {
     Ok(())
 }
 
-/// SIGHUP (reload) and SIGUSR1 (close the split) arrived and were not yet taken.
+/// SIGHUP (reload), SIGUSR1 (close the split) and SIGUSR2 (take a snapshot) arrived and
+/// were not yet taken.
 static RELOAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static ROTATE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static SNAPSHOT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-extern "C" fn on_service_signal(sig: libc::c_int) {
+/// The requests ringbag documents for `record` and `daemon`. Their default action would end
+/// the process (SIGUSR2 with exit 140), leaving the bag unfinished.
+const REQUESTS: [Signal; 3] = [Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGUSR2];
+
+extern "C" fn on_request_signal(sig: libc::c_int) {
     match sig {
         libc::SIGHUP => RELOAD.store(true, SeqCst),
         libc::SIGUSR1 => ROTATE.store(true, SeqCst),
+        libc::SIGUSR2 => SNAPSHOT.store(true, SeqCst),
         _ => {}
     }
 }
 
-/// The daemon's requests: from now on SIGHUP and SIGUSR1 only set flags that
-/// [`take_reload`] and [`take_rotate`] read (their default action would end the process).
-/// Installed first thing in the daemon, so an early SIGHUP cannot kill it.
-pub fn install_service_requests() -> Result<(), nix::Error> {
+/// From now on SIGHUP, SIGUSR1 and SIGUSR2 only set flags that [`take_reload`],
+/// [`take_rotate`] and [`take_snapshot_trigger`] read. `main_entry` calls it first thing,
+/// before the arguments are parsed: a request that arrives while the process starts (a
+/// `systemctl reload` right after `start`, a SIGUSR2 before the ring exists, a recording
+/// without a ring) must never end it. Whoever has no use for a request logs and drops it.
+pub fn install_requests() -> Result<(), nix::Error> {
     let action = SigAction::new(
-        SigHandler::Handler(on_service_signal),
+        SigHandler::Handler(on_request_signal),
         SaFlags::SA_RESTART,
         SigSet::empty(),
     );
-    // SAFETY: the handler only stores to atomics.
-    unsafe {
-        sigaction(Signal::SIGHUP, &action)?;
-        sigaction(Signal::SIGUSR1, &action)?;
+    for sig in REQUESTS {
+        // SAFETY: the handler only stores to atomics.
+        unsafe { sigaction(sig, &action) }?;
     }
     Ok(())
 }
 
-/// SIGUSR2 (take a snapshot) arrived and was not yet taken.
-static SNAPSHOT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-extern "C" fn on_snapshot_signal(_: libc::c_int) {
-    SNAPSHOT.store(true, SeqCst);
-}
-
-/// A recording with a snapshot ring: SIGUSR2 only sets a flag [`take_snapshot_trigger`] reads
-/// (its default action would end the process).
-pub fn install_snapshot_trigger() -> Result<(), nix::Error> {
-    let action = SigAction::new(
-        SigHandler::Handler(on_snapshot_signal),
-        SaFlags::SA_RESTART,
-        SigSet::empty(),
-    );
-    // SAFETY: the handler only stores to an atomic.
-    unsafe { sigaction(Signal::SIGUSR2, &action) }?;
+/// Give SIGHUP, SIGUSR1 and SIGUSR2 their default action back: for the commands that do not
+/// document them (`play`, `info`, ...), a hangup still ends the process as usual.
+pub fn restore_request_defaults() -> Result<(), nix::Error> {
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    for sig in REQUESTS {
+        // SAFETY: installing the default action runs no code of ours.
+        unsafe { sigaction(sig, &default) }?;
+    }
     Ok(())
 }
 
@@ -197,6 +201,33 @@ mod tests {
             }
             ForkResult::Parent { child } => waitpid(child, None).expect("waitpid"),
         }
+    }
+
+    #[test]
+    fn requests_only_set_flags_and_their_defaults_come_back_when_restored() {
+        let status = in_child(|| {
+            if install_requests().is_err() {
+                return 1;
+            }
+            for sig in [Signal::SIGUSR2, Signal::SIGHUP, Signal::SIGUSR1] {
+                let _ = nix::sys::signal::raise(sig);
+            }
+            if !(take_snapshot_trigger() && take_reload() && take_rotate()) {
+                return 2;
+            }
+            if take_snapshot_trigger() || take_reload() || take_rotate() {
+                return 3;
+            }
+            if restore_request_defaults().is_err() {
+                return 4;
+            }
+            let _ = nix::sys::signal::raise(Signal::SIGUSR2);
+            5 // not reached: the default action ends the process
+        });
+        assert!(
+            matches!(status, WaitStatus::Signaled(_, Signal::SIGUSR2, _)),
+            "{status:?}"
+        );
     }
 
     #[test]

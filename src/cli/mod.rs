@@ -21,10 +21,22 @@ pub const EXIT_FAILURE: i32 = 1;
 pub const EXIT_BAD_INPUT: i32 = 2;
 
 pub fn main_entry() -> i32 {
+    // First, before anything can take time: SIGHUP, SIGUSR1 and SIGUSR2 must not end a
+    // recorder that is starting (see `signals`). SIGINT/SIGTERM keep their default action.
+    if let Err(e) = crate::signals::install_requests() {
+        return fail(EXIT_FAILURE, format!("cannot install signal handlers: {e}"));
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => return clap_failure(&e),
     };
+    if !matches!(cli.command, Command::Record(_) | Command::Daemon(_)) {
+        // Only `record` and `daemon` document these requests; elsewhere a hangup ends the
+        // process as it always does.
+        if let Err(e) = crate::signals::restore_request_defaults() {
+            return fail(EXIT_FAILURE, format!("cannot install signal handlers: {e}"));
+        }
+    }
     let level = match log_level(cli.log_level, std::env::var_os(LOG_ENV)) {
         Ok(l) => l,
         Err(e) => return fail(EXIT_BAD_INPUT, e),
@@ -51,7 +63,7 @@ fn cmd_trigger(a: &args::TriggerArgs) -> i32 {
         pre_s: a.pre,
         post_s: Some(a.post),
     };
-    if let Err(e) = req.windows() {
+    if let Err(e) = req.check_reason().and_then(|()| req.windows()) {
         return fail(EXIT_BAD_INPUT, e);
     }
     match send_trigger(&a.control_socket, &req) {

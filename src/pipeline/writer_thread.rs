@@ -165,6 +165,9 @@ pub struct Progress {
     pub loops: std::sync::atomic::AtomicU64,
     /// Set by [`Pipeline::request_rotate`]; the writer closes the open split at its next turn.
     pub rotate_requested: AtomicBool,
+    /// With `rotate_requested`: leave the split open if it holds no message yet
+    /// ([`Pipeline::request_rotate_unless_empty`]).
+    pub rotate_unless_empty: AtomicBool,
     /// What the retention budget holds, published after each batch and rotation (0 / -1
     /// without retention): bytes, split files, start of the oldest kept message (ns).
     pub budget_bytes: std::sync::atomic::AtomicU64,
@@ -311,6 +314,15 @@ impl Pipeline {
     /// Ask the writer to close the open split now and open the next (through retention, as
     /// a size or time split does). Returns at once; the writer acts at its next turn.
     pub fn request_rotate(&self) {
+        self.progress.rotate_unless_empty.store(false, Relaxed);
+        self.progress.rotate_requested.store(true, Relaxed);
+    }
+
+    /// [`Pipeline::request_rotate`], except that a split holding no message yet is left
+    /// open (SIGUSR1): with a file budget (`max_bag_files`) an empty split would push a split
+    /// of real history out. The writer logs the skip.
+    pub fn request_rotate_unless_empty(&self) {
+        self.progress.rotate_unless_empty.store(true, Relaxed);
         self.progress.rotate_requested.store(true, Relaxed);
         if let Some(h) = &self.handle {
             h.thread().unpark();
@@ -619,14 +631,27 @@ impl WriterCtx {
                         return Ok(reason);
                     }
                 }
-                if let Some(reason) = self.rotate()? {
-                    return Ok(reason);
+                // A split that holds no message is not closed on SIGUSR1: with a file
+                // budget (`max_bag_files`) an empty split would push a split of history out.
+                let unless_empty = self.progress.rotate_unless_empty.load(Relaxed);
+                let empty = self.writer().open_split_span().is_none();
+                if unless_empty && empty && queued > 0 {
+                    // Messages accepted before the request are still queued: this turn
+                    // writes them, the next one closes the split with them.
+                    self.progress.rotate_requested.store(true, Relaxed);
+                } else {
+                    self.progress.rotate_unless_empty.store(false, Relaxed);
+                    if unless_empty && empty {
+                        log::info!("SIGUSR1: the current split holds no message; not closed");
+                    } else if let Some(reason) = self.rotate()? {
+                        return Ok(reason);
+                    }
+                    if let Some(reason) = self.after_batch()? {
+                        return Ok(reason);
+                    }
+                    self.note_stall(turn);
+                    continue;
                 }
-                if let Some(reason) = self.after_batch()? {
-                    return Ok(reason);
-                }
-                self.note_stall(turn);
-                continue;
             }
             self.drain_registrations()?;
             let mut disconnected = false;
@@ -1125,4 +1150,51 @@ fn splits_on_disk(dir: &std::path::Path) -> (u32, u64) {
         .map(|f| crate::bag::writer::split_size_on_disk(&dir.join(f)))
         .sum();
     (files.len() as u32, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bag::writer::WriterOptions;
+    use crate::bag::{Flavour, TopicInfo};
+
+    /// Poll `cond` every ms until it holds (10 s at most).
+    fn wait(what: &str, cond: impl Fn() -> bool) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < end, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_rotation_unless_empty_leaves_an_empty_split_open_and_closes_one_with_messages() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let w = BagWriter::create(&tmp.path().join("bag"), WriterOptions::new(Flavour::Jazzy))
+            .expect("create");
+        let clock: Arc<dyn crate::clock::TimeSource> = Arc::new(crate::clock::SystemClock);
+        let p = Pipeline::start(w, None, clock, PipelineConfig::default());
+        let progress = p.progress();
+        let splits = || progress.splits.load(Relaxed);
+        wait("the first split", || splits() == 1);
+        p.request_rotate_unless_empty();
+        // Taken by the writer (and two more turns: anything it did is published).
+        wait("the request to be taken", || {
+            !progress.rotate_requested.load(Relaxed)
+        });
+        let turns = progress.loops.load(Relaxed);
+        wait("two more turns", || {
+            progress.loops.load(Relaxed) > turns + 1
+        });
+        assert_eq!(splits(), 1, "an empty split is not closed");
+        let producer = p.producer();
+        let topic = producer.add_topic(TopicInfo::new("/t", "std_msgs/msg/String"), None);
+        assert!(producer.push(&topic, b"\0\x01\0\0\x02\0\0\0x\0"));
+        // Asked while the message may still be queued: it goes into the split that closes.
+        p.request_rotate_unless_empty();
+        wait("the split with a message to close", || splits() == 2);
+        let (result, summary) = p.finish();
+        result.expect("finish");
+        assert_eq!(summary.written, 1);
+    }
 }

@@ -165,12 +165,17 @@ const STATUS_EVERY: Duration = Duration::from_secs(1);
 /// `ringbag daemon --config FILE`: record until SIGTERM/SIGINT (Ok), or until the writer
 /// fails (Err: exit 1, and systemd restarts the service).
 pub fn run(config_path: &Path) -> Result<(), ServiceError> {
-    // First: SIGHUP and SIGUSR1 must not end the process at their default action.
-    signals::install_service_requests().map_err(ServiceError::Signals)?;
+    // SIGHUP, SIGUSR1 and SIGUSR2 are caught since `main_entry` began; again here for a
+    // caller of the library that did not go through it.
+    signals::install_requests().map_err(ServiceError::Signals)?;
     let mut checked = ServiceConfig::load_checked(config_path)?;
     let started = Instant::now();
     let mut collector = status::Collector::new(config_path.to_path_buf(), started);
     let mut ready_sent = false;
+    // Carried from a bag to the next across a SIGHUP: the black box's history, and when the
+    // old bag stopped accepting messages (the start of the reload's unrecorded gap).
+    let mut kept_ring = None;
+    let mut reload_began = None;
     loop {
         let root = checked.output_root.clone();
         std::fs::create_dir_all(&root).map_err(|source| ServiceError::Root {
@@ -190,9 +195,13 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
             last_status: None,
             status_failing: false,
             reload: None,
+            ring: kept_ring.take(),
+            reload_began: reload_began.take(),
         };
         let result = record::run_with(settings, &mut hooks);
         let reload = hooks.reload.take();
+        let ring = hooks.ring.take();
+        let began = hooks.reload_began.take();
         match result {
             Ok(out) => log::info!(
                 ringbag_bag:% = bag.display();
@@ -215,6 +224,8 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
         match reload {
             Some(new) if !signals::stop_requested() => {
                 checked = *new;
+                kept_ring = ring;
+                reload_began = began;
                 log::info!("configuration reloaded; starting a new bag");
             }
             _ => break,
@@ -235,6 +246,11 @@ struct Hooks<'a> {
     status_failing: bool,
     /// A valid new config read on SIGHUP: end this bag, start the next with it.
     reload: Option<Box<Checked>>,
+    /// The snapshot ring, handed from the bag before a reload to the next.
+    ring: Option<std::sync::Arc<crate::snapshot::ring::Ring>>,
+    /// When a reload made the bag before this one stop accepting messages (in the bag that
+    /// reloads: when it decided to).
+    reload_began: Option<Instant>,
 }
 
 impl Hooks<'_> {
@@ -275,8 +291,17 @@ impl Supervisor for Hooks<'_> {
         while progress.loops.load(Relaxed) == 0 && !run.pipeline.stopping() {
             std::thread::sleep(Duration::from_millis(1));
         }
-        // A SIGUSR1 while starting has nothing to close: the previous bag was finished.
-        let _ = signals::take_rotate();
+        if let Some(began) = self.reload_began.take() {
+            // The sources stopped when the old bag began to finish; this one's runs now.
+            let gap = began.elapsed();
+            self.collector.note_reload(gap);
+            log::info!(
+                ringbag_bag:% = run.settings.output.display();
+                "reload: recording into {}; {} ms were not recorded during the reload",
+                run.settings.output.display(),
+                gap.as_millis()
+            );
+        }
         self.publish_status(run);
         notify::send(&[NotifyState::Ready]);
         *self.ready_sent = true;
@@ -288,29 +313,13 @@ impl Supervisor for Hooks<'_> {
         if let Some(wd) = self.watchdog.as_mut() {
             wd.poll(progress.loops.load(Relaxed));
         }
-        if signals::take_rotate() {
-            let p = run.pipeline.progress();
-            let bag = &run.settings.output;
-            let split = bag.join(format!(
-                "{}_{}.db3",
-                bag.file_name()
-                    .map(|n| n.to_string_lossy())
-                    .unwrap_or_default(),
-                p.splits.load(Relaxed).saturating_sub(1)
-            ));
-            log::info!(
-                ringbag_bag:% = bag.display(), ringbag_split:% = split.display();
-                "SIGUSR1: closing the current split {}",
-                split.display()
-            );
-            run.pipeline.request_rotate();
-        }
         if signals::take_reload() {
             match ServiceConfig::load_checked(self.config_path) {
                 Ok(c) => {
                     log::info!("SIGHUP: configuration valid; finishing this bag");
                     notify::send(&[NotifyState::Reloading]);
                     self.reload = Some(Box::new(c));
+                    self.reload_began = Some(Instant::now());
                     return true;
                 }
                 Err(e) => log::error!("SIGHUP: {e}; keeping the running configuration"),
@@ -320,6 +329,17 @@ impl Supervisor for Hooks<'_> {
             self.publish_status(run);
         }
         false
+    }
+
+    fn take_ring(&mut self) -> Option<std::sync::Arc<crate::snapshot::ring::Ring>> {
+        self.ring.take()
+    }
+
+    fn keep_ring(&mut self, ring: std::sync::Arc<crate::snapshot::ring::Ring>) {
+        // Only a reload goes on with it; a stop drops it (marked clean, as before).
+        if self.reload.is_some() {
+            self.ring = Some(ring);
+        }
     }
 
     fn finishing(&mut self, run: &Running<'_>) {

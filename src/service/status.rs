@@ -183,6 +183,13 @@ pub struct Status {
     /// disk), once it has: the rates above are then the last ones, not a live recording's.
     #[serde(default)]
     pub stopped: Option<String>,
+    /// SIGHUP reloads since the service started.
+    #[serde(default)]
+    pub reloads: u64,
+    /// Time not recorded across those reloads (old bag stopped accepting to the new bag
+    /// recording), ms.
+    #[serde(default)]
+    pub reload_gap_ms: u64,
 }
 
 impl Status {
@@ -222,6 +229,12 @@ impl Status {
             None => format!("clock {}", self.clock.source),
         };
         parts.push(clock);
+        if self.reloads > 0 {
+            parts.push(format!(
+                "{} reloads, {} ms unrecorded",
+                self.reloads, self.reload_gap_ms
+            ));
+        }
         if let Some(r) = &self.ring {
             parts.push(r.line());
         }
@@ -371,6 +384,8 @@ pub struct Collector {
     pub config: PathBuf,
     pub started: Instant,
     prev: Option<Previous>,
+    reloads: u64,
+    reload_gap_ms: u64,
 }
 
 impl Collector {
@@ -379,7 +394,17 @@ impl Collector {
             config,
             started,
             prev: None,
+            reloads: 0,
+            reload_gap_ms: 0,
         }
+    }
+
+    /// A reload left `gap` unrecorded: counted in every status from now on.
+    pub fn note_reload(&mut self, gap: Duration) {
+        self.reloads += 1;
+        self.reload_gap_ms = self
+            .reload_gap_ms
+            .saturating_add(u64::try_from(gap.as_millis()).unwrap_or(u64::MAX));
     }
 
     /// Forget rates (a new bag starts its counters at zero).
@@ -512,6 +537,8 @@ impl Collector {
             last_error,
             ring: run.ring.as_deref().map(|r| RingStatus::of(r, now_ns)),
             stopped: progress.failure.get().cloned(),
+            reloads: self.reloads,
+            reload_gap_ms: self.reload_gap_ms,
         }
     }
 }

@@ -7,19 +7,17 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{RecvTimeoutError, Sender};
 
-use super::snapshotter::Cmd;
+use super::snapshotter::{Cmd, Ticket};
 use super::trigger::{Origin, Outcome, TriggerRequest};
 
 /// The service's control socket (systemd's `RuntimeDirectory=ringbag`).
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/ringbag/control.sock";
 /// A request line longer than this is refused.
 const MAX_REQUEST: u64 = 64 * 1024;
-/// How long a connection may take to send its request, and the recorder to answer.
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest control socket path: a unix socket address (`sun_path`) holds 108 bytes,
 /// the last of them the terminating NUL.
 pub const MAX_SOCKET_PATH: usize = 107;
@@ -274,55 +272,201 @@ impl Drop for ControlServer {
     }
 }
 
+/// How many connections are served at once; one more is answered `refused` (busy) at once.
+/// Each is a thread for at most [`REQUEST_DEADLINE`] + [`ANSWER_DEADLINE`] (and a bounded
+/// write), so slow or stuck clients cannot hold triggers back from the others.
+const MAX_CLIENTS: usize = 4;
+/// How long a connection may take to send its whole request line (total, not per byte).
+const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
+/// How long the snapshot thread may take to answer; then the trigger is abandoned (never
+/// acted on later) and answered as refused.
+const ANSWER_DEADLINE: Duration = Duration::from_secs(3);
+/// How often a waiting connection looks at the stop flag and its deadline.
+const SLICE: Duration = Duration::from_millis(50);
+/// `ringbag trigger` waits this long for the answer: longer than the server's own bounds.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+
 fn serve(listener: UnixListener, tx: Sender<Cmd>, stop: &AtomicBool) {
-    while !stop.load(Relaxed) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                if let Err(e) = answer(stream, &tx) {
-                    log::warn!("control socket: {e}");
+    // Scoped: every connection thread has ended (each notices `stop` within a slice) before
+    // `serve` returns, so no sender of triggers outlives the control socket.
+    std::thread::scope(|scope| {
+        let mut clients: Vec<std::thread::ScopedJoinHandle<'_, ()>> = Vec::new();
+        while !stop.load(Relaxed) {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    clients.retain(|c| !c.is_finished());
+                    if clients.len() >= MAX_CLIENTS {
+                        refuse_busy(&stream);
+                        continue;
+                    }
+                    let tx = &tx;
+                    let spawned = std::thread::Builder::new()
+                        .name("ringbag-control-client".into())
+                        .spawn_scoped(scope, move || {
+                            if let Err(e) = answer(stream, tx, stop) {
+                                log::warn!("control socket: {e}");
+                            }
+                        });
+                    match spawned {
+                        Ok(h) => clients.push(h),
+                        Err(e) => log::warn!("control socket: cannot serve a client: {e}"),
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    log::warn!("control socket: accept: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => {
-                log::warn!("control socket: accept: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-            }
+        }
+    });
+}
+
+/// Write `outcome` as the one answer line (bounded: a client that does not read is dropped).
+fn reply(stream: &UnixStream, outcome: &Outcome) -> std::io::Result<()> {
+    let mut text = serde_json::to_string(outcome).unwrap_or_default();
+    text.push('\n');
+    stream.set_write_timeout(Some(Duration::from_secs(1)))?;
+    let mut w: &UnixStream = stream;
+    w.write_all(text.as_bytes())
+}
+
+fn refuse_busy(stream: &UnixStream) {
+    let _ = stream.set_nonblocking(false);
+    let _ = reply(
+        stream,
+        &Outcome::Refused {
+            why: format!("busy: {MAX_CLIENTS} other clients are being served; try again"),
+        },
+    );
+}
+
+/// One connection: read a request line (within [`REQUEST_DEADLINE`]), hand it to the
+/// snapshot thread, write its answer.
+fn answer(stream: UnixStream, tx: &Sender<Cmd>, stop: &AtomicBool) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    let outcome = match read_request(&stream, stop)? {
+        None => return Ok(()),
+        Some(Err(refused)) => refused,
+        Some(Ok(line)) => match serde_json::from_str::<TriggerRequest>(line.trim()) {
+            Err(e) => Outcome::Refused {
+                why: format!("not a trigger request: {e}"),
+            },
+            Ok(req) => match req.check_reason() {
+                Err(why) => Outcome::Refused { why },
+                Ok(()) => ask(tx, req, stop),
+            },
+        },
+    };
+    reply(&stream, &outcome)
+}
+
+/// The request line; `Some(Err)` the answer for a client that is too slow, sends too much,
+/// or arrives while the recorder stops; None when it closed without sending anything.
+fn read_request(
+    stream: &UnixStream,
+    stop: &AtomicBool,
+) -> std::io::Result<Option<Result<String, Outcome>>> {
+    let deadline = Instant::now() + REQUEST_DEADLINE;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.iter().position(|b| *b == b'\n') {
+            buf.truncate(end);
+            return Ok(Some(Ok(String::from_utf8_lossy(&buf).into_owned())));
+        }
+        if buf.len() as u64 > MAX_REQUEST {
+            return Ok(Some(Err(Outcome::Refused {
+                why: format!("a request line is at most {MAX_REQUEST} bytes"),
+            })));
+        }
+        if stop.load(Relaxed) {
+            return Ok(Some(Err(stopping())));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(Some(Err(Outcome::Refused {
+                why: format!(
+                    "the request line was not complete within {} s",
+                    REQUEST_DEADLINE.as_secs()
+                ),
+            })));
+        }
+        stream.set_read_timeout(Some(left.min(SLICE)))?;
+        let mut r: &UnixStream = stream;
+        match r.read(&mut chunk) {
+            // The client closed its side: what it sent is the request (or nothing).
+            Ok(0) if buf.is_empty() => return Ok(None),
+            Ok(0) => return Ok(Some(Ok(String::from_utf8_lossy(&buf).into_owned()))),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
         }
     }
 }
 
-/// One connection: read a request line, hand it to the snapshot thread, write its answer.
-fn answer(stream: UnixStream, tx: &Sender<Cmd>) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let mut line = String::new();
-    BufReader::new((&stream).take(MAX_REQUEST)).read_line(&mut line)?;
-    let outcome = match serde_json::from_str::<TriggerRequest>(line.trim()) {
-        Err(e) => Outcome::Refused {
-            why: format!("not a trigger request: {e}"),
-        },
-        Ok(req) => {
-            let (rtx, rrx) = crossbeam_channel::bounded(1);
-            let sent = tx.send(Cmd::Trigger {
-                req,
-                origin: Origin::Socket,
-                at_ns: None,
-                reply: Some(rtx),
-            });
-            match sent.ok().and_then(|_| rrx.recv_timeout(IO_TIMEOUT).ok()) {
-                Some(o) => o,
-                None => Outcome::Refused {
-                    why: "the recorder is stopping".into(),
-                },
+fn stopping() -> Outcome {
+    Outcome::Refused {
+        why: "the recorder is stopping".into(),
+    }
+}
+
+/// Hand `req` to the snapshot thread and wait for its answer, at most [`ANSWER_DEADLINE`]:
+/// then the trigger is abandoned, so a trigger answered as refused never happens later.
+fn ask(tx: &Sender<Cmd>, req: TriggerRequest, stop: &AtomicBool) -> Outcome {
+    // Now the request is complete: this is the trigger's time.
+    let ticket = Ticket::new();
+    let (rtx, rrx) = crossbeam_channel::bounded(1);
+    let sent = tx.send(Cmd::Trigger {
+        req,
+        origin: Origin::Socket,
+        at_ns: None,
+        reply: Some(rtx),
+        ticket: Some(ticket.clone()),
+    });
+    if sent.is_err() {
+        return stopping();
+    }
+    let deadline = ticket.asked + ANSWER_DEADLINE;
+    loop {
+        match rrx.recv_timeout(SLICE) {
+            Ok(o) => return o,
+            // Dropped unanswered: the snapshot thread ended without taking it.
+            Err(RecvTimeoutError::Disconnected) => return stopping(),
+            Err(RecvTimeoutError::Timeout) => {
+                let stopped = stop.load(Relaxed);
+                if !stopped && Instant::now() < deadline {
+                    continue;
+                }
+                if ticket.abandon() {
+                    return if stopped {
+                        stopping()
+                    } else {
+                        Outcome::Refused {
+                            why: format!(
+                                "the recorder did not take the trigger within {} s; it was dropped",
+                                ANSWER_DEADLINE.as_secs()
+                            ),
+                        }
+                    };
+                }
+                // Taken just now: its answer is on its way.
+                return rrx
+                    .recv_timeout(ANSWER_DEADLINE)
+                    .unwrap_or_else(|_| Outcome::Refused {
+                        why: "the recorder took the trigger but did not answer in time".into(),
+                    });
             }
         }
-    };
-    let mut text = serde_json::to_string(&outcome).unwrap_or_default();
-    text.push('\n');
-    (&stream).write_all(text.as_bytes())
+    }
 }
 
 /// `ringbag trigger`: send one request to the recorder at `path`, return its answer.
@@ -335,7 +479,8 @@ pub fn send_trigger(path: &Path, req: &TriggerRequest) -> Result<Outcome, Contro
         path: path.to_path_buf(),
         source,
     })?;
-    stream.set_read_timeout(Some(IO_TIMEOUT * 2)).map_err(io)?;
+    stream.set_read_timeout(Some(CLIENT_TIMEOUT)).map_err(io)?;
+    stream.set_write_timeout(Some(CLIENT_TIMEOUT)).map_err(io)?;
     let mut text = serde_json::to_string(req).unwrap_or_default();
     text.push('\n');
     (&stream).write_all(text.as_bytes()).map_err(io)?;

@@ -316,6 +316,7 @@ impl Tap for SnapshotTap {
                     origin: Origin::Topic,
                     at_ns: Some(ts),
                     reply: None,
+                    ticket: None,
                 });
             }
         }
@@ -407,6 +408,7 @@ impl Snapshots {
                 origin,
                 at_ns: None,
                 reply: None,
+                ticket: None,
             });
         }
     }

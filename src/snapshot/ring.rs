@@ -45,6 +45,9 @@ const VERSION: u32 = 1;
 const HEADER_BYTES: u64 = 4096;
 const TOPIC_SLOT_BYTES: u64 = 256 * 1024;
 const TRIGGER_SLOT_BYTES: u64 = 4096;
+/// The longest pending-trigger record (its JSON) a slot holds; a longer one would be cut and
+/// unreadable after a crash.
+pub const PENDING_TRIGGER_MAX_BYTES: usize = (TRIGGER_SLOT_BYTES - 16) as usize;
 const TOPIC_SLOTS_AT: u64 = HEADER_BYTES;
 const TRIGGER_SLOTS_AT: u64 = TOPIC_SLOTS_AT + 2 * TOPIC_SLOT_BYTES;
 /// Where the data area starts.
@@ -451,6 +454,14 @@ impl Ring {
         self.atomic(H_STATE).store(STATE_CLEAN, Release);
         // Best effort: tmpfs has nothing to flush; a ring on a disk gets its state written.
         let _ = self.map.flush_range(0, HEADER_BYTES as usize);
+    }
+
+    /// Mark the ring in use again by this process (a reload that keeps the ring after the
+    /// previous recording marked it clean): a crash from now on is recovered at the restart.
+    pub fn mark_running(&self) {
+        self.atomic(H_PID)
+            .store(u64::from(std::process::id()), Relaxed);
+        self.atomic(H_STATE).store(STATE_RUNNING, Release);
     }
 
     /// The header word at `off`, as an atomic.
@@ -1115,6 +1126,9 @@ pub struct RingWriter {
 impl RingWriter {
     pub fn new(ring: std::sync::Arc<Ring>) -> Self {
         let window_ns = ring.window_ns();
+        // A ring kept across a reload already holds records of these topics: their ids
+        // must keep meaning the same topics (a fresh ring's table is empty).
+        let topics = ring.topics();
         RingWriter {
             head: ring.head(),
             tail: ring.tail(),
@@ -1122,7 +1136,7 @@ impl RingWriter {
             ring,
             window_ns,
             newest_ts: i64::MIN,
-            topics: Vec::new(),
+            topics,
             evicted: 0,
         }
     }

@@ -95,6 +95,7 @@ fn serve(
                 origin: Origin::Service,
                 at_ns: None,
                 reply: Some(rtx),
+                ticket: None,
             });
             let outcome = sent
                 .ok()

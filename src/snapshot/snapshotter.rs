@@ -3,13 +3,17 @@
 //! start from a ring a dead recorder left.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::ring::{PendingTrigger, Ring, Step};
-use super::trigger::{reason_for_name, Decision, Origin, Outcome, Planner, TriggerRequest, Window};
+use super::trigger::{
+    bounded_reason, escape_reason, reason_for_name, Decision, Origin, Outcome, Planner,
+    TriggerRequest, Window,
+};
 use crate::bag::writer::{row_growth_bytes, BagWriter, WriterOptions};
 use crate::bag::BagError;
 use crate::clock::TimeSource;
@@ -33,11 +37,62 @@ pub enum Cmd {
     Trigger {
         req: TriggerRequest,
         origin: Origin,
-        /// The trigger's time (a trigger topic's message stamp); None = now.
+        /// The trigger's time (a trigger topic's message stamp); None = when it was asked
+        /// for (the ticket's), else now.
         at_ns: Option<i64>,
         reply: Option<Sender<Outcome>>,
+        /// A requester that waits for the answer a bounded time (the control socket).
+        ticket: Option<Ticket>,
     },
 }
+
+/// A trigger that is answered within a deadline: whoever comes first, the snapshot thread
+/// taking it or the requester giving up on it, decides. So a trigger reported as failed
+/// never happens later, and one that happens is always reported.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    /// When the request was complete: the trigger's time.
+    pub asked: Instant,
+    state: Arc<AtomicU8>,
+}
+
+const TICKET_OPEN: u8 = 0;
+const TICKET_TAKEN: u8 = 1;
+const TICKET_ABANDONED: u8 = 2;
+
+impl Ticket {
+    pub fn new() -> Ticket {
+        Ticket {
+            asked: Instant::now(),
+            state: Arc::new(AtomicU8::new(TICKET_OPEN)),
+        }
+    }
+
+    /// The snapshot thread: true when the trigger may be acted on (not abandoned).
+    pub fn take(&self) -> bool {
+        self.state
+            .compare_exchange(TICKET_OPEN, TICKET_TAKEN, SeqCst, SeqCst)
+            .is_ok()
+    }
+
+    /// The requester: true when the trigger will now never be acted on; false when the
+    /// snapshot thread has already taken it (its answer is on the way).
+    pub fn abandon(&self) -> bool {
+        self.state
+            .compare_exchange(TICKET_OPEN, TICKET_ABANDONED, SeqCst, SeqCst)
+            .is_ok()
+    }
+}
+
+impl Default for Ticket {
+    fn default() -> Self {
+        Ticket::new()
+    }
+}
+
+/// At most one "extends snapshot" info line per this long; the others are counted into the
+/// next line (a trigger storm must not flood the journal).
+const EXTEND_LOG_EVERY: Duration = Duration::from_secs(1);
 
 /// What the snapshot thread needs.
 pub struct Config {
@@ -394,6 +449,9 @@ pub struct Snapshotter {
     open: Option<Open>,
     /// Finished snapshot bags, for the caller (retention, tests).
     pub finished: Vec<PathBuf>,
+    /// When the last "extends" line was logged, and the extensions not logged since.
+    extend_logged: Option<Instant>,
+    extends_unlogged: u64,
 }
 
 impl Snapshotter {
@@ -404,6 +462,8 @@ impl Snapshotter {
             planner: Planner::default(),
             open: None,
             finished: Vec::new(),
+            extend_logged: None,
+            extends_unlogged: 0,
         }
     }
 
@@ -425,7 +485,24 @@ impl Snapshotter {
                     origin,
                     at_ns,
                     reply,
+                    ticket,
                 }) => {
+                    if ticket.as_ref().is_some_and(|t| !t.take()) {
+                        // Its requester gave up waiting and reported a failure: it must not
+                        // happen now, late and stamped with the wrong time.
+                        log::warn!(
+                            "trigger ({origin:?}) dropped: answered as failed before it was taken"
+                        );
+                        continue;
+                    }
+                    // The time it was asked for, not when this thread got to it.
+                    let at_ns = at_ns.or_else(|| {
+                        ticket.as_ref().map(|t| {
+                            let waited =
+                                i64::try_from(t.asked.elapsed().as_nanos()).unwrap_or(i64::MAX);
+                            self.cfg.clock.now_ns().saturating_sub(waited)
+                        })
+                    });
                     let out = self.trigger(&req, origin, at_ns);
                     if let Some(r) = reply {
                         let _ = r.send(out);
@@ -443,15 +520,22 @@ impl Snapshotter {
     }
 
     fn trigger(&mut self, req: &TriggerRequest, origin: Origin, at_ns: Option<i64>) -> Outcome {
+        if let (Origin::Socket | Origin::Service, Err(why)) = (origin, req.check_reason()) {
+            log::warn!("trigger ({origin:?}) refused: {why}");
+            return Outcome::Refused { why };
+        }
         let reason = req
             .reason
-            .clone()
+            .as_deref()
             .filter(|r| !r.trim().is_empty())
+            .map(|r| bounded_reason(r).to_string())
             .unwrap_or_else(|| format!("{origin:?}").to_lowercase());
+        // Logged escaped: a reason is whatever a client sent.
+        let shown_reason = escape_reason(&reason);
         let (pre, post) = match req.windows() {
             Ok(w) => w,
             Err(why) => {
-                log::warn!("trigger ({reason}) refused: {why}");
+                log::warn!("trigger ({shown_reason}) refused: {why}");
                 return Outcome::Refused { why };
             }
         };
@@ -474,21 +558,39 @@ impl Snapshotter {
                     o.origins.push(origin);
                 }
                 let bag = o.dir.display().to_string();
-                log::info!(
-                    ringbag_bag = bag.as_str();
-                    "trigger ({reason}, {origin:?}): extends snapshot {bag} to {}",
-                    utc_text(end_ns)
-                );
+                if self
+                    .extend_logged
+                    .is_none_or(|t| t.elapsed() >= EXTEND_LOG_EVERY)
+                {
+                    self.extend_logged = Some(Instant::now());
+                    log::info!(
+                        ringbag_bag = bag.as_str();
+                        "trigger ({shown_reason}, {origin:?}): extends snapshot {bag} to {}{}",
+                        utc_text(end_ns),
+                        match std::mem::take(&mut self.extends_unlogged) {
+                            0 => String::new(),
+                            n => format!(" ({n} more extensions since the last line)"),
+                        }
+                    );
+                } else {
+                    self.extends_unlogged += 1;
+                    log::debug!(
+                        "trigger ({shown_reason}, {origin:?}): extends snapshot {bag} to {}",
+                        utc_text(end_ns)
+                    );
+                }
                 self.persist_pending();
                 Outcome::Extended { bag }
             }
             Decision::RateLimited { suppressed } => {
                 // The first of a storm as a warning, then every 100th: a storm must not
                 // flood the journal; the total goes into the next snapshot's log line.
-                log::debug!("trigger ({reason}, {origin:?}): rate-limited ({suppressed} in a row)");
+                log::debug!(
+                    "trigger ({shown_reason}, {origin:?}): rate-limited ({suppressed} in a row)"
+                );
                 if suppressed == 1 || suppressed % 100 == 0 {
                     log::warn!(
-                        "trigger ({reason}, {origin:?}): rate-limited ({suppressed} in a row; at most {} snapshots at once, then one a minute)",
+                        "trigger ({shown_reason}, {origin:?}): rate-limited ({suppressed} in a row; at most {} snapshots at once, then one a minute)",
                         super::trigger::STORM_BURST
                     );
                 }
@@ -497,7 +599,7 @@ impl Snapshotter {
             Decision::Start(window) => match self.start(window, &reason, origin) {
                 Ok(bag) => Outcome::Started { bag },
                 Err(e) => {
-                    log::error!("trigger ({reason}): cannot start the snapshot bag: {e}");
+                    log::error!("trigger ({shown_reason}): cannot start the snapshot bag: {e}");
                     Outcome::Refused { why: e.to_string() }
                 }
             },
@@ -538,7 +640,8 @@ impl Snapshotter {
         let shown = dir.display().to_string();
         log::info!(
             ringbag_bag = shown.as_str();
-            "trigger ({reason}, {origin:?}): snapshot {shown}: from {} to {}{}",
+            "trigger ({}, {origin:?}): snapshot {shown}: from {} to {}{}",
+            escape_reason(reason),
             if window.start_ns == i64::MIN {
                 "the oldest message in the ring".to_string()
             } else {
@@ -568,12 +671,8 @@ impl Snapshotter {
 
     fn persist_pending(&self) {
         if let Some(o) = &self.open {
-            self.ring.set_pending_trigger(Some(&PendingTrigger {
-                reason: o.reasons.join("; "),
-                trigger_ns: o.window.first_trigger_ns,
-                start_ns: o.window.start_ns,
-                end_ns: o.window.end_ns,
-            }));
+            self.ring
+                .set_pending_trigger(Some(&pending_that_fits(&o.reasons, &o.window)));
         }
     }
 
@@ -715,6 +814,30 @@ impl Snapshotter {
     }
 }
 
+/// The pending-trigger record for `reasons` and `window`, with as many of the reasons as its
+/// slot in the ring holds: the window is never lost to a long list of reasons. The first
+/// reason always fits (it is at most `MAX_REASON_BYTES`, six times that when escaped).
+fn pending_that_fits(reasons: &[String], window: &Window) -> PendingTrigger {
+    let mut kept = reasons.len();
+    loop {
+        let mut reason = reasons[..kept].join("; ");
+        if kept < reasons.len() {
+            reason.push_str(&format!("; and {} more", reasons.len() - kept));
+        }
+        let p = PendingTrigger {
+            reason,
+            trigger_ns: window.first_trigger_ns,
+            start_ns: window.start_ns,
+            end_ns: window.end_ns,
+        };
+        let len = serde_json::to_vec(&Some(&p)).map_or(usize::MAX, |v| v.len());
+        if len <= super::ring::PENDING_TRIGGER_MAX_BYTES || kept <= 1 {
+            return p;
+        }
+        kept -= 1;
+    }
+}
+
 /// What [`recover`] did.
 #[derive(Debug)]
 pub struct Recovered {
@@ -776,6 +899,9 @@ pub fn recover(
         bag.set_custom_data("ringbag.snapshot.reason", p.reason.clone());
         bag.set_custom_data("ringbag.snapshot.trigger_time", utc_text(p.trigger_ns));
         bag.set_custom_data("ringbag.snapshot.trigger_time_ns", p.trigger_ns.to_string());
+        // The interrupted snapshot's window (the bag holds the whole ring around it).
+        bag.set_custom_data("ringbag.snapshot.window_start_ns", p.start_ns.to_string());
+        bag.set_custom_data("ringbag.snapshot.window_end_ns", p.end_ns.to_string());
     } else {
         bag.set_custom_data("ringbag.snapshot.reason", "crash".to_string());
     }
@@ -789,7 +915,7 @@ pub fn recover(
         path.display(),
         pending
             .as_ref()
-            .map(|p| format!(" with the snapshot \"{}\" unfinished", p.reason))
+            .map(|p| format!(" with the snapshot \"{}\" unfinished", escape_reason(&p.reason)))
             .unwrap_or_default(),
         s.messages,
         dir.display()
@@ -825,6 +951,44 @@ mod tests {
             .unwrap()
             .map(|m| m.unwrap().timestamp)
             .collect()
+    }
+
+    #[test]
+    fn a_trigger_its_requester_abandoned_never_happens() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = Arc::new(Ring::create(&dir.path().join("ring"), 1 << 20, 0).unwrap());
+        let cfg = Config {
+            root: dir.path().join("root"),
+            writer: WriterOptions::new(Flavour::Jazzy),
+            clock: Arc::new(FakeClock(AtomicI64::new(1_000 * MS))),
+            finished: None,
+            room: None,
+            batch_bytes: COPY_BATCH_BYTES,
+        };
+        std::fs::create_dir_all(&cfg.root).unwrap();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let ticket = Ticket::new();
+        // The control socket gave up waiting (and answered "refused") before the thread
+        // got to the trigger.
+        assert!(ticket.abandon());
+        let (rtx, rrx) = crossbeam_channel::bounded(1);
+        tx.send(Cmd::Trigger {
+            req: TriggerRequest::default(),
+            origin: Origin::Socket,
+            at_ns: None,
+            reply: Some(rtx),
+            ticket: Some(ticket.clone()),
+        })
+        .unwrap();
+        drop(tx);
+        let bags = Snapshotter::new(ring, cfg).run(rx);
+        assert!(bags.is_empty());
+        assert!(rrx.recv().is_err(), "no answer: it was never acted on");
+        assert!(!ticket.take(), "an abandoned ticket stays abandoned");
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("root")).unwrap().count(),
+            0
+        );
     }
 
     #[test]
@@ -866,6 +1030,7 @@ mod tests {
                 origin: Origin::Socket,
                 at_ns: Some(at_ms * MS),
                 reply: Some(rtx),
+                ticket: None,
             })
             .unwrap();
             rrx.recv_timeout(Duration::from_secs(10)).unwrap()

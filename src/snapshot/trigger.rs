@@ -13,6 +13,11 @@ pub const MAX_EXTENSION_NS: i64 = 300_000_000_000;
 pub const STORM_BURST: u32 = 5;
 pub const STORM_REFILL_NS: i64 = 60_000_000_000;
 
+/// The longest reason a trigger may carry, in bytes of UTF-8. The pending-trigger record
+/// that survives a kill -9 (4 KiB in the ring) must hold the reason with the time window even
+/// when every byte of it is a control character that JSON escapes to six bytes.
+pub const MAX_REASON_BYTES: usize = 512;
+
 /// Where a trigger came from (logged, and stored in the bag).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -65,7 +70,56 @@ pub fn reason_for_name(reason: &str) -> String {
     }
 }
 
+/// A reason as it goes into a log line or the status file: one line, no terminal escape
+/// sequences. Control characters (newlines, ESC, DEL, C1), the Unicode line and paragraph
+/// separators and the bidirectional overrides are written as `\n`, `\t`, `\r` or
+/// `\u{1b}`; a backslash as `\\`, so the escaped text is unambiguous.
+pub fn escape_reason(reason: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(reason.len());
+    for c in reason.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control()
+                || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}') =>
+            {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `reason` cut to at most [`MAX_REASON_BYTES`] on a character boundary (for reasons made
+/// inside the recorder, such as a trigger topic's name, which are never refused).
+pub fn bounded_reason(reason: &str) -> &str {
+    if reason.len() <= MAX_REASON_BYTES {
+        return reason;
+    }
+    let mut end = MAX_REASON_BYTES;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason[..end]
+}
+
 impl TriggerRequest {
+    /// The reason is at most [`MAX_REASON_BYTES`] long (the CLI's `--reason`, the control
+    /// socket's `reason`): a longer one is refused, never cut silently.
+    pub fn check_reason(&self) -> Result<(), String> {
+        match &self.reason {
+            Some(r) if r.len() > MAX_REASON_BYTES => Err(format!(
+                "--reason: {} bytes long; at most {MAX_REASON_BYTES}",
+                r.len()
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Checked windows in nanoseconds: (pre, post); `pre` None = all of the ring.
     pub fn windows(&self) -> Result<(Option<i64>, i64), String> {
         let ns = |name: &str, s: f64| -> Result<i64, String> {
@@ -261,6 +315,38 @@ mod tests {
         assert_eq!(reason_for_name("../../etc"), "etc");
         assert_eq!(reason_for_name(""), "trigger");
         assert_eq!(reason_for_name(&"x".repeat(100)).len(), 40);
+    }
+
+    #[test]
+    fn reasons_are_logged_on_one_line_without_escape_sequences() {
+        assert_eq!(
+            escape_reason("e-stop\nringbag: error: fake\x1b[31m\\ \u{202e}x"),
+            "e-stop\\nringbag: error: fake\\u{1b}[31m\\\\ \\u{202e}x"
+        );
+        assert_eq!(escape_reason("plain reason, ä"), "plain reason, ä");
+    }
+
+    #[test]
+    fn a_reason_over_the_bound_is_refused_and_an_inner_one_is_cut_on_a_char_boundary() {
+        let at = TriggerRequest {
+            reason: Some("x".repeat(MAX_REASON_BYTES)),
+            ..Default::default()
+        };
+        assert!(at.check_reason().is_ok());
+        let over = TriggerRequest {
+            reason: Some("x".repeat(MAX_REASON_BYTES + 1)),
+            ..Default::default()
+        };
+        assert_eq!(
+            over.check_reason().unwrap_err(),
+            format!(
+                "--reason: {} bytes long; at most {MAX_REASON_BYTES}",
+                MAX_REASON_BYTES + 1
+            )
+        );
+        let long = "ä".repeat(MAX_REASON_BYTES);
+        let cut = bounded_reason(&long);
+        assert!(cut.len() <= MAX_REASON_BYTES && cut.len() >= MAX_REASON_BYTES - 1);
     }
 
     #[test]

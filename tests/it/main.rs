@@ -18,5 +18,7 @@ mod recovery;
 mod retention;
 mod ring_file;
 mod service;
+mod signals;
 mod snapshot;
 mod start_paths;
+mod triggers;

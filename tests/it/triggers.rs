@@ -1,0 +1,285 @@
+//! Triggers at the edges: the reason's bound (CLI, socket, the record that survives kill -9),
+//! a slow control-socket client, reasons that try to forge log lines, a trigger storm.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use ringbag::bag::reader::Bag;
+use ringbag::snapshot::trigger::MAX_REASON_BYTES;
+
+use crate::common::{ringbag, stderr, RunOutput};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + DEADLINE;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    cond()
+}
+
+/// A recorder of the synthetic `small` profile with a ring and a control socket in `tmp`.
+fn recorder(tmp: &Path, name: &str) -> Child {
+    ringbag()
+        .args(["record", "--source", "synthetic", "--clock", "system"])
+        .args(["--synthetic-profile", "small", "--log-level", "info"])
+        .args(["--bag-format", "jazzy", "--snapshot-size", "8MiB"])
+        .arg("--snapshot-file")
+        .arg(tmp.join("ring"))
+        .arg("--control-socket")
+        .arg(tmp.join("control.sock"))
+        .arg("-o")
+        .arg(tmp.join("root").join(name))
+        .env_remove("RINGBAG_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("record starts")
+}
+
+fn trigger(sock: &Path, args: &[&str]) -> std::process::Output {
+    ringbag()
+        .arg("trigger")
+        .arg("--control-socket")
+        .arg(sock)
+        .args(args)
+        .run_output()
+        .expect("ringbag trigger runs")
+}
+
+/// SIGINT, then the recorder's stderr.
+fn stop(child: Child) -> String {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    );
+    let out = crate::common::wait_deadline(child, DEADLINE.as_secs()).expect("recorder ends");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn bags_named(root: &Path, part: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().contains(part))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// One raw request over the socket; the answer line.
+fn raw_request(sock: &Path, line: &str) -> String {
+    let s = UnixStream::connect(sock).expect("connect");
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    (&s).write_all(line.as_bytes()).unwrap();
+    let mut answer = String::new();
+    BufReader::new(&s).read_line(&mut answer).unwrap();
+    answer
+}
+
+#[test]
+fn a_reason_over_the_bound_is_refused_with_one_line_by_the_cli_and_the_socket() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("control.sock");
+    let long = "x".repeat(MAX_REASON_BYTES + 1);
+    // Checked before any recorder is asked: the same line with or without one.
+    let o = trigger(&sock, &["--reason", &long]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "ringbag: error: --reason: {} bytes long; at most {MAX_REASON_BYTES}\n",
+            MAX_REASON_BYTES + 1
+        )
+    );
+    let child = recorder(tmp.path(), "cont");
+    assert!(wait_for(|| sock.exists()), "socket appears");
+    let answer = raw_request(&sock, &format!("{{\"reason\": \"{long}\"}}\n"));
+    let log = stop(child);
+    assert!(
+        answer.contains("\"refused\"") && answer.contains("at most 512"),
+        "{answer}"
+    );
+    assert!(bags_named(&tmp.path().join("root"), "_snapshot_").is_empty());
+    assert!(!log.contains("snapshot started"), "{log}");
+}
+
+#[test]
+fn a_reason_at_the_bound_survives_a_kill_9_mid_snapshot_with_its_window() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let sock = tmp.path().join("control.sock");
+    // Control characters take six bytes each in the record's JSON: the longest it can be.
+    let reason: String = "\u{1}".repeat(MAX_REASON_BYTES - 8) + "estop-42";
+    assert_eq!(reason.len(), MAX_REASON_BYTES);
+    let mut child = recorder(tmp.path(), "first");
+    assert!(wait_for(|| sock.exists()), "socket appears");
+    let t = trigger(&sock, &["--reason", &reason, "--pre", "1", "--post", "30"]);
+    assert!(t.status.success(), "{}", stderr(&t));
+    // Extensions add reasons: the record still holds the window (it keeps what fits).
+    for i in 0..4 {
+        let more = format!("{}{i}", "\u{2}".repeat(MAX_REASON_BYTES - 1));
+        let t = trigger(&sock, &["--reason", &more, "--post", "40"]);
+        assert!(stderr(&t).contains("snapshot extended"), "{}", stderr(&t));
+    }
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    let out = ringbag()
+        .args(["record", "--source", "synthetic", "--clock", "system"])
+        .args(["--synthetic-profile", "small", "--synthetic-count", "1"])
+        .args(["--bag-format", "jazzy", "--snapshot-size", "8MiB"])
+        .arg("--snapshot-file")
+        .arg(tmp.path().join("ring"))
+        .arg("-o")
+        .arg(root.join("second"))
+        .run_output()
+        .expect("restart");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let crash = bags_named(&root, "_crash_");
+    assert_eq!(crash.len(), 1, "{}", stderr(&out));
+    let bag = Bag::open(&crash[0]).expect("crash bag opens");
+    let c = &bag.metadata.custom_data;
+    let recorded = &c["ringbag.snapshot.reason"];
+    assert!(
+        recorded.starts_with(&format!("{reason}; ")),
+        "the first reason whole: {recorded:?}"
+    );
+    assert!(recorded.ends_with(" more"), "{recorded:?}");
+    let trigger_ns: i64 = c["ringbag.snapshot.trigger_time_ns"].parse().unwrap();
+    let start: i64 = c["ringbag.snapshot.window_start_ns"].parse().unwrap();
+    let end: i64 = c["ringbag.snapshot.window_end_ns"].parse().unwrap();
+    assert_eq!(start, trigger_ns - 1_000_000_000);
+    assert!(end >= trigger_ns + 40_000_000_000, "extended window end");
+    assert!(end < trigger_ns + 60_000_000_000);
+}
+
+#[test]
+fn a_slow_client_does_not_delay_another_clients_trigger_and_is_cut_off_in_bounded_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("control.sock");
+    let child = recorder(tmp.path(), "cont");
+    assert!(wait_for(|| sock.exists()), "socket appears");
+    // The slow client: one byte of a request every 300 ms, for up to 8 s; another thread
+    // waits for its answer and the end of the connection.
+    let slow = UnixStream::connect(&sock).expect("connect");
+    let started = Instant::now();
+    let writer = {
+        let slow = slow.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let request = b"{\"reason\": \"slowly\"}\n";
+            for b in request.iter().cycle().take(8_000 / 300) {
+                if (&slow).write_all(&[*b]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
+    let reader = std::thread::spawn(move || {
+        slow.set_read_timeout(Some(DEADLINE)).unwrap();
+        let mut answer = String::new();
+        let _ = (&slow).read_to_string(&mut answer);
+        (answer, started.elapsed())
+    });
+    // Its first byte is in: the server holds the connection now.
+    std::thread::sleep(Duration::from_millis(50));
+    let before_ns = now_ns();
+    let fast = trigger(&sock, &["--reason", "fast", "--post", "0"]);
+    let fast_done = started.elapsed();
+    let after_ns = now_ns();
+    assert!(fast.status.success(), "{}", stderr(&fast));
+    // The slow one is answered (refused) and closed by the server's bound, not its own end.
+    let (answer, slow_done) = reader.join().unwrap();
+    let _ = writer.join();
+    // The slow request line is complete only after 6 s (its newline is byte 21): a server
+    // that served it first made the fast one wait at least that long. (Not "before the slow
+    // one is cut off": under qemu the fast one alone may take about as long as that bound.)
+    assert!(
+        fast_done < Duration::from_secs(5),
+        "the fast trigger ({fast_done:?}) waited for the slow client ({slow_done:?})"
+    );
+    assert!(
+        slow_done < Duration::from_secs(6),
+        "the slow client was held {slow_done:?}"
+    );
+    assert!(answer.contains("not complete within 2 s"), "{answer}");
+    let root = tmp.path().join("root");
+    assert!(wait_for(|| bags_named(&root, "_snapshot_fast")
+        .first()
+        .is_some_and(|b| b.join("metadata.yaml").is_file())));
+    let log = stop(child);
+    assert!(bags_named(&root, "_snapshot_slowly").is_empty(), "{log}");
+    // The trigger time is when it was asked for.
+    let bag = Bag::open(&bags_named(&root, "_snapshot_fast")[0]).unwrap();
+    let at: i64 = bag.metadata.custom_data["ringbag.snapshot.trigger_time_ns"]
+        .parse()
+        .unwrap();
+    assert!(
+        (before_ns..=after_ns).contains(&at),
+        "{before_ns} {at} {after_ns}"
+    );
+    eprintln!("fast trigger answered after {fast_done:?}; slow client cut off after {slow_done:?}");
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
+}
+
+#[test]
+fn reasons_are_logged_escaped_on_one_line_and_a_storm_gives_a_bounded_number_of_lines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("control.sock");
+    let child = recorder(tmp.path(), "cont");
+    assert!(wait_for(|| sock.exists()), "socket appears");
+    let forged = "a\nringbag: error: forged\x1b[31m";
+    let t = trigger(&sock, &["--reason", forged, "--post", "5"]);
+    assert!(t.status.success(), "{}", stderr(&t));
+    let storm_started = Instant::now();
+    let storm = 300;
+    for i in 0..storm {
+        let answer = raw_request(
+            &sock,
+            &format!("{{\"reason\": \"storm {i}\", \"post_s\": 5}}\n"),
+        );
+        assert!(answer.contains("extended"), "{answer}");
+    }
+    let storm_s = storm_started.elapsed().as_secs();
+    let log = stop(child);
+    assert!(
+        log.lines().any(
+            |l| l.contains("trigger (a\\nringbag: error: forged\\u{1b}[31m, Socket): snapshot")
+        ),
+        "{log}"
+    );
+    assert!(
+        !log.lines().any(|l| l.starts_with("ringbag: error: forged")),
+        "{log}"
+    );
+    assert!(!log.contains('\x1b'), "{log}");
+    // One "extends" line a second at most (plus the first), each with the count it stands for.
+    let extends = log
+        .lines()
+        .filter(|l| l.contains("extends snapshot"))
+        .count();
+    assert!(
+        extends as u64 <= storm_s + 2,
+        "{extends} lines for {storm} extensions in {storm_s} s: {log}"
+    );
+    assert!(extends >= 1, "{log}");
+}
