@@ -167,6 +167,13 @@ pub struct PendingTrigger {
     pub start_ns: i64,
     /// ... to here.
     pub end_ns: i64,
+    /// The snapshot bag being written, so that recovery can finish it instead of leaving a
+    /// half-written bag beside the crash bag (absent in rings of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bag: Option<PathBuf>,
+    /// Trigger origins (`socket`, `signal`, ...), for the crash bag's metadata.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub origin: String,
 }
 
 /// One record read from the ring.
@@ -350,6 +357,46 @@ impl Ring {
             );
         }
         Ok(ring)
+    }
+
+    /// For recovery of a ring an earlier run left: check the header's `capacity`, `tail` and
+    /// `head` against the file and against each other, and repair what does not check out,
+    /// so that a walk from `tail` to `head` covers at most one lap (each record at most once)
+    /// whatever the header says. Returns one line per repair (empty: the header is sound).
+    ///
+    /// Why repair rather than refuse: the records carry their own CRCs, so a header damaged
+    /// by a stray write still leaves them recoverable; what must never happen is a walk
+    /// bounded only by a corrupted `head` (2^62 bytes: the same records, lap after lap).
+    pub fn repair_for_recovery(&mut self) -> Vec<String> {
+        let mut repaired = Vec::new();
+        // The map is as long as the file was when it was opened.
+        let file_data = (self.map.len() as u64).saturating_sub(DATA_AT) & !7;
+        if file_data > self.capacity {
+            // A ring file is created at exactly DATA_AT + capacity bytes and never grows: a
+            // longer file means the capacity field is wrong, and positions were taken modulo
+            // the file's size.
+            repaired.push(format!(
+                "capacity {} disagrees with the file's {file_data} data bytes; the file's size is used",
+                self.capacity
+            ));
+            self.capacity = file_data;
+            self.backed = file_data;
+        }
+        let (tail, head, cap) = (self.tail(), self.head(), self.capacity);
+        let sound =
+            tail.is_multiple_of(8) && head.is_multiple_of(8) && tail <= head && head - tail <= cap;
+        if !sound {
+            // Which of the two is wrong cannot be told: walk exactly one lap from where the
+            // tail points (mapped into the first lap), which visits every byte of the data
+            // area once and so finds every intact record once.
+            let start = (tail % cap) & !7;
+            repaired.push(format!(
+                "tail {tail} and head {head} do not fit a data area of {cap} bytes (tail <= head, head - tail <= capacity, both multiples of 8); one lap from position {start} is read instead"
+            ));
+            self.atomic(H_TAIL).store(start, Release);
+            self.atomic(H_HEAD).store(start + cap, Release);
+        }
+        repaired
     }
 
     pub fn path(&self) -> &Path {
@@ -625,9 +672,17 @@ impl Ring {
 
     /// Read the topic table (the newest valid slot).
     pub fn topics(&self) -> Vec<RingTopic> {
-        self.read_slot(TOPIC_SLOTS_AT, TOPIC_SLOT_BYTES)
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default()
+        self.topics_checked().unwrap_or_default()
+    }
+
+    /// Read the topic table, or say why it cannot be read (for recovery, which must tell what
+    /// it lost: records whose topic has no name cannot go into a bag).
+    pub fn topics_checked(&self) -> Result<Vec<RingTopic>, String> {
+        let bytes = self.read_slot(TOPIC_SLOTS_AT, TOPIC_SLOT_BYTES).ok_or_else(|| {
+            "neither copy of its topic table is intact (checksum or length wrong, or never written)"
+                .to_string()
+        })?;
+        serde_json::from_slice(&bytes).map_err(|e| format!("its topic table does not parse ({e})"))
     }
 
     /// The pending trigger, if one was recorded and not cleared.
@@ -1057,6 +1112,7 @@ mod tests {
                 trigger_ns: 5,
                 start_ns: 0,
                 end_ns: 15,
+                ..Default::default()
             }));
             // Dropped without mark_clean: as after a kill -9.
         }

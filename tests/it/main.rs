@@ -15,5 +15,6 @@ mod reader;
 mod record;
 mod recovery;
 mod retention;
+mod ring_recovery;
 mod service;
 mod snapshot;
