@@ -386,10 +386,19 @@ impl Ring {
         let sound =
             tail.is_multiple_of(8) && head.is_multiple_of(8) && tail <= head && head - tail <= cap;
         if !sound {
-            // Which of the two is wrong cannot be told: walk exactly one lap from where the
-            // tail points (mapped into the first lap), which visits every byte of the data
-            // area once and so finds every intact record once.
-            let start = (tail % cap) & !7;
+            // Walk exactly one lap, which visits every byte of the data area once and so
+            // finds every intact record once. Where it starts decides only whether a record
+            // straddling the start is lost: the tail if a record header starts there (the
+            // head is the damaged one), else the head if it is aligned (everything after the
+            // writer's next position is older, so a lap from it ends at the newest record),
+            // else the tail rounded down.
+            let start = if tail.is_multiple_of(8) && self.header_at(tail).is_some() {
+                tail % cap
+            } else if head.is_multiple_of(8) {
+                head % cap
+            } else {
+                (tail % cap) & !7
+            };
             repaired.push(format!(
                 "tail {tail} and head {head} do not fit a data area of {cap} bytes (tail <= head, head - tail <= capacity, both multiples of 8); one lap from position {start} is read instead"
             ));
@@ -1235,5 +1244,64 @@ mod tests {
             w.append(0, i, &vec![i as u8; (i % 700) as usize]).unwrap();
         }
         assert!(reader.join().unwrap() > 0);
+    }
+
+    #[test]
+    fn a_header_that_does_not_fit_the_file_is_repaired_to_one_lap_read_once() {
+        const CAP: u64 = 2 * MIN_CAPACITY;
+        let dir = tempfile::tempdir().unwrap();
+        // Wrapped several times: the records lie across the lap's end.
+        let path = dir.path().join("ring");
+        let kept = {
+            let r = Arc::new(Ring::create(&path, CAP, 0).unwrap());
+            let mut w = RingWriter::new(r.clone());
+            for i in 0..300 {
+                w.append(0, i, &[i as u8; 1000]).unwrap();
+            }
+            let mut kept = Vec::new();
+            scan(&r, |h, _| kept.push(h.ts));
+            kept
+        };
+        let sound = Ring::open_existing(&path).unwrap();
+        let (tail, head) = (sound.tail(), sound.head());
+        drop(sound);
+        let poke = |at: usize, v: u64| {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut f = OpenOptions::new().write(true).open(&path).unwrap();
+            f.seek(SeekFrom::Start(at as u64)).unwrap();
+            f.write_all(&v.to_le_bytes()).unwrap();
+        };
+        for (what, at, v) in [
+            ("head 2^62", H_HEAD, 1u64 << 62),
+            ("tail beyond head", H_TAIL, head + 8),
+            ("head - tail beyond capacity", H_HEAD, tail + 5 * CAP),
+            ("head not a multiple of 8", H_HEAD, head - 3),
+            ("capacity below the file's", H_CAPACITY, MIN_CAPACITY),
+        ] {
+            poke(H_TAIL, tail);
+            poke(H_HEAD, head);
+            poke(H_CAPACITY, CAP);
+            poke(at, v);
+            let mut r = Ring::open_existing(&path).unwrap();
+            let repaired = r.repair_for_recovery();
+            assert_eq!(repaired.len(), 1, "{what}: {repaired:?}");
+            assert!(r.head() - r.tail() <= CAP, "{what}");
+            let mut seen = Vec::new();
+            scan(&r, |h, _| seen.push(h.ts));
+            seen.sort_unstable();
+            let before = seen.len();
+            seen.dedup();
+            assert_eq!(seen.len(), before, "{what}: a record read twice");
+            // Every record the sound header gave, and only records once written.
+            assert!(kept.iter().all(|t| seen.contains(t)), "{what}: {seen:?}");
+            assert!(seen.iter().all(|t| (0..300).contains(t)), "{what}");
+        }
+        // A sound header is left as it is.
+        poke(H_TAIL, tail);
+        poke(H_HEAD, head);
+        poke(H_CAPACITY, CAP);
+        let mut r = Ring::open_existing(&path).unwrap();
+        assert!(r.repair_for_recovery().is_empty());
+        assert_eq!((r.tail(), r.head()), (tail, head));
     }
 }
