@@ -1272,4 +1272,87 @@ mod tests {
         assert_eq!(side["window_start_ns"], "0");
         assert_eq!(side["window_end_ns"], (70 * MS).to_string());
     }
+
+    #[test]
+    fn recovery_merges_the_interrupted_snapshot_whose_oldest_rows_the_ring_lost_each_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let ring_path = dir.path().join("ring");
+        let base = 1_700_000_000_000_000_000i64;
+        let data = |i: i64| vec![i as u8; 1000];
+        // The snapshot had copied records 0..150 when the recorder died; the ring (64 KiB,
+        // about 63 such records) has since wrapped and holds only the newest of 0..200.
+        let half = root.join("2026-01-01T00-00-00Z_snapshot_estop");
+        {
+            let mut b = BagWriter::create(&half, WriterOptions::new(Flavour::Jazzy)).unwrap();
+            let t = b
+                .add_topic(TopicInfo::new("/a", "std_msgs/msg/String"), None)
+                .unwrap();
+            for i in 0..150 {
+                b.write_batch([(t, base + i * MS, data(i).as_slice())])
+                    .unwrap();
+            }
+            b.finish().unwrap();
+        }
+        {
+            let ring = Arc::new(Ring::create(&ring_path, 1 << 16, 0).unwrap());
+            let mut w = RingWriter::new(ring.clone());
+            let t = w
+                .add_topic(RingTopic::new(
+                    &TopicInfo::new("/a", "std_msgs/msg/String"),
+                    None,
+                ))
+                .unwrap();
+            for i in 0..200 {
+                w.append(t, base + i * MS, &data(i)).unwrap();
+            }
+            ring.set_pending_trigger(Some(&PendingTrigger {
+                reason: "estop".into(),
+                trigger_ns: base,
+                start_ns: base,
+                end_ns: base + 10_000 * MS,
+                bag: Some(half.clone()),
+                origin: "socket".into(),
+            }));
+            // Dropped without mark_clean: as after a kill -9.
+        }
+        let r = recover(
+            &ring_path,
+            &root,
+            RecoverOptions {
+                writer: WriterOptions::new(Flavour::Jazzy),
+                retention: RetentionPolicy::default(),
+                whole_root: true,
+                now_ns: base + 300 * MS,
+            },
+        )
+        .unwrap()
+        .unwrap();
+        let bag = r.bag.expect("a crash bag");
+        assert_eq!(
+            stamps(&bag),
+            (0..200).map(|i| base + i * MS).collect::<Vec<_>>()
+        );
+        assert!(
+            !half.exists(),
+            "the interrupted snapshot is merged and removed"
+        );
+        let c = Bag::open(&bag).unwrap().metadata.custom_data;
+        assert_eq!(c["ringbag.snapshot.reason"], "estop");
+        assert_eq!(c["ringbag.snapshot.origin"], "socket");
+        // Recovered once: the ring is clean now.
+        let again = recover(
+            &ring_path,
+            &root,
+            RecoverOptions {
+                writer: WriterOptions::new(Flavour::Jazzy),
+                retention: RetentionPolicy::default(),
+                whole_root: true,
+                now_ns: base,
+            },
+        )
+        .unwrap();
+        assert!(again.is_none());
+    }
 }
