@@ -817,6 +817,7 @@ pub fn recover(
     let survey = survey(&ring);
     let topics = ring.topics_checked();
     let mut lost = Vec::new();
+    let table_read = topics.is_ok();
     let topics = match topics {
         Ok(t) => t,
         Err(why) => {
@@ -906,7 +907,7 @@ pub fn recover(
             s.damaged
         ));
     }
-    if s.unnamed > 0 {
+    if s.unnamed > 0 && table_read {
         lost.push(format!(
             "{} records of topic ids its topic table does not name",
             s.unnamed
