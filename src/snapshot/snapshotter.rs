@@ -18,6 +18,8 @@ use crate::retention::{Retention, RetentionError, RetentionPolicy, Verdict};
 /// Wait this long past a snapshot's end before closing it: messages stamped before the end
 /// may still be in the recorder's queue or batch (the batch delay is 50 ms).
 const CLOSE_GRACE_NS: i64 = 300_000_000;
+/// Bytes of the pending trigger's reason kept in the ring (see `persist_pending`).
+const PENDING_REASON_BYTES: usize = 1024;
 /// Rows per bag transaction while copying (bytes).
 const COPY_BATCH_BYTES: usize = 16 << 20;
 /// Ring bytes one copy call scans before the thread looks for triggers again.
@@ -571,8 +573,19 @@ impl Snapshotter {
 
     fn persist_pending(&self) {
         if let Some(o) = &self.open {
+            // The trigger slot holds 4 KiB of JSON; a longer text would be cut and unreadable
+            // at recovery, losing the reason and the bag to finish. Up to 16 reasons of any
+            // length are joined: keep the first 1 KiB of them.
+            let mut reason = o.reasons.join("; ");
+            if reason.len() > PENDING_REASON_BYTES {
+                let mut cut = PENDING_REASON_BYTES;
+                while !reason.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                reason.truncate(cut);
+            }
             self.ring.set_pending_trigger(Some(&PendingTrigger {
-                reason: o.reasons.join("; "),
+                reason,
                 trigger_ns: o.window.first_trigger_ns,
                 start_ns: o.window.start_ns,
                 end_ns: o.window.end_ns,
@@ -1355,5 +1368,32 @@ mod tests {
         )
         .unwrap();
         assert!(again.is_none());
+    }
+
+    #[test]
+    fn a_long_reason_still_leaves_a_readable_pending_trigger_naming_the_bag() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = Arc::new(Ring::create(&dir.path().join("ring"), 1 << 16, 0).unwrap());
+        let cfg = Config {
+            root: dir.path().join("root"),
+            writer: WriterOptions::new(Flavour::Jazzy),
+            clock: Arc::new(FakeClock(AtomicI64::new(0))),
+            finished: None,
+            in_progress: None,
+        };
+        std::fs::create_dir_all(&cfg.root).unwrap();
+        let mut sn = Snapshotter::new(ring.clone(), cfg);
+        let req = TriggerRequest {
+            reason: Some("é".repeat(3000)),
+            pre_s: Some(1.0),
+            post_s: Some(1.0),
+        };
+        let Outcome::Started { bag } = sn.trigger(&req, Origin::Socket, Some(5 * MS)) else {
+            panic!("not started");
+        };
+        let p = ring.pending_trigger().expect("readable");
+        assert_eq!(p.bag, Some(PathBuf::from(bag)));
+        assert!(p.reason.len() <= PENDING_REASON_BYTES && p.reason.starts_with('é'));
+        assert_eq!(p.origin, "socket");
     }
 }
