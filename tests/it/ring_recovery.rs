@@ -350,6 +350,24 @@ fn a_failed_start_leaves_no_crash_bag_for_the_next() {
         );
         assert!(!err.contains("left its ring"), "{name}: {err}");
     }
+    // A later start-up error, after the ring exists: the budget cannot make room for the new
+    // bag. A free-space floor of 99.999% is never met here: the 1.5 MiB ring itself is on
+    // the same filesystem, more than 0.001% of any filesystem under 150 GB.
+    let out = restart(
+        &root,
+        "floor",
+        &ring,
+        &["--recover", "--min-free-space-percent", "99.999"],
+    )
+    .expect("finishes");
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("ringbag: error: ") && l.contains("free-space floor")),
+        "{err}"
+    );
+    assert!(!err.contains("left its ring"), "{err}");
     let out = restart(&root, "third", &ring, &[]).expect("finishes");
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
