@@ -439,4 +439,16 @@ fn a_humble_crash_bag_carries_its_trigger_in_snapshot_yaml_which_info_reindex_an
         .unwrap();
     let play = wait_deadline(play, 30).expect("play ends");
     assert!(play.status.success(), "{}", stderr(&play));
+    // Retention deletes the bag, side file and all, once the budget needs its place.
+    let out = ringbag()
+        .args(["record", "--source", "synthetic", "--clock", "system"])
+        .args(["--synthetic-profile", "medium", "--synthetic-count", "30"])
+        .args(["--bag-format", "humble", "--recover", "-b", "100KiB"])
+        .args(["--max-record-size", "400KiB"])
+        .arg("-o")
+        .arg(root.join("later"))
+        .run_output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!crash[0].exists(), "{}", stderr(&out));
 }
