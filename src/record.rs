@@ -232,25 +232,45 @@ pub fn run_with(
     };
     // With --recover the parent directory is a recording root (as the service uses it): the
     // budget then spans the recovered bags too, oldest first. Otherwise only this bag counts.
+    //
+    // Any start-up error from here on first finishes the snapshot machinery: its ring, still
+    // empty, is then marked clean, so a failed start leaves no crash bag to the next one.
+    let abandon = |snapshots: &mut Option<crate::snapshot::Snapshots>| {
+        if let Some(s) = snapshots.take() {
+            s.finish();
+        }
+    };
     let retention = if settings.recover {
-        let mut r = Retention::open_root(&root, &settings.output, settings.retention.clone())
-            .map_err(|e| failure(RecordError::Pipeline(e.into()), None))?;
-        // The older bags may already exceed the budget (a smaller budget after a restart or
-        // reload): make room before the new bag appears, not after.
-        r.before_new_bag(&root)
-            .map_err(|e| failure(RecordError::Pipeline(e.into()), None))?;
-        r
+        let opened = Retention::open_root(&root, &settings.output, settings.retention.clone())
+            .and_then(|mut r| {
+                // The older bags may already exceed the budget (a smaller budget after a
+                // restart or reload): make room before the new bag appears, not after.
+                r.before_new_bag(&root).map(|_| r)
+            });
+        match opened {
+            Ok(r) => r,
+            Err(e) => {
+                abandon(&mut snapshots);
+                return Err(failure(RecordError::Pipeline(e.into()), None));
+            }
+        }
     } else {
         Retention::new(settings.retention.clone())
     };
-    let writer = BagWriter::create(&settings.output, settings.writer.clone())
-        .map_err(|e| failure(create_error(e), None))?;
+    let writer = match BagWriter::create(&settings.output, settings.writer.clone()) {
+        Ok(w) => w,
+        Err(e) => {
+            abandon(&mut snapshots);
+            return Err(failure(create_error(e), None));
+        }
+    };
     // From here a clean stop saves something: the first SIGINT/SIGTERM asks for it. (SIGHUP,
     // SIGUSR1 and SIGUSR2 are caught since `main_entry` began.)
     if let Err(e) = signals::install() {
         if let Err(fe) = writer.finish() {
             log::error!("{fe}");
         }
+        abandon(&mut snapshots);
         return Err(failure(RecordError::Signals(e), None));
     }
     log::info!(
@@ -313,6 +333,7 @@ pub fn run_with(
         Ok(h) => h,
         Err(e) => {
             let (_, summary) = pipeline.finish();
+            abandon(&mut snapshots);
             return Err(failure(
                 RecordError::Source(format!("cannot start source thread: {e}")),
                 Some(summary),
@@ -560,9 +581,13 @@ fn start_snapshots(
             // ring's path), so that its history can be carried over into the new one.
             let old = kept.and_then(|r| set_aside(r, &path));
             // A failure to write the crash bag is logged, not fatal: recording matters more.
-            if let Err(e) =
-                snapshotter::recover(&path, root, settings.writer.clone(), clock.now_ns())
-            {
+            let recover = snapshotter::RecoverOptions {
+                writer: settings.writer.clone(),
+                retention: settings.retention.clone(),
+                whole_root: settings.recover,
+                now_ns: clock.now_ns(),
+            };
+            if let Err(e) = snapshotter::recover(&path, root, recover) {
                 log::error!("{}: cannot write the crash bag: {e}", path.display());
             }
             let ring = match (Ring::create(&path, capacity, rs.window_ns), old) {
@@ -624,11 +649,15 @@ fn start_snapshots(
         room: None,
         batch_bytes: settings.pipeline.batch_max_bytes,
     };
-    Ok(Some(Snapshots::start(
-        ring,
-        cfg,
-        rs.control_socket.as_deref(),
-    )?))
+    match Snapshots::start(ring.clone(), cfg, rs.control_socket.as_deref()) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) => {
+            // The start fails (e.g. the control socket cannot be bound) with the ring still
+            // empty: left "running", the next start would write an empty crash bag for it.
+            ring.mark_clean();
+            Err(e)
+        }
+    }
 }
 
 /// A ring kept across a reload whose settings changed: out of the new ring's way. Returns it

@@ -176,6 +176,13 @@ pub struct PendingTrigger {
     pub start_ns: i64,
     /// ... to here.
     pub end_ns: i64,
+    /// The snapshot bag being written, so that recovery can finish it instead of leaving a
+    /// half-written bag beside the crash bag (absent in rings of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bag: Option<PathBuf>,
+    /// Trigger origins (`socket`, `signal`, ...), for the crash bag's metadata.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub origin: String,
 }
 
 /// One record read from the ring.
@@ -383,6 +390,55 @@ impl Ring {
             );
         }
         Ok(ring)
+    }
+
+    /// For recovery of a ring an earlier run left: check the header's `capacity`, `tail` and
+    /// `head` against the file and against each other, and repair what does not check out,
+    /// so that a walk from `tail` to `head` covers at most one lap (each record at most once)
+    /// whatever the header says. Returns one line per repair (empty: the header is sound).
+    ///
+    /// Why repair rather than refuse: the records carry their own CRCs, so a header damaged
+    /// by a stray write still leaves them recoverable; what must never happen is a walk
+    /// bounded only by a corrupted `head` (2^62 bytes: the same records, lap after lap).
+    pub fn repair_for_recovery(&mut self) -> Vec<String> {
+        let mut repaired = Vec::new();
+        // The map is as long as the file was when it was opened.
+        let file_data = (self.map.len() as u64).saturating_sub(DATA_AT) & !7;
+        if file_data > self.capacity {
+            // A ring file is created at exactly DATA_AT + capacity bytes and never grows: a
+            // longer file means the capacity field is wrong, and positions were taken modulo
+            // the file's size.
+            repaired.push(format!(
+                "capacity {} disagrees with the file's {file_data} data bytes; the file's size is used",
+                self.capacity
+            ));
+            self.capacity = file_data;
+            self.backed = file_data;
+        }
+        let (tail, head, cap) = (self.tail(), self.head(), self.capacity);
+        let sound =
+            tail.is_multiple_of(8) && head.is_multiple_of(8) && tail <= head && head - tail <= cap;
+        if !sound {
+            // Walk exactly one lap, which visits every byte of the data area once and so
+            // finds every intact record once. Where it starts decides only whether a record
+            // straddling the start is lost: the tail if a record header starts there (the
+            // head is the damaged one), else the head if it is aligned (everything after the
+            // writer's next position is older, so a lap from it ends at the newest record),
+            // else the tail rounded down.
+            let start = if tail.is_multiple_of(8) && self.header_at(tail).is_some() {
+                tail % cap
+            } else if head.is_multiple_of(8) {
+                head % cap
+            } else {
+                (tail % cap) & !7
+            };
+            repaired.push(format!(
+                "tail {tail} and head {head} do not fit a data area of {cap} bytes (tail <= head, head - tail <= capacity, both multiples of 8); one lap from position {start} is read instead"
+            ));
+            self.atomic(H_TAIL).store(start, Release);
+            self.atomic(H_HEAD).store(start + cap, Release);
+        }
+        repaired
     }
 
     pub fn path(&self) -> &Path {
@@ -691,9 +747,17 @@ impl Ring {
 
     /// Read the topic table (the newest valid slot).
     pub fn topics(&self) -> Vec<RingTopic> {
-        self.read_slot(TOPIC_SLOTS_AT, TOPIC_SLOT_BYTES)
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default()
+        self.topics_checked().unwrap_or_default()
+    }
+
+    /// Read the topic table, or say why it cannot be read (for recovery, which must tell what
+    /// it lost: records whose topic has no name cannot go into a bag).
+    pub fn topics_checked(&self) -> Result<Vec<RingTopic>, String> {
+        let bytes = self.read_slot(TOPIC_SLOTS_AT, TOPIC_SLOT_BYTES).ok_or_else(|| {
+            "neither copy of its topic table is intact (checksum or length wrong, or never written)"
+                .to_string()
+        })?;
+        serde_json::from_slice(&bytes).map_err(|e| format!("its topic table does not parse ({e})"))
     }
 
     /// The pending trigger, if one was recorded and not cleared.
@@ -1400,6 +1464,7 @@ mod tests {
                 trigger_ns: 5,
                 start_ns: 0,
                 end_ns: 15,
+                ..Default::default()
             }));
             // Dropped without mark_clean: as after a kill -9.
         }
@@ -1570,5 +1635,64 @@ mod tests {
             w.append(0, i, &vec![i as u8; (i % 700) as usize]).unwrap();
         }
         assert!(reader.join().unwrap() > 0);
+    }
+
+    #[test]
+    fn a_header_that_does_not_fit_the_file_is_repaired_to_one_lap_read_once() {
+        const CAP: u64 = 2 * MIN_CAPACITY;
+        let dir = tempfile::tempdir().unwrap();
+        // Wrapped several times: the records lie across the lap's end.
+        let path = dir.path().join("ring");
+        let kept = {
+            let r = Arc::new(Ring::create(&path, CAP, 0).unwrap());
+            let mut w = RingWriter::new(r.clone());
+            for i in 0..300 {
+                w.append(0, i, &[i as u8; 1000]).unwrap();
+            }
+            let mut kept = Vec::new();
+            scan(&r, |h, _| kept.push(h.ts));
+            kept
+        };
+        let sound = Ring::open_existing(&path).unwrap();
+        let (tail, head) = (sound.tail(), sound.head());
+        drop(sound);
+        let poke = |at: usize, v: u64| {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut f = OpenOptions::new().write(true).open(&path).unwrap();
+            f.seek(SeekFrom::Start(at as u64)).unwrap();
+            f.write_all(&v.to_le_bytes()).unwrap();
+        };
+        for (what, at, v) in [
+            ("head 2^62", H_HEAD, 1u64 << 62),
+            ("tail beyond head", H_TAIL, head + 8),
+            ("head - tail beyond capacity", H_HEAD, tail + 5 * CAP),
+            ("head not a multiple of 8", H_HEAD, head - 3),
+            ("capacity below the file's", H_CAPACITY, MIN_CAPACITY),
+        ] {
+            poke(H_TAIL, tail);
+            poke(H_HEAD, head);
+            poke(H_CAPACITY, CAP);
+            poke(at, v);
+            let mut r = Ring::open_existing(&path).unwrap();
+            let repaired = r.repair_for_recovery();
+            assert_eq!(repaired.len(), 1, "{what}: {repaired:?}");
+            assert!(r.head() - r.tail() <= CAP, "{what}");
+            let mut seen = Vec::new();
+            scan(&r, |h, _| seen.push(h.ts));
+            seen.sort_unstable();
+            let before = seen.len();
+            seen.dedup();
+            assert_eq!(seen.len(), before, "{what}: a record read twice");
+            // Every record the sound header gave, and only records once written.
+            assert!(kept.iter().all(|t| seen.contains(t)), "{what}: {seen:?}");
+            assert!(seen.iter().all(|t| (0..300).contains(t)), "{what}");
+        }
+        // A sound header is left as it is.
+        poke(H_TAIL, tail);
+        poke(H_HEAD, head);
+        poke(H_CAPACITY, CAP);
+        let mut r = Ring::open_existing(&path).unwrap();
+        assert!(r.repair_for_recovery().is_empty());
+        assert_eq!((r.tail(), r.head()), (tail, head));
     }
 }

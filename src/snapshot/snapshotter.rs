@@ -9,16 +9,19 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use super::ring::{PendingTrigger, Ring, Step};
+use super::ring::{PendingTrigger, Ring, RingTopic, Step};
 use super::trigger::{
     bounded_reason, escape_reason, reason_for_name, Decision, Origin, Outcome, Planner,
     TriggerRequest, Window,
 };
-use crate::bag::writer::{row_growth_bytes, BagWriter, WriterOptions};
-use crate::bag::BagError;
+use crate::bag::writer::{row_growth_bytes, BagWriter, Row, WriterOptions};
+use crate::bag::{BagError, Flavour};
 use crate::clock::TimeSource;
 use crate::pipeline::{Answer, Room};
-use crate::retention::{rows_disk_growth, BAG_DIR_RESERVE_BYTES, MIN_EMPTY_SPLIT_BYTES};
+use crate::retention::{
+    rows_disk_growth, Retention, RetentionError, RetentionPolicy, Verdict, BAG_DIR_RESERVE_BYTES,
+    MIN_EMPTY_SPLIT_BYTES,
+};
 
 /// Wait this long past a snapshot's end before closing it: messages stamped before the end
 /// may still be in the recorder's queue or batch (the batch delay is 50 ms).
@@ -118,6 +121,12 @@ pub struct CopyStats {
     /// than the ring wrapped), as bytes of the ring skipped.
     pub evicted_bytes: u64,
     pub damaged: u64,
+    /// Records whose topic id the ring's topic table does not name (they cannot be written).
+    pub unnamed: u64,
+    /// Records passed over for their stamp (outside the window; at recovery: implausible).
+    pub out_of_range: u64,
+    /// Records left out because the budget could not hold them (recovery only).
+    pub over_budget: u64,
     pub first_ns: Option<i64>,
     pub last_ns: Option<i64>,
 }
@@ -217,25 +226,47 @@ impl RoomClient {
 /// Copies records from a ring into a bag: ring topic ids → bag topic indexes, batches.
 struct Copier {
     topic_idx: Vec<Option<usize>>,
+    /// The topic table as read once (recovery: the dead run's table cannot change, and
+    /// re-reading it per unknown id would parse it per record); None: read it when an id is
+    /// new (a live ring gains topics).
+    topics: Option<Vec<RingTopic>>,
     arena: Vec<u8>,
     rows: Vec<(usize, i64, usize, usize)>,
     buf: Vec<u8>,
     stats: CopyStats,
+    /// Rows are written when this many bytes are buffered.
     batch_bytes: usize,
+    /// The root's budget (recovery): rows go in as the pipeline writes them, with retention
+    /// between splits and before every commit. None: no budget to consult (a live snapshot is
+    /// counted by the recording's own retention while it is written).
+    budget: Option<Retention>,
+    /// Why the budget stopped the copy (the rest was not written).
+    halted: Option<String>,
+    /// (bag topic, stamp, data CRC) of rows already written from an unfinished snapshot bag
+    /// (recovery): the ring's copy of each is left out once. Bounded by that bag's rows.
+    merged: std::collections::HashSet<(usize, i64, u32)>,
     room: Option<RoomClient>,
     /// Why the copy stopped short of its window, once it has.
     cut: Option<String>,
 }
 
+/// Damaged records logged one by one before they are only counted (a ring of garbage must
+/// not flood the journal).
+const DAMAGED_LOGGED: u64 = 10;
+
 impl Copier {
     fn new() -> Self {
         Copier {
             topic_idx: Vec::new(),
+            topics: None,
             arena: Vec::new(),
             rows: Vec::new(),
             buf: Vec::new(),
             stats: CopyStats::default(),
             batch_bytes: COPY_BATCH_BYTES,
+            budget: None,
+            halted: None,
+            merged: std::collections::HashSet::new(),
             room: None,
             cut: None,
         }
@@ -259,7 +290,14 @@ impl Copier {
         if let Some(Some(i)) = self.topic_idx.get(id as usize) {
             return Ok(Some(*i));
         }
-        let topics = ring.topics();
+        let read;
+        let topics = match &self.topics {
+            Some(t) => t,
+            None => {
+                read = ring.topics();
+                &read
+            }
+        };
         let Some(t) = topics.get(id as usize) else {
             return Ok(None);
         };
@@ -285,12 +323,13 @@ impl Copier {
     ) -> Result<Copied, BagError> {
         let mut scanned = 0u64;
         let mut result = Copied::Budget;
-        while scanned < budget_bytes {
+        while scanned < budget_bytes && self.halted.is_none() {
             let step = ring.read_if(*cursor, &mut self.buf, |h| h.ts >= start && h.ts <= end);
             match step {
                 Step::Skipped { head, next } => {
                     scanned += next - *cursor;
                     *cursor = next;
+                    self.stats.out_of_range += 1;
                     // Stamps are receive times, ordered to within the writer's batching: a
                     // record this far past the end means nothing later belongs in the window.
                     if head.ts > end.saturating_add(CLOSE_GRACE_NS) {
@@ -302,9 +341,16 @@ impl Copier {
                     scanned += next - *cursor;
                     *cursor = next;
                     let Some(idx) = self.bag_topic(ring, bag, head.topic)? else {
-                        self.stats.damaged += 1;
+                        self.stats.unnamed += 1;
                         continue;
                     };
+                    if !self.merged.is_empty()
+                        && self
+                            .merged
+                            .remove(&(idx, head.ts, crc32fast::hash(&self.buf)))
+                    {
+                        continue; // Already in the bag, from the unfinished snapshot.
+                    }
                     let at = self.arena.len();
                     self.arena.extend_from_slice(&self.buf);
                     self.rows.push((idx, head.ts, at, self.buf.len()));
@@ -328,7 +374,9 @@ impl Copier {
                 }
                 Step::Damaged { next, why } => {
                     self.stats.damaged += 1;
-                    log::warn!("{}: {why}; skipped", ring.path().display());
+                    if self.stats.damaged <= DAMAGED_LOGGED {
+                        log::warn!("{}: {why}; skipped", ring.path().display());
+                    }
                     match next {
                         Some(p) => *cursor = p,
                         None => {
@@ -340,6 +388,10 @@ impl Copier {
         }
         if !self.flush(bag)? {
             return Ok(Copied::Cut);
+        }
+        if self.halted.is_some() {
+            // The budget cannot take more: nothing else will be written.
+            return Ok(Copied::Head);
         }
         Ok(result)
     }
@@ -359,17 +411,34 @@ impl Copier {
             }
         }
         let arena = &self.arena;
-        bag.write_batch(
-            self.rows
-                .iter()
-                .map(|&(idx, ts, at, len)| (idx, ts, &arena[at..at + len])),
-        )?;
-        self.stats.messages += self.rows.len() as u64;
-        let (lo, hi) = self.rows.iter().fold((i64::MAX, i64::MIN), |(lo, hi), r| {
-            (lo.min(r.1), hi.max(r.1))
-        });
-        self.stats.first_ns = Some(self.stats.first_ns.map_or(lo, |f| f.min(lo)));
-        self.stats.last_ns = Some(self.stats.last_ns.map_or(hi, |l| l.max(hi)));
+        let rows: Vec<Row> = self
+            .rows
+            .iter()
+            .map(|&(idx, ts, at, len)| (idx, ts, &arena[at..at + len]))
+            .collect();
+        let written = match self.budget.as_mut() {
+            None => {
+                bag.write_batch(rows.iter().copied())?;
+                rows.clone()
+            }
+            Some(ret) => match write_budgeted(bag, ret, &rows, &mut self.stats.over_budget) {
+                Ok(w) => w,
+                Err(Halt::Bag(e)) => return Err(e),
+                Err(Halt::Stop(why, w)) => {
+                    self.halted = Some(why);
+                    w
+                }
+            },
+        };
+        self.stats.messages += written.len() as u64;
+        if !written.is_empty() {
+            let (lo, hi) = written.iter().fold((i64::MAX, i64::MIN), |(lo, hi), r| {
+                (lo.min(r.1), hi.max(r.1))
+            });
+            self.stats.first_ns = Some(self.stats.first_ns.map_or(lo, |f| f.min(lo)));
+            self.stats.last_ns = Some(self.stats.last_ns.map_or(hi, |l| l.max(hi)));
+        }
+        drop(rows);
         self.rows.clear();
         self.arena.clear();
         Ok(true)
@@ -405,6 +474,70 @@ fn batch_disk_growth(bag: &BagWriter, rows: &[(usize, i64, usize, usize)]) -> u6
         + 8192
 }
 
+/// Why [`write_budgeted`] stopped early.
+enum Halt<'a> {
+    Bag(BagError),
+    /// The budget cannot hold more (the reason), with the rows written before.
+    Stop(String, Vec<Row<'a>>),
+}
+
+/// Write `rows` as the pipeline's writer does under a budget: split by size and duration,
+/// retention between closing a split and opening the next, room made before every commit,
+/// messages that can never fit left out (counted in `over_budget`). Returns the rows written.
+fn write_budgeted<'a>(
+    bag: &mut BagWriter,
+    ret: &mut Retention,
+    rows: &[Row<'a>],
+    over_budget: &mut u64,
+) -> Result<Vec<Row<'a>>, Halt<'a>> {
+    let limit = ret.oversize_limit(bag);
+    let fitting: Vec<Row> = rows
+        .iter()
+        .copied()
+        .filter(|r| limit.fits(r.2.len() as u64))
+        .collect();
+    *over_budget += (rows.len() - fitting.len()) as u64;
+    let mut done = 0;
+    let stop = |why: String, done: usize| Halt::Stop(why, fitting[..done].to_vec());
+    let retention = |e: RetentionError, done: usize| match e {
+        RetentionError::Bag(e) => Halt::Bag(e),
+        e => stop(e.to_string(), done),
+    };
+    while done < fitting.len() {
+        let rest = &fitting[done..];
+        let n = bag.rows_fitting(rest);
+        if n == 0 {
+            if !bag.may_open_another_split() {
+                bag.mark_split_limit_reached();
+                return Err(stop(
+                    format!("--max-splits {} reached", ret.policy().max_splits),
+                    done,
+                ));
+            }
+            ret.rotate(bag).map_err(|e| retention(e, done))?;
+            continue;
+        }
+        let chunk = &rest[..n];
+        let page = bag.page_size();
+        let growth: u64 = chunk
+            .iter()
+            .map(|r| row_growth_bytes(r.2.len() as u64, page))
+            .sum();
+        let newest = chunk.iter().map(|r| r.1).max().unwrap_or(0);
+        ret.before_batch(bag, growth, newest)
+            .map_err(|e| retention(e, done))?;
+        bag.write_rows(chunk).map_err(Halt::Bag)?;
+        done += n;
+        match ret.after_batch(bag).map_err(|e| retention(e, done))? {
+            (Verdict::Continue, _) => {}
+            (Verdict::StopMaxSplits(n), _) => {
+                return Err(stop(format!("--max-splits {n} reached"), done));
+            }
+        }
+    }
+    Ok(fitting)
+}
+
 /// `2026-12-02T03-04-05Z_snapshot_estop` (or `_crash`), unique under `root`.
 pub fn snapshot_dir(root: &Path, at_ns: i64, kind: &str, reason: &str) -> PathBuf {
     let t = chrono::DateTime::from_timestamp_nanos(at_ns);
@@ -426,6 +559,40 @@ fn utc_text(ns: i64) -> String {
     chrono::DateTime::from_timestamp_nanos(ns)
         .format("%Y-%m-%dT%H:%M:%S%.9fZ")
         .to_string()
+}
+
+fn origins_text(origins: &[Origin]) -> String {
+    origins
+        .iter()
+        .map(|o| format!("{o:?}").to_lowercase())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The side file of a Humble-format snapshot bag: Humble's metadata.yaml has no `custom_data`,
+/// so the trigger's reason, origin, window and time go beside it.
+pub const SNAPSHOT_SIDE_FILE: &str = "snapshot.yaml";
+
+/// Record why and what a snapshot (or crash) bag holds: `ringbag.snapshot.<key>` in Jazzy's
+/// `custom_data`; for Humble, which has none, in [`SNAPSHOT_SIDE_FILE`] (written atomically,
+/// before the bag is finished, so a finished bag never lacks it). A side file that cannot be
+/// written is logged: the messages matter more than their label.
+fn describe_snapshot(bag: &mut BagWriter, dir: &Path, fields: &[(&str, String)]) {
+    for (k, v) in fields {
+        bag.set_custom_data(format!("ringbag.snapshot.{k}"), v.clone());
+    }
+    if bag.flavour() == Flavour::Humble {
+        let map: std::collections::BTreeMap<&str, &str> =
+            fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let text = serde_yaml_ng::to_string(&map).unwrap_or_default();
+        if let Err(e) = crate::bag::metadata::write_file_atomic(
+            dir,
+            SNAPSHOT_SIDE_FILE,
+            format!("# ringbag snapshot: why and what this bag holds\n{text}").as_bytes(),
+        ) {
+            log::warn!("{}: cannot write {SNAPSHOT_SIDE_FILE}: {e}", dir.display());
+        }
+    }
 }
 
 /// The snapshot being written.
@@ -671,8 +838,12 @@ impl Snapshotter {
 
     fn persist_pending(&self) {
         if let Some(o) = &self.open {
-            self.ring
-                .set_pending_trigger(Some(&pending_that_fits(&o.reasons, &o.window)));
+            self.ring.set_pending_trigger(Some(&pending_that_fits(
+                &o.reasons,
+                &o.window,
+                &o.dir,
+                &origins_text(&o.origins),
+            )));
         }
     }
 
@@ -723,38 +894,21 @@ impl Snapshotter {
             ..
         } = o;
         let s = &copier.stats;
-        let custom = [
-            ("ringbag.snapshot.reason", reasons.join("; ")),
-            (
-                "ringbag.snapshot.trigger_time",
-                utc_text(window.first_trigger_ns),
-            ),
-            (
-                "ringbag.snapshot.trigger_time_ns",
-                window.first_trigger_ns.to_string(),
-            ),
-            (
-                "ringbag.snapshot.origin",
-                origins
-                    .iter()
-                    .map(|o| format!("{o:?}").to_lowercase())
-                    .collect::<Vec<_>>()
-                    .join(","),
-            ),
-            ("ringbag.snapshot.triggers", triggers.to_string()),
-            ("ringbag.snapshot.window_end_ns", window.end_ns.to_string()),
-            (
-                "ringbag.snapshot.evicted_bytes_before_copy",
-                s.evicted_bytes.to_string(),
-            ),
-            ("ringbag.snapshot.damaged_records", s.damaged.to_string()),
+        let mut custom = vec![
+            ("reason", reasons.join("; ")),
+            ("trigger_time", utc_text(window.first_trigger_ns)),
+            ("trigger_time_ns", window.first_trigger_ns.to_string()),
+            ("origin", origins_text(&origins)),
+            ("triggers", triggers.to_string()),
+            ("window_start_ns", window.start_ns.to_string()),
+            ("window_end_ns", window.end_ns.to_string()),
+            ("evicted_bytes_before_copy", s.evicted_bytes.to_string()),
+            ("damaged_records", s.damaged.to_string()),
         ];
-        for (k, v) in custom {
-            bag.set_custom_data(k, v);
-        }
         if let Some(why) = &copier.cut {
-            bag.set_custom_data("ringbag.snapshot.cut", why.clone());
+            custom.push(("cut", why.clone()));
         }
+        describe_snapshot(&mut bag, &dir, &custom);
         let messages = s.messages;
         let last = s.last_ns;
         let shown = dir.display().to_string();
@@ -817,21 +971,43 @@ impl Snapshotter {
 /// The pending-trigger record for `reasons` and `window`, with as many of the reasons as its
 /// slot in the ring holds: the window is never lost to a long list of reasons. The first
 /// reason always fits (it is at most `MAX_REASON_BYTES`, six times that when escaped).
-fn pending_that_fits(reasons: &[String], window: &Window) -> PendingTrigger {
+fn pending_that_fits(
+    reasons: &[String],
+    window: &Window,
+    bag: &Path,
+    origin: &str,
+) -> PendingTrigger {
+    let fits = |p: &PendingTrigger| {
+        serde_json::to_vec(&Some(p)).map_or(usize::MAX, |v| v.len())
+            <= super::ring::PENDING_TRIGGER_MAX_BYTES
+    };
     let mut kept = reasons.len();
     loop {
         let mut reason = reasons[..kept].join("; ");
         if kept < reasons.len() {
             reason.push_str(&format!("; and {} more", reasons.len() - kept));
         }
-        let p = PendingTrigger {
+        let mut p = PendingTrigger {
             reason,
             trigger_ns: window.first_trigger_ns,
             start_ns: window.start_ns,
             end_ns: window.end_ns,
+            bag: Some(bag.to_path_buf()),
+            origin: origin.to_string(),
         };
-        let len = serde_json::to_vec(&Some(&p)).map_or(usize::MAX, |v| v.len());
-        if len <= super::ring::PENDING_TRIGGER_MAX_BYTES || kept <= 1 {
+        if fits(&p) {
+            return p;
+        }
+        if kept <= 1 {
+            // One reason alone is too long (a trigger from inside the process, or a long bag
+            // path): cut it until the record fits, so the window and the bag are never lost.
+            while !p.reason.is_empty() && !fits(&p) {
+                let mut cut = p.reason.len().saturating_sub(64);
+                while !p.reason.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                p.reason.truncate(cut);
+            }
             return p;
         }
         kept -= 1;
@@ -841,25 +1017,118 @@ fn pending_that_fits(reasons: &[String], window: &Window) -> PendingTrigger {
 /// What [`recover`] did.
 #[derive(Debug)]
 pub struct Recovered {
-    pub bag: PathBuf,
+    /// The crash bag; None when the ring held no message that could be written.
+    pub bag: Option<PathBuf>,
     pub stats: CopyStats,
     pub pending: Option<PendingTrigger>,
+    /// What the ring's header said that did not check out, and what was done instead.
+    pub repaired: Vec<String>,
+}
+
+/// How [`recover`] writes the crash bag.
+#[derive(Debug, Clone)]
+pub struct RecoverOptions {
+    pub writer: WriterOptions,
+    /// The root's budget: the crash bag obeys it like any other bag.
+    pub retention: RetentionPolicy,
+    /// The root is a recording root (`--recover`, the service): its other bags are on the
+    /// budget too, oldest first. Otherwise the crash bag alone must fit.
+    pub whole_root: bool,
+    /// Now, on the recorder's clock.
+    pub now_ns: i64,
+}
+
+/// Stamps this far around the ring's median stamp are believed (at least; a longer window
+/// widens it). A ring holds the last seconds to minutes; a record stamped decades away is
+/// damage, and in a bag it would make the duration overflow or play wait for years.
+const PLAUSIBLE_SPAN_NS: i64 = 24 * 3600 * 1_000_000_000;
+/// Stamps sampled for the median (whatever the ring's size: memory stays bounded).
+const STAMP_SAMPLE: usize = 4096;
+
+/// A first pass over a ring's record headers: how many, and a sample of their stamps.
+struct Survey {
+    records: u64,
+    sample: Vec<i64>,
+}
+
+fn survey(ring: &Ring) -> Survey {
+    let (mut pos, mut buf) = (ring.tail(), Vec::new());
+    let mut out = Survey {
+        records: 0,
+        sample: Vec::new(),
+    };
+    // Every `stride`-th record is sampled; the stride doubles (and every other sample goes)
+    // when the sample is full, so it stays spread over the whole ring.
+    let mut stride = 1u64;
+    loop {
+        match ring.read_if(pos, &mut buf, |_| false) {
+            Step::Skipped { head, next } => {
+                if out.records.is_multiple_of(stride) {
+                    if out.sample.len() == STAMP_SAMPLE {
+                        let mut i = 0;
+                        out.sample.retain(|_| {
+                            i += 1;
+                            i % 2 == 1
+                        });
+                        stride *= 2;
+                    }
+                    if out.records.is_multiple_of(stride) {
+                        out.sample.push(head.ts);
+                    }
+                }
+                out.records += 1;
+                pos = next;
+            }
+            // A walk bounded by the repaired header never goes back (only a live writer
+            // moves the tail); stop rather than risk a loop.
+            Step::Evicted { .. } | Step::End | Step::Damaged { next: None, .. } => break,
+            Step::Damaged { next: Some(p), .. } => pos = p,
+            Step::Record { next, .. } => pos = next,
+        }
+    }
+    out
+}
+
+/// The stamps a crash bag accepts: not before the epoch (rosbag2 and `ringbag info` refuse a
+/// bag that starts before it, and a span from before it can overflow), not more than a day
+/// after now, and within [`PLAUSIBLE_SPAN_NS`] (or the ring's window) of the median stamp.
+fn plausible_range(sample: &[i64], window_ns: i64, now_ns: i64) -> (i64, i64) {
+    let (lo, hi) = (0, now_ns.saturating_add(PLAUSIBLE_SPAN_NS).max(0));
+    let mut inside: Vec<i64> = sample
+        .iter()
+        .copied()
+        .filter(|t| (lo..=hi).contains(t))
+        .collect();
+    if inside.is_empty() {
+        return (lo, hi);
+    }
+    inside.sort_unstable();
+    let median = inside[inside.len() / 2];
+    let span = PLAUSIBLE_SPAN_NS.max(window_ns);
+    (
+        median.saturating_sub(span).max(lo),
+        median.saturating_add(span).min(hi),
+    )
 }
 
 /// At start: if the ring at `path` was left by a run that died (or with a trigger whose bag
 /// was not finished), write everything it holds into a "crash" bag under `root` first.
 /// `Ok(None)`: no ring, or one that ended cleanly. A ring that cannot be read is logged and
 /// left to be replaced.
+///
+/// Nothing in the ring is trusted: the header's positions are checked against the file (at
+/// most one lap is read, each record at most once), records are checked by their CRCs, stamps
+/// must be plausible, the crash bag obeys the root's budget, and a ring with nothing writable
+/// gives no bag. Every loss is said in the log, with its reason.
 pub fn recover(
     path: &Path,
     root: &Path,
-    writer: WriterOptions,
-    now_ns: i64,
+    opts: RecoverOptions,
 ) -> Result<Option<Recovered>, BagError> {
     if !path.exists() {
         return Ok(None);
     }
-    let ring = match Ring::open_existing(path) {
+    let mut ring = match Ring::open_existing(path) {
         Ok(r) => r,
         Err(e) => {
             log::warn!("{e}; not recovered, a new ring replaces it");
@@ -870,61 +1139,329 @@ pub fn recover(
     if ring.was_clean() && pending.is_none() {
         return Ok(None);
     }
-    let (kind, reason, at) = match &pending {
-        Some(p) => ("crash", p.reason.clone(), p.trigger_ns),
-        None => ("crash", "recorder-died".to_string(), now_ns),
-    };
-    let dir = snapshot_dir(root, at, kind, &reason);
-    let mut bag = BagWriter::create(&dir, writer)?;
-    let mut copier = Copier::new();
-    let mut cursor = ring.tail();
-    while copier.copy(&ring, &mut bag, &mut cursor, i64::MIN, i64::MAX, u64::MAX)? != Copied::Head {
+    let shown = path.display().to_string();
+    let repaired = ring.repair_for_recovery();
+    for r in &repaired {
+        log::warn!("{shown}: the ring's header is damaged: {r}");
     }
-    let s = copier.stats.clone();
-    bag.set_custom_data(
-        "ringbag.snapshot.recovered",
-        format!(
-            "ring {} of pid {} that {}",
-            path.display(),
-            ring.pid(),
-            if ring.was_clean() {
-                "stopped with a snapshot unfinished"
-            } else {
-                "died"
-            }
-        ),
-    );
-    bag.set_custom_data("ringbag.snapshot.damaged_records", s.damaged.to_string());
-    if let Some(p) = &pending {
-        bag.set_custom_data("ringbag.snapshot.reason", p.reason.clone());
-        bag.set_custom_data("ringbag.snapshot.trigger_time", utc_text(p.trigger_ns));
-        bag.set_custom_data("ringbag.snapshot.trigger_time_ns", p.trigger_ns.to_string());
-        // The interrupted snapshot's window (the bag holds the whole ring around it).
-        bag.set_custom_data("ringbag.snapshot.window_start_ns", p.start_ns.to_string());
-        bag.set_custom_data("ringbag.snapshot.window_end_ns", p.end_ns.to_string());
-    } else {
-        bag.set_custom_data("ringbag.snapshot.reason", "crash".to_string());
-    }
-    bag.finish()?;
-    ring.set_pending_trigger(None);
-    ring.mark_clean();
-    log::warn!(
-        ringbag_bag:% = dir.display();
-        "the previous recorder (pid {}) left its ring {}{}: wrote its {} messages to {}",
+    let left_by = format!(
+        "the previous recorder (pid {}) left its ring {shown}{}",
         ring.pid(),
-        path.display(),
         pending
             .as_ref()
             .map(|p| format!(" with the snapshot \"{}\" unfinished", escape_reason(&p.reason)))
-            .unwrap_or_default(),
-        s.messages,
-        dir.display()
+            .unwrap_or_default()
     );
+    let survey = survey(&ring);
+    let topics = ring.topics_checked();
+    let mut lost = Vec::new();
+    let table_read = topics.is_ok();
+    let topics = match topics {
+        Ok(t) => t,
+        Err(why) => {
+            if survey.records > 0 {
+                lost.push(format!(
+                    "{} records: {why}, so no record can be given its topic",
+                    survey.records
+                ));
+            }
+            Vec::new()
+        }
+    };
+    let (lo, hi) = plausible_range(&survey.sample, ring.window_ns(), opts.now_ns);
+    let half = pending.as_ref().and_then(|p| unfinished_snapshot(root, p));
+    if (survey.records == 0 || topics.is_empty()) && half.is_none() {
+        // Nothing can be written: no bag (an empty crash bag after every failed start would
+        // only crowd the budget), one line instead.
+        let s = CopyStats::default();
+        finish_ring(&ring);
+        log::warn!(
+            "{left_by}: no crash bag written: {}",
+            if lost.is_empty() {
+                "it holds no message".to_string()
+            } else {
+                format!("lost {}", lost.join("; "))
+            }
+        );
+        return Ok(Some(Recovered {
+            bag: None,
+            stats: s,
+            pending,
+            repaired,
+        }));
+    }
+    let (kind, reason, at) = match &pending {
+        Some(p) => ("crash", p.reason.clone(), p.trigger_ns),
+        None => ("crash", "recorder-died".to_string(), opts.now_ns),
+    };
+    let dir = snapshot_dir(root, at, kind, &reason);
+    let p = &opts.retention;
+    let budgeted =
+        p.is_circular() || p.min_free_space.is_some() || p.min_free_space_percent.is_some();
+    let mut copier = Copier::new();
+    copier.topics = Some(topics);
+    if budgeted {
+        let mut ret = if opts.whole_root {
+            Retention::open_root(root, &dir, p.clone())
+                .map_err(|e| BagError::invalid(root, e.to_string()))?
+        } else {
+            Retention::new(p.clone())
+        };
+        // As for any new bag: room first, so the bound also holds while it appears.
+        if let Err(e) = ret.before_new_bag(root) {
+            log::warn!("{shown}: making room for the crash bag: {e}");
+        }
+        // Batches small against the budget, as the pipeline's (a 16 MiB batch could not be
+        // made room for under a small --max-record-size).
+        let mut cap = COPY_BATCH_BYTES as u64;
+        if opts.writer.max_bag_size > 0 {
+            cap = cap.min(opts.writer.max_bag_size / 4);
+        }
+        if let Some(size) = p.max_record_size {
+            cap = cap.min(size / 8);
+        }
+        copier.batch_bytes = cap.max(64 * 1024) as usize;
+        copier.budget = Some(ret);
+    }
+    let mut bag = BagWriter::create(&dir, opts.writer.clone())?;
+    if let Some(ret) = copier.budget.as_mut() {
+        // Before the first batch, while the first split is empty (retention learns its size).
+        ret.sync(&mut bag);
+    }
+    // The half-written snapshot of the pending trigger first: its rows are in this bag, so
+    // one trigger gives one bag.
+    let merged = half
+        .as_ref()
+        .map(|h| merge_unfinished(h, &mut bag, &mut copier, (lo, hi)));
+    let start = ring.tail();
+    let mut cursor = start;
+    // `repair_for_recovery` bounds the walk to one lap; each call advances the cursor.
+    while copier.copy(&ring, &mut bag, &mut cursor, lo, hi, u64::MAX)? != Copied::Head {}
+    debug_assert!(cursor - start <= ring.capacity() + 8);
+    let s = copier.stats.clone();
+    if s.damaged > 0 {
+        lost.push(format!(
+            "{} damaged records (bad header, length or checksum)",
+            s.damaged
+        ));
+    }
+    if s.unnamed > 0 && table_read {
+        lost.push(format!(
+            "{} records of topic ids its topic table does not name",
+            s.unnamed
+        ));
+    }
+    if s.out_of_range > 0 {
+        lost.push(format!(
+            "{} records stamped outside the plausible {} .. {} (before 1970, in the future, or far from the others)",
+            s.out_of_range,
+            utc_text(lo),
+            utc_text(hi)
+        ));
+    }
+    if s.over_budget > 0 {
+        lost.push(format!(
+            "{} records larger than the budget can ever hold",
+            s.over_budget
+        ));
+    }
+    if let Some(why) = &copier.halted {
+        lost.push(format!("the rest, as the budget holds no more ({why})"));
+    }
+    let mut fields = vec![
+        (
+            "recovered",
+            format!(
+                "ring {shown} of pid {} that {}",
+                ring.pid(),
+                if ring.was_clean() {
+                    "stopped with a snapshot unfinished"
+                } else {
+                    "died"
+                }
+            ),
+        ),
+        ("damaged_records", s.damaged.to_string()),
+    ];
+    if !lost.is_empty() {
+        fields.push(("lost", lost.join("; ")));
+    }
+    if !repaired.is_empty() {
+        fields.push(("ring_header_repaired", repaired.join("; ")));
+    }
+    match &pending {
+        Some(p) => {
+            fields.push(("reason", p.reason.clone()));
+            fields.push(("trigger_time", utc_text(p.trigger_ns)));
+            fields.push(("trigger_time_ns", p.trigger_ns.to_string()));
+            fields.push(("window_start_ns", p.start_ns.to_string()));
+            fields.push(("window_end_ns", p.end_ns.to_string()));
+            if !p.origin.is_empty() {
+                fields.push(("origin", p.origin.clone()));
+            }
+        }
+        None => fields.push(("reason", "crash".to_string())),
+    }
+    describe_snapshot(&mut bag, &dir, &fields);
+    bag.finish()?;
+    finish_ring(&ring);
+    if let Some(h) = &half {
+        if matches!(merged, Some(Ok(_))) {
+            remove_bag_dir(h);
+        }
+    }
+    if s.messages == 0 {
+        // An empty snapshot bag and a ring with nothing writable: no bag at all.
+        remove_bag_dir(&dir);
+        log::warn!(
+            "{left_by}: no crash bag written: {}",
+            if lost.is_empty() {
+                "it holds no message".to_string()
+            } else {
+                format!("lost {}", lost.join("; "))
+            }
+        );
+        return Ok(Some(Recovered {
+            bag: None,
+            stats: s,
+            pending,
+            repaired,
+        }));
+    }
+    let merged_text = match (&half, &merged) {
+        (Some(h), Some(Ok(n))) => format!(
+            " (with the {n} messages of the unfinished snapshot bag {}, removed)",
+            h.display()
+        ),
+        (Some(h), Some(Err(e))) => format!(
+            " (the unfinished snapshot bag {} is left as it is: {e})",
+            h.display()
+        ),
+        _ => String::new(),
+    };
+    log::warn!(
+        ringbag_bag:% = dir.display();
+        "{left_by}: wrote its {} messages to {}{merged_text}{}",
+        s.messages,
+        dir.display(),
+        if lost.is_empty() {
+            String::new()
+        } else {
+            format!("; lost {}", lost.join("; "))
+        }
+    );
+    // Ringbag must read back what it wrote: say so loudly if it cannot.
+    if let Err(e) = crate::bag::reader::Bag::open(&dir) {
+        log::error!(ringbag_bag:% = dir.display(); "the crash bag {} does not read back: {e}", dir.display());
+    }
     Ok(Some(Recovered {
-        bag: dir,
+        bag: Some(dir),
         stats: s,
         pending,
+        repaired,
     }))
+}
+
+/// Nothing left to recover from this ring (it is replaced next).
+fn finish_ring(ring: &Ring) {
+    ring.set_pending_trigger(None);
+    ring.mark_clean();
+}
+
+/// The bag the pending trigger's snapshot was being written to, if it is still there (under
+/// `root`: a path from a damaged ring must not send recovery anywhere else).
+fn unfinished_snapshot(root: &Path, p: &PendingTrigger) -> Option<PathBuf> {
+    let dir = p.bag.as_ref()?;
+    let name = dir.file_name()?;
+    let under_root = root.join(name);
+    let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    (same(dir, &under_root) && under_root.is_dir()).then_some(under_root)
+}
+
+fn remove_bag_dir(dir: &Path) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {
+            if let Some(parent) = dir.parent() {
+                let _ = crate::bag::metadata::sync_dir(parent);
+            }
+        }
+        Err(e) => log::warn!("{}: cannot remove the bag directory: {e}", dir.display()),
+    }
+}
+
+/// Copy the messages of the half-written snapshot bag `dir` (stamped in `[lo, hi]`) into the
+/// crash bag; returns how many. Its rows came from the ring, but the ring may have wrapped
+/// since they were copied, so only the bag may still hold some of them: all are taken, and
+/// the ring's copies of them are then left out ([`Copier::merged`]).
+fn merge_unfinished(
+    dir: &Path,
+    bag: &mut BagWriter,
+    copier: &mut Copier,
+    (lo, hi): (i64, i64),
+) -> Result<u64, String> {
+    // Its recorder died: the lock is stale and metadata.yaml lags the split. Reindex makes it
+    // readable (`--recover` has done so already; a plain `record` has not).
+    use crate::bag::lock::{state, LockState};
+    match state(dir) {
+        LockState::Held => return Err("another process holds its lock".into()),
+        LockState::Unclean => {}
+        LockState::Clean if crate::bag::reindex::unfinished_reason(dir).is_some() => {}
+        LockState::Clean => {
+            return merge_rows(dir, bag, copier, (lo, hi));
+        }
+    }
+    {
+        crate::bag::reindex::reindex(dir, crate::bag::reindex::ReindexOptions::default())
+            .map_err(|e| e.to_string())?;
+    }
+    merge_rows(dir, bag, copier, (lo, hi))
+}
+
+fn merge_rows(
+    dir: &Path,
+    bag: &mut BagWriter,
+    copier: &mut Copier,
+    (lo, hi): (i64, i64),
+) -> Result<u64, String> {
+    use crate::bag::reader::{Bag, ReadFilter};
+    let half = Bag::open(dir).map_err(|e| e.to_string())?;
+    let mut idx = Vec::with_capacity(half.topics.len());
+    for t in &half.topics {
+        // The ring's table keeps the message definition; the bag's topics row may not.
+        let def = copier
+            .topics
+            .as_ref()
+            .and_then(|ts| ts.iter().find(|r| r.name == t.name))
+            .and_then(|r| r.definition());
+        idx.push(bag.add_topic(t.clone(), def).map_err(|e| e.to_string())?);
+    }
+    let mut n = 0;
+    for m in half
+        .messages(&ReadFilter::default())
+        .map_err(|e| e.to_string())?
+    {
+        let m = m.map_err(|e| e.to_string())?;
+        if !(lo..=hi).contains(&m.timestamp) {
+            copier.stats.out_of_range += 1;
+            continue;
+        }
+        let i = idx[m.topic];
+        copier
+            .merged
+            .insert((i, m.timestamp, crc32fast::hash(&m.data)));
+        let at = copier.arena.len();
+        copier.arena.extend_from_slice(&m.data);
+        copier.rows.push((i, m.timestamp, at, m.data.len()));
+        if copier.arena.len() >= copier.batch_bytes {
+            copier.flush(bag).map_err(|e| e.to_string())?;
+        }
+        n += 1;
+    }
+    copier.flush(bag).map_err(|e| e.to_string())?;
+    Ok(n)
 }
 
 #[cfg(test)]
@@ -1167,5 +1704,175 @@ mod tests {
             .unwrap()
             .collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_humble_snapshot_bag_carries_reason_and_window_in_its_side_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = Arc::new(Ring::create(&dir.path().join("ring"), 1 << 20, 0).unwrap());
+        let mut w = RingWriter::new(ring.clone());
+        let t = w
+            .add_topic(RingTopic::new(
+                &TopicInfo::new("/a", "std_msgs/msg/String"),
+                None,
+            ))
+            .unwrap();
+        for i in 0..100i64 {
+            w.append(t, i * MS, &i.to_le_bytes()).unwrap();
+        }
+        let cfg = Config {
+            root: dir.path().join("root"),
+            writer: WriterOptions::new(Flavour::Humble),
+            clock: Arc::new(FakeClock(AtomicI64::new(1_000_000 * MS))),
+            finished: None,
+            room: None,
+            batch_bytes: COPY_BATCH_BYTES,
+        };
+        std::fs::create_dir_all(&cfg.root).unwrap();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (rtx, rrx) = crossbeam_channel::bounded(1);
+        tx.send(Cmd::Trigger {
+            req: TriggerRequest {
+                reason: Some("estop".into()),
+                pre_s: Some(0.05),
+                post_s: Some(0.02),
+            },
+            origin: Origin::Socket,
+            at_ns: Some(50 * MS),
+            reply: Some(rtx),
+            ticket: None,
+        })
+        .unwrap();
+        drop(tx);
+        let bags = Snapshotter::new(ring, cfg).run(rx);
+        assert!(matches!(rrx.recv().unwrap(), Outcome::Started { .. }));
+        assert_eq!(bags.len(), 1);
+        assert_eq!(
+            stamps(&bags[0]),
+            (0..=70).map(|i| i * MS).collect::<Vec<_>>()
+        );
+        let side: std::collections::BTreeMap<String, String> = serde_yaml_ng::from_str(
+            &std::fs::read_to_string(bags[0].join(SNAPSHOT_SIDE_FILE)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(side["reason"], "estop");
+        assert_eq!(side["origin"], "socket");
+        assert_eq!(side["trigger_time_ns"], (50 * MS).to_string());
+        assert_eq!(side["window_start_ns"], "0");
+        assert_eq!(side["window_end_ns"], (70 * MS).to_string());
+    }
+
+    #[test]
+    fn recovery_merges_the_interrupted_snapshot_whose_oldest_rows_the_ring_lost_each_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let ring_path = dir.path().join("ring");
+        let base = 1_700_000_000_000_000_000i64;
+        let data = |i: i64| vec![i as u8; 1000];
+        // The snapshot had copied records 0..150 when the recorder died; the ring (64 KiB,
+        // about 63 such records) has since wrapped and holds only the newest of 0..200.
+        let half = root.join("2026-01-01T00-00-00Z_snapshot_estop");
+        {
+            let mut b = BagWriter::create(&half, WriterOptions::new(Flavour::Jazzy)).unwrap();
+            let t = b
+                .add_topic(TopicInfo::new("/a", "std_msgs/msg/String"), None)
+                .unwrap();
+            for i in 0..150 {
+                b.write_batch([(t, base + i * MS, data(i).as_slice())])
+                    .unwrap();
+            }
+            b.finish().unwrap();
+        }
+        {
+            let ring = Arc::new(Ring::create(&ring_path, 1 << 16, 0).unwrap());
+            let mut w = RingWriter::new(ring.clone());
+            let t = w
+                .add_topic(RingTopic::new(
+                    &TopicInfo::new("/a", "std_msgs/msg/String"),
+                    None,
+                ))
+                .unwrap();
+            for i in 0..200 {
+                w.append(t, base + i * MS, &data(i)).unwrap();
+            }
+            ring.set_pending_trigger(Some(&PendingTrigger {
+                reason: "estop".into(),
+                trigger_ns: base,
+                start_ns: base,
+                end_ns: base + 10_000 * MS,
+                bag: Some(half.clone()),
+                origin: "socket".into(),
+            }));
+            // Dropped without mark_clean: as after a kill -9.
+        }
+        let r = recover(
+            &ring_path,
+            &root,
+            RecoverOptions {
+                writer: WriterOptions::new(Flavour::Jazzy),
+                retention: RetentionPolicy::default(),
+                whole_root: true,
+                now_ns: base + 300 * MS,
+            },
+        )
+        .unwrap()
+        .unwrap();
+        let bag = r.bag.expect("a crash bag");
+        assert_eq!(
+            stamps(&bag),
+            (0..200).map(|i| base + i * MS).collect::<Vec<_>>()
+        );
+        assert!(
+            !half.exists(),
+            "the interrupted snapshot is merged and removed"
+        );
+        let c = Bag::open(&bag).unwrap().metadata.custom_data;
+        assert_eq!(c["ringbag.snapshot.reason"], "estop");
+        assert_eq!(c["ringbag.snapshot.origin"], "socket");
+        // Recovered once: the ring is clean now.
+        let again = recover(
+            &ring_path,
+            &root,
+            RecoverOptions {
+                writer: WriterOptions::new(Flavour::Jazzy),
+                retention: RetentionPolicy::default(),
+                whole_root: true,
+                now_ns: base,
+            },
+        )
+        .unwrap();
+        assert!(again.is_none());
+    }
+
+    #[test]
+    fn a_long_reason_still_leaves_a_readable_pending_trigger_naming_the_bag() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = Arc::new(Ring::create(&dir.path().join("ring"), 1 << 16, 0).unwrap());
+        let cfg = Config {
+            root: dir.path().join("root"),
+            writer: WriterOptions::new(Flavour::Jazzy),
+            clock: Arc::new(FakeClock(AtomicI64::new(0))),
+            finished: None,
+            room: None,
+            batch_bytes: COPY_BATCH_BYTES,
+        };
+        std::fs::create_dir_all(&cfg.root).unwrap();
+        let mut sn = Snapshotter::new(ring.clone(), cfg);
+        let req = TriggerRequest {
+            reason: Some("é".repeat(3000)),
+            pre_s: Some(1.0),
+            post_s: Some(1.0),
+        };
+        let Outcome::Started { bag } = sn.trigger(&req, Origin::Socket, Some(5 * MS)) else {
+            panic!("not started");
+        };
+        let p = ring.pending_trigger().expect("readable");
+        assert_eq!(p.bag, Some(PathBuf::from(bag)));
+        assert!(p.reason.starts_with('é'));
+        assert!(
+            serde_json::to_vec(&Some(&p)).unwrap().len() <= super::super::ring::PENDING_TRIGGER_MAX_BYTES
+        );
+        assert_eq!(p.origin, "socket");
     }
 }

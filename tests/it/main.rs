@@ -17,6 +17,7 @@ mod record;
 mod recovery;
 mod retention;
 mod ring_file;
+mod ring_recovery;
 mod service;
 mod signals;
 mod snapshot;

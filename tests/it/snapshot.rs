@@ -140,6 +140,19 @@ fn kill_9_100_ms_after_a_trigger_still_yields_a_bag_with_every_pre_window_messag
         "{:?}",
         std::fs::read_dir(&root).unwrap().collect::<Vec<_>>()
     );
+    // One trigger, one bag: the snapshot bag being written at the kill was merged into the
+    // crash bag and removed, not left beside it with an unclean lock.
+    assert!(
+        stderr(&out).contains("of the unfinished snapshot bag"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        bags_named(&root, "_snapshot_"),
+        Vec::<PathBuf>::new(),
+        "{}",
+        stderr(&out)
+    );
     let bag = Bag::open(&crash[0]).expect("crash bag opens");
     let custom = &bag.metadata.custom_data;
     assert_eq!(custom["ringbag.snapshot.reason"], "crash test");
@@ -159,6 +172,13 @@ fn kill_9_100_ms_after_a_trigger_still_yields_a_bag_with_every_pre_window_messag
     assert!(
         msgs.last().unwrap().timestamp > trigger_ns,
         "the messages up to the kill are there too"
+    );
+    eprintln!(
+        "{}",
+        stderr(&out)
+            .lines()
+            .find(|l| l.contains("left its ring"))
+            .unwrap_or("")
     );
     eprintln!(
         "kill -9 100 ms after the trigger: crash bag {} holds {} messages ({} before the trigger), seq 0..{} without a gap",
