@@ -41,7 +41,7 @@ const MAX_LENGTH: u64 = 1_000_000_000;
 const ROSBAG2_TABLES: &str = "('messages', 'topics', 'schema', 'metadata', 'message_definitions')";
 
 /// The work a connection's statements may still do; see [`Budget::recharge`].
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Budget {
     left: Arc<AtomicU64>,
     /// The file does not change while read (no recorder holds its bag): its size bounds
@@ -216,4 +216,83 @@ pub fn is_limit(e: &rusqlite::Error) -> bool {
         e.sqlite_error_code(),
         Some(rusqlite::ErrorCode::OperationInterrupted | rusqlite::ErrorCode::TooBig)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db(dir: &Path, sql: &str) -> std::path::PathBuf {
+        let p = dir.join("x_0.db3");
+        let _ = std::fs::remove_file(&p);
+        let c = Connection::open(&p).unwrap();
+        c.execute_batch(sql).unwrap();
+        p
+    }
+
+    fn open(p: &Path) -> Connection {
+        Connection::open_with_flags(p, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap()
+    }
+
+    #[test]
+    fn views_virtual_tables_and_generated_columns_are_refused_real_tables_pass() {
+        let d = tempfile::tempdir().unwrap();
+        let real = "CREATE TABLE topics(id INTEGER PRIMARY KEY, name TEXT); \
+                    CREATE TABLE messages(id INTEGER PRIMARY KEY, data BLOB);";
+        let p = db(d.path(), real);
+        harden(&mut open(&p), &p, true).unwrap();
+        for (sql, want) in [
+            (
+                "CREATE TABLE t(id); CREATE VIEW Topics AS SELECT * FROM t;",
+                "`Topics` is a view, not a table",
+            ),
+            (
+                "CREATE VIRTUAL TABLE messages USING fts5(data);",
+                "`messages` is a virtual table, not a table",
+            ),
+            (
+                "CREATE TABLE messages(id INTEGER PRIMARY KEY, \
+                 data BLOB AS (zeroblob(900000000)));",
+                "`messages` has generated columns",
+            ),
+        ] {
+            let p = db(d.path(), sql);
+            let e = harden(&mut open(&p), &p, true).unwrap_err().to_string();
+            assert!(e.contains(want), "{sql}: {e}");
+        }
+    }
+
+    #[test]
+    fn no_statement_runs_away_or_builds_a_value_longer_than_the_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = db(
+            d.path(),
+            "CREATE TABLE messages(id INTEGER PRIMARY KEY, data BLOB);",
+        );
+        let mut c = open(&p);
+        let budget = harden(&mut c, &p, true).unwrap();
+        let started = std::time::Instant::now();
+        let e = c
+            .query_row(
+                "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) \
+                 SELECT count(*) FROM r",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap_err();
+        assert!(is_limit(&e), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(20));
+        // A recharge makes room for the next statement.
+        budget.recharge(&c, &p);
+        let e = c
+            .query_row("SELECT length(zeroblob(2000000))", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .unwrap_err();
+        assert!(is_limit(&e), "{e}");
+        let n: i64 = c
+            .query_row("SELECT length(zeroblob(1000))", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 1000);
+    }
 }
