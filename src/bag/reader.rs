@@ -807,6 +807,7 @@ impl Bag {
             skipped: Vec::new(),
             deferred: None,
         };
+        let wanted: Option<std::sync::Arc<[String]>> = filter.topics.as_deref().map(Into::into);
         // Nothing is opened here: each split is opened when the merge reaches the first
         // timestamp it held when the bag was opened, and closed when read to its end. So a
         // bag costs file descriptors and memory for the splits whose time ranges overlap the
@@ -835,18 +836,25 @@ impl Bag {
             let lower_bound = first.max(filter.start_ns.unwrap_or(i64::MIN));
             it.pending
                 .push(Reverse((lower_bound, order, it.cursors.len())));
-            it.cursors.push(self.cursor(order, s, filter));
+            it.cursors.push(self.cursor(order, s, filter, &wanted));
         }
         Ok(it)
     }
 
-    /// A cursor over split `s`, not opened yet.
-    fn cursor(&self, order: usize, s: &SplitFile, filter: &ReadFilter) -> SplitCursor {
+    /// A cursor over split `s`, not opened yet. `wanted`: the filter's topics, shared by all
+    /// cursors (a cursor not open costs only a few words).
+    fn cursor(
+        &self,
+        order: usize,
+        s: &SplitFile,
+        filter: &ReadFilter,
+        wanted: &Option<std::sync::Arc<[String]>>,
+    ) -> SplitCursor {
         SplitCursor {
             sql: String::new(),
             conn: None,
             path: s.path.clone(),
-            topics: filter.topics.clone(),
+            topics: wanted.clone(),
             id_to_topic: HashMap::new(),
             last: (filter.start_ns.unwrap_or(i64::MIN), i64::MIN),
             end: filter.end_ns,
@@ -959,7 +967,7 @@ struct SplitCursor {
     /// The statement reading the next chunk (set when the split is opened).
     sql: String,
     /// Topic names to read; `None` reads all.
-    topics: Option<Vec<String>>,
+    topics: Option<std::sync::Arc<[String]>>,
     /// Open only from when the merge reaches the split until it is read to its end.
     conn: Option<(Connection, super::sqlguard::Budget)>,
     path: PathBuf,
@@ -989,8 +997,10 @@ impl SplitCursor {
         }
         let r = self.fill_open().map_err(OpenError::Damaged);
         if r.is_err() || self.done {
-            // Read to its end (or failed): its descriptor and page cache go now.
+            // Read to its end (or failed): its descriptor, page cache and topic map go now.
             self.conn = None;
+            self.sql = String::new();
+            self.id_to_topic = HashMap::new();
         }
         r
     }
