@@ -47,6 +47,12 @@ impl BagError {
             message: message.into(),
         }
     }
+    /// True when a file could not be opened because the process (EMFILE) or the system
+    /// (ENFILE) has no file descriptor left: a failure of the machine, never of the input.
+    pub fn is_out_of_descriptors(&self) -> bool {
+        matches!(self, BagError::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)))
+    }
     /// True when the underlying cause is a full disk (ENOSPC or SQLITE_FULL).
     pub fn is_disk_full(&self) -> bool {
         match self {
@@ -70,6 +76,15 @@ fn sqlite_message(e: &rusqlite::Error) -> String {
             "database is damaged (run `ringbag reindex` to salvage it)".into()
         }
         Some(rusqlite::ErrorCode::DiskFull) => "disk is full (SQLITE_FULL)".into(),
+        // Only the limits of `sqlguard` interrupt a reader's statements.
+        Some(rusqlite::ErrorCode::OperationInterrupted) => {
+            "a query did far more work than a file of this size can need (a hostile schema?); \
+             stopped"
+                .into()
+        }
+        Some(rusqlite::ErrorCode::TooBig) => {
+            "a value longer than the file itself (computed by a hostile schema?); not read".into()
+        }
         _ => e.to_string(),
     }
 }

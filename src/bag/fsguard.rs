@@ -75,12 +75,27 @@ pub fn check_side_files(split: &Path) -> Result<(), BagError> {
     Ok(())
 }
 
-/// Read a small text file the bag names (metadata.yaml) without ever blocking: opened with
-/// `O_NONBLOCK | O_NOFOLLOW` (a FIFO opens at once instead of waiting for a writer, a
-/// symlink is refused), then `fstat` says whether what was opened is a regular file. Only
-/// then is it read; `O_NONBLOCK` has no effect on reads of a regular file.
-pub fn read_regular_text(path: &Path) -> Result<String, BagError> {
-    let mut f = fs::OpenOptions::new()
+/// Why [`read_regular_text`] did not return the text.
+#[derive(Debug)]
+pub enum TextError {
+    Bag(BagError),
+    /// Larger than the bound (its size in bytes, or the bound + 1 if it grew while read).
+    TooLarge(u64),
+}
+
+impl From<BagError> for TextError {
+    fn from(e: BagError) -> Self {
+        TextError::Bag(e)
+    }
+}
+
+/// Read a small text file the bag names (metadata.yaml), of at most `max` bytes, without
+/// ever blocking: opened with `O_NONBLOCK | O_NOFOLLOW` (a FIFO opens at once instead of
+/// waiting for a writer, a symlink is refused), then `fstat` says whether what was opened is
+/// a regular file and how large. Only then is it read; `O_NONBLOCK` has no effect on reads
+/// of a regular file.
+pub fn read_regular_text(path: &Path, max: u64) -> Result<String, TextError> {
+    let f = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
@@ -95,10 +110,19 @@ pub fn read_regular_text(path: &Path) -> Result<String, BagError> {
         })?;
     let m = f.metadata().map_err(BagError::io(path))?;
     if !m.is_file() {
-        return Err(not_regular(path, &m.file_type()));
+        return Err(not_regular(path, &m.file_type()).into());
+    }
+    if m.len() > max {
+        return Err(TextError::TooLarge(m.len()));
     }
     let mut text = String::new();
-    f.read_to_string(&mut text).map_err(BagError::io(path))?;
+    // Bounded also while reading: the file may grow after the fstat.
+    f.take(max + 1)
+        .read_to_string(&mut text)
+        .map_err(BagError::io(path))?;
+    if text.len() as u64 > max {
+        return Err(TextError::TooLarge(max + 1));
+    }
     Ok(text)
 }
 
@@ -179,7 +203,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("metadata.yaml");
         nix::unistd::mkfifo(&f, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
-        let e = read_regular_text(&f).unwrap_err().to_string();
+        let e = match read_regular_text(&f, 1 << 20).unwrap_err() {
+            TextError::Bag(e) => e.to_string(),
+            TextError::TooLarge(n) => panic!("{n}"),
+        };
         assert!(
             e.ends_with("metadata.yaml: is a FIFO, not a regular file; not opened"),
             "{e}"

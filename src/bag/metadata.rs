@@ -13,6 +13,11 @@ use super::{BagError, Flavour, TopicInfo};
 
 pub const METADATA_FILE: &str = "metadata.yaml";
 pub const MAX_METADATA_VERSION: u32 = 9;
+/// The largest metadata.yaml read, in bytes. One of a bag of 100,000 splits with
+/// rosbag2-style names is 23.2 MB (see the test
+/// `a_metadata_yaml_of_100k_splits_fits_well_inside_the_cap`); anything larger is refused
+/// before it is read or parsed, as the parser's memory and time grow with it.
+pub const MAX_METADATA_BYTES: u64 = 128 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicWithCount {
@@ -204,6 +209,12 @@ impl BagMetadata {
             path: path.to_path_buf(),
             message,
         };
+        if text.len() as u64 > MAX_METADATA_BYTES {
+            return Err(invalid(too_large(text.len() as u64)));
+        }
+        // Before the parser sees it: deep nesting stalls it (100,000 `[` took over 30 s).
+        super::yamlguard::check_depth(text, super::yamlguard::MAX_DEPTH)
+            .map_err(|e| invalid(format!("not a rosbag2 metadata.yaml: {e}")))?;
         let root: Value =
             serde_yaml_ng::from_str(text).map_err(|e| invalid(format!("not valid YAML: {e}")))?;
         let info = root
@@ -396,7 +407,11 @@ impl BagMetadata {
     pub fn read(dir: &Path) -> Result<Self, BagError> {
         let path = dir.join(METADATA_FILE);
         // Never blocks: a FIFO or directory under this name is an error naming it.
-        let text = super::fsguard::read_regular_text(&path)?;
+        let text =
+            super::fsguard::read_regular_text(&path, MAX_METADATA_BYTES).map_err(|e| match e {
+                super::fsguard::TextError::Bag(e) => e,
+                super::fsguard::TextError::TooLarge(n) => BagError::invalid(&path, too_large(n)),
+            })?;
         Self::parse(&text, &path)
     }
 
@@ -405,6 +420,14 @@ impl BagMetadata {
     pub fn write_atomic(&self, dir: &Path, flavour: Flavour) -> Result<(), BagError> {
         write_file_atomic(dir, METADATA_FILE, self.to_yaml(flavour).as_bytes())
     }
+}
+
+fn too_large(bytes: u64) -> String {
+    format!(
+        "is {:.1} MiB, more than the {} MiB a metadata.yaml may be; not read",
+        bytes as f64 / (1u64 << 20) as f64,
+        MAX_METADATA_BYTES >> 20
+    )
 }
 
 fn ns_map(key: &str, v: i64) -> Value {
@@ -457,6 +480,36 @@ pub fn sync_dir(dir: &Path) -> Result<(), BagError> {
 mod tests {
     use super::*;
     use crate::bag::QosProfile;
+
+    #[test]
+    fn a_metadata_yaml_of_100k_splits_fits_well_inside_the_cap() {
+        let mut m = sample(Flavour::Jazzy);
+        for k in 0..100_000i64 {
+            let path = format!("rosbag2_2026_12_03-21_46_01_{k}.db3");
+            m.relative_file_paths.push(path.clone());
+            m.files.push(FileInfo {
+                path,
+                starting_time_ns: 1_796_000_000_000_000_000 + k * 60_000_000_000,
+                duration_ns: 59_999_999_999,
+                message_count: 1_234_567,
+            });
+        }
+        let len = m.to_yaml(Flavour::Jazzy).len() as u64;
+        assert!(len * 4 < MAX_METADATA_BYTES, "{len} bytes");
+    }
+
+    #[test]
+    fn a_deeply_nested_or_oversized_metadata_yaml_is_refused_before_parsing() {
+        let p = Path::new("m/metadata.yaml");
+        let deep = format!("rosbag2_bagfile_information: {}", "[".repeat(100_000));
+        let t = std::time::Instant::now();
+        let e = BagMetadata::parse(&deep, p).unwrap_err().to_string();
+        assert!(e.contains("nested more than 64 levels deep"), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
+        let big = " ".repeat(MAX_METADATA_BYTES as usize + 1);
+        let e = BagMetadata::parse(&big, p).unwrap_err().to_string();
+        assert!(e.contains("more than the 128 MiB"), "{e}");
+    }
 
     fn sample(flavour: Flavour) -> BagMetadata {
         let mut m = BagMetadata::empty(flavour);

@@ -13,7 +13,9 @@ pub mod qos;
 pub mod reader;
 pub mod reindex;
 pub mod schema;
+pub mod sqlguard;
 pub mod writer;
+pub mod yamlguard;
 
 pub use error::BagError;
 pub use metadata::BagMetadata;

@@ -258,6 +258,9 @@ pub fn parse_profiles_str(s: &str) -> Result<Vec<QosProfile>, String> {
     if s.trim().is_empty() {
         return Ok(Vec::new());
     }
+    // A split's topics row is input: nesting makes the YAML parser's time grow steeply.
+    super::yamlguard::check_depth(s, super::yamlguard::MAX_DEPTH)
+        .map_err(|e| format!("offered_qos_profiles is {e}"))?;
     let v: Value =
         serde_yaml_ng::from_str(s).map_err(|e| format!("offered_qos_profiles is not YAML: {e}"))?;
     match v {

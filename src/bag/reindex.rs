@@ -34,6 +34,7 @@ use super::pagewalk::{self, RecoveredDefinition, RecoveredTopic};
 use super::qos::parse_profiles_str;
 use super::reader::{find_split_files, split_number};
 use super::schema::create_tables;
+use super::sqlguard::{bounded, check_len, MAX_TOPICS, MAX_TOPIC_FIELD, MAX_TOPIC_TEXT};
 use super::{BagError, Flavour, TopicInfo};
 
 /// How `reindex` treats the bag.
@@ -379,6 +380,10 @@ fn reindex_locked(
             None => original.clone(),
         };
         let side_files = settle_side_files(&work)?;
+        // A split whose `topics` or `messages` is a view (or computed) would make every
+        // query below hang or use gigabytes: refused before anything is written. Checked
+        // after the side files, which may hold schema changes of their own.
+        super::sqlguard::refuse_hostile(&work)?;
         let check = check_split(&work);
         checked.push((rel.clone(), original, work, side_files, check));
     }
@@ -711,11 +716,13 @@ fn check_split(path: &Path) -> Result<Checked, String> {
     if let Some(what) = missing_part(path, None) {
         return Err(what);
     }
-    let conn = Connection::open_with_flags(
+    let mut conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| format!("cannot open: {e}"))?;
+    // Bounded like every reader's connection (the tables were checked by refuse_hostile).
+    super::sqlguard::limit(&mut conn, path, true).map_err(|e| format!("cannot open: {e}"))?;
     let problems: Vec<String> = conn
         .prepare("PRAGMA quick_check")
         .and_then(|mut s| s.query_map([], |r| r.get::<_, String>(0))?.collect())
@@ -782,18 +789,23 @@ fn raw_topics(conn: &Connection) -> rusqlite::Result<Vec<RecoveredTopic>> {
         .collect::<Result<_, _>>()?;
     let has_hash = cols.iter().any(|c| c == "type_description_hash");
     let has_qos = cols.iter().any(|c| c == "offered_qos_profiles");
+    // Each value, the row count and the total bounded as by the reader (sqlguard).
     let sql = format!(
-        "SELECT id, name, type, serialization_format, {}, {} FROM topics ORDER BY id",
+        "SELECT id, {}, {}, {}, {}, {} FROM topics ORDER BY id LIMIT {}",
+        bounded("name", MAX_TOPIC_FIELD),
+        bounded("type", MAX_TOPIC_FIELD),
+        bounded("serialization_format", MAX_TOPIC_FIELD),
         if has_qos {
-            "offered_qos_profiles"
+            bounded("offered_qos_profiles", MAX_TOPIC_TEXT)
         } else {
-            "''"
+            "''".into()
         },
         if has_hash {
-            "type_description_hash"
+            bounded("type_description_hash", MAX_TOPIC_FIELD)
         } else {
-            "NULL"
-        }
+            "NULL".into()
+        },
+        MAX_TOPICS + 1,
     );
     let mut st = conn.prepare(&sql)?;
     let rows = st.query_map([], |r| {
@@ -806,14 +818,40 @@ fn raw_topics(conn: &Connection) -> rusqlite::Result<Vec<RecoveredTopic>> {
             type_description_hash: r.get(5)?,
         })
     })?;
-    rows.collect()
+    let topics: Vec<RecoveredTopic> = rows.collect::<rusqlite::Result<_>>()?;
+    let mut total = 0;
+    let too_long = topics.len() > MAX_TOPICS
+        || topics.iter().any(|t| {
+            [
+                (&t.name, MAX_TOPIC_FIELD),
+                (&t.type_name, MAX_TOPIC_FIELD),
+                (&t.serialization_format, MAX_TOPIC_FIELD),
+                (&t.offered_qos_profiles, MAX_TOPIC_TEXT),
+                (
+                    t.type_description_hash.as_ref().unwrap_or(&String::new()),
+                    MAX_TOPIC_FIELD,
+                ),
+            ]
+            .into_iter()
+            .any(|(v, max)| check_len(Path::new(""), "", v, max, &mut total).is_err())
+        });
+    if too_long {
+        return Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_TOOBIG),
+            Some("topics hold values longer than a rosbag2 split can (hostile?)".into()),
+        ));
+    }
+    Ok(topics)
 }
 
 fn raw_definitions(conn: &Connection) -> rusqlite::Result<Vec<RecoveredDefinition>> {
-    let mut st = conn.prepare(
-        "SELECT id, topic_type, encoding, encoded_message_definition, type_description_hash \
-         FROM message_definitions ORDER BY id",
-    )?;
+    let mut st = conn.prepare(&format!(
+        "SELECT id, {}, {}, {}, {} FROM message_definitions ORDER BY id LIMIT {MAX_TOPICS}",
+        bounded("topic_type", MAX_TOPIC_FIELD),
+        bounded("encoding", MAX_TOPIC_FIELD),
+        bounded("encoded_message_definition", MAX_TOPIC_TEXT),
+        bounded("type_description_hash", MAX_TOPIC_FIELD),
+    ))?;
     let rows = st.query_map([], |r| {
         Ok(RecoveredDefinition {
             id: r.get(0)?,
@@ -992,11 +1030,15 @@ fn sync_intact_splits(bag: &Path, reports: &[SplitReport]) -> Result<(), BagErro
 /// Copy every readable row of `src` into a fresh split at `dst`.
 fn salvage(src: &Path, dst: &Path, rel: &str, fb: &Fallback) -> Result<Salvaged, BagError> {
     // What SQLite can still read.
-    let conn = Connection::open_with_flags(
+    let mut conn = Connection::open_with_flags(
         src,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .ok();
+    // Bounded like every reader's connection; recharged for each range below.
+    let sql_budget = conn
+        .as_mut()
+        .and_then(|c| super::sqlguard::limit(c, src, true).ok());
     let sql_topics = conn.as_ref().and_then(|c| raw_topics(c).ok());
     let sql_defs = conn.as_ref().and_then(|c| raw_definitions(c).ok());
     let sql_schema = conn.as_ref().and_then(schema_version);
@@ -1037,6 +1079,9 @@ fn salvage(src: &Path, dst: &Path, rel: &str, fb: &Fallback) -> Result<Salvaged,
                 break;
             }
             let hi = lo.saturating_add(SALVAGE_RANGE - 1).min(max);
+            if let Some(b) = &sql_budget {
+                b.recharge(c, src);
+            }
             skipped |= copy_range(c, lo, hi, &mut writer, &mut budget)?;
             if budget == 0 {
                 skipped = true;

@@ -289,7 +289,7 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
     // while a damaged bag is read ends the process at once. See `signals`.
     let (bag, skipped) = match Bag::open_tolerant(&settings.bag) {
         Ok(b) => b,
-        Err(e) => return fail(EXIT_BAD_INPUT, e),
+        Err(e) => return fail(bag_error_code(&e), e),
     };
     for s in &skipped {
         log::warn!("skipped {s}");
@@ -300,10 +300,13 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
         args::SinkKind::Echo
     });
     let mut sink: Box<dyn crate::play::Sink> = match sink_kind {
-        args::SinkKind::Echo => Box::new(crate::play::EchoSink::new(
-            std::io::BufWriter::new(std::io::stdout().lock()),
-            a.echo_format,
-        )),
+        args::SinkKind::Echo => Box::new(
+            crate::play::EchoSink::new(
+                std::io::BufWriter::with_capacity(64 << 10, Stdout::new()),
+                a.echo_format,
+            )
+            .named("stdout"),
+        ),
         args::SinkKind::Ros => match ros_sink() {
             Ok(s) => s,
             Err(e) => return fail(EXIT_BAD_INPUT, e),
@@ -356,16 +359,63 @@ fn ros_sink() -> Result<Box<dyn crate::play::Sink>, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Set when descriptor 1 was closed when the process started (`ringbag info BAG >&-`).
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Note whether stdout is closed. Called by the binary before the Rust runtime starts (it
+/// then opens /dev/null on a closed descriptor 0, 1 or 2, and the closed stdout could no
+/// longer be told apart from `>/dev/null`).
+pub fn note_closed_stdout() {
+    // SAFETY: fcntl(F_GETFD) only asks whether descriptor 1 is open; it changes nothing.
+    let closed = unsafe { libc::fcntl(1, libc::F_GETFD) } == -1;
+    STDOUT_CLOSED.store(closed, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Standard output without the standard library's "a closed stdout is a sink" rule (it
+/// turns EBADF into success, and its start-up puts /dev/null in place of a closed stdout, so
+/// `ringbag info BAG >&-` printed nothing and exited 0): every write error is returned, and
+/// a stdout that was closed at start fails with EBADF. Unbuffered; wrap it in a `BufWriter`.
+pub struct Stdout(std::mem::ManuallyDrop<std::fs::File>);
+
+impl Stdout {
+    pub fn new() -> Self {
+        use std::os::fd::FromRawFd;
+        // SAFETY: descriptor 1 is open for the life of the process (the runtime puts
+        // /dev/null there if it was closed; were it not, writes would fail with EBADF, which
+        // is what we want to see). ManuallyDrop: this File never closes it.
+        Stdout(std::mem::ManuallyDrop::new(unsafe {
+            std::fs::File::from_raw_fd(1)
+        }))
+    }
+}
+
+impl Default for Stdout {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::io::Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if STDOUT_CLOSED.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(std::io::Error::from_raw_os_error(libc::EBADF));
+        }
+        self.0.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Write `text` to stdout. A reader that went away early (`ringbag info BAG | head`) is no
 /// failure of ours: the rest is dropped quietly, where `print!` would panic. Any other write
-/// error (a full disk behind a redirection) is one error line and exit 1.
+/// error (a full disk behind a redirection, a closed stdout) is one error line and exit 1.
 fn emit(text: &str) -> Result<(), i32> {
     use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+    match Stdout::new().write_all(text.as_bytes()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => Err(fail(EXIT_FAILURE, format!("standard output: {e}"))),
+        Err(e) => Err(fail(EXIT_FAILURE, format!("stdout: {e}"))),
     }
 }
 
@@ -393,7 +443,17 @@ fn cmd_info(a: &args::InfoArgs) -> i32 {
             }
             EXIT_OK
         }
-        Err(e) => fail(EXIT_BAD_INPUT, e),
+        Err(e) => fail(bag_error_code(&e), e),
+    }
+}
+
+/// The exit code of a bag that could not be opened: bad input, unless the process ran out
+/// of file descriptors (a failure of the machine, and the same bag may open next time).
+fn bag_error_code(e: &crate::bag::BagError) -> i32 {
+    if e.is_out_of_descriptors() {
+        EXIT_FAILURE
+    } else {
+        EXIT_BAD_INPUT
     }
 }
 

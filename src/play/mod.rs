@@ -21,6 +21,7 @@ use std::path::PathBuf;
 
 use crossbeam_channel::Receiver;
 
+use crate::bag::metadata::NO_START;
 use crate::bag::reader::{Bag, ReadFilter};
 use crate::bag::BagError;
 use crate::source::select::QosOverrides;
@@ -103,12 +104,20 @@ pub enum PlayError {
     Read(BagError),
     #[error("sink: {0}")]
     Sink(String),
+    /// Writing the sink's output failed; the message names it (`stdout: ...`).
+    #[error("{0}")]
+    Output(String),
 }
 
 impl PlayError {
     /// Exit 2 rather than 1: nothing was wrong with the machine, only with what was asked.
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, PlayError::Bag(_) | PlayError::BadInput(_))
+        match self {
+            // No file descriptor left is the machine's failure, not the bag's.
+            PlayError::Bag(e) => !e.is_out_of_descriptors(),
+            PlayError::BadInput(_) => true,
+            _ => false,
+        }
     }
 }
 
@@ -168,16 +177,38 @@ pub fn play_bag(
         ));
     }
     let meta = &bag.metadata;
-    if meta.message_count == 0 {
+    // What the splits hold (their first and last rows when the bag was opened) decides what
+    // plays, not metadata.yaml's summary: a message stamped before its start, or after its
+    // end, plays too, with one warning that the summary is wrong.
+    let first = bag.splits.iter().filter_map(|s| s.first_ns).min();
+    let last = bag.splits.iter().filter_map(|s| s.last_ns).max();
+    let (Some(first), Some(last)) = (first, last) else {
         log::warn!("{}: holds no messages; nothing to play", bag.path.display());
         return Ok(PlayReport::default());
+    };
+    let listed_end = meta.end_time_ns();
+    if first < meta.starting_time_ns || (meta.starting_time_ns != NO_START && last > listed_end) {
+        log::warn!(
+            "{}: metadata.yaml says the bag spans {} to {}, but its splits hold messages from              {} to {}; playing every message (`ringbag reindex` rewrites metadata.yaml)",
+            bag.path.display(),
+            epoch_secs(meta.starting_time_ns),
+            epoch_secs(listed_end),
+            epoch_secs(first),
+            epoch_secs(last)
+        );
     }
-    let bag_start = meta.starting_time_ns;
-    if settings.start_offset_ns > meta.duration_ns {
+    let bag_start = first.min(meta.starting_time_ns);
+    let bag_end = if meta.starting_time_ns == NO_START {
+        last
+    } else {
+        last.max(listed_end)
+    };
+    let bag_duration = bag_end.saturating_sub(bag_start);
+    if settings.start_offset_ns > bag_duration {
         return Err(PlayError::BadInput(format!(
             "--start-offset {}: past the end of the bag ({} long)",
             secs(settings.start_offset_ns),
-            secs(meta.duration_ns)
+            secs(bag_duration)
         )));
     }
     let start = bag_start.saturating_add(settings.start_offset_ns);
@@ -235,11 +266,14 @@ pub fn play_bag(
     sink.prepare(&plan.topics).map_err(|e| match e {
         SinkError::Closed => PlayError::Sink("output closed before playing".into()),
         SinkError::Failed(e) => PlayError::Sink(e),
+        SinkError::Output(e) => PlayError::Output(e),
     })?;
     let read_topics = plan.read_topics(&bag.topics);
     let filter = ReadFilter {
         topics: (read_topics.len() < bag.topics.len()).then_some(read_topics),
-        start_ns: Some(start),
+        // Without an offset, every row plays: also one stamped before the first row seen
+        // when the bag was opened (a live split's rows, a clock stepped back).
+        start_ns: (settings.start_offset_ns > 0).then_some(start),
         end_ns: end,
     };
     let queue = reader::ReadAhead::new(settings.read_ahead_messages, settings.read_ahead_bytes);
@@ -252,11 +286,9 @@ pub fn play_bag(
     };
     let span = schedule::Span {
         bag_start,
-        bag_duration: meta.duration_ns,
+        bag_duration,
         play_start: start,
-        play_end: end
-            .unwrap_or(i64::MAX)
-            .min(bag_start.saturating_add(meta.duration_ns)),
+        play_end: end.unwrap_or(i64::MAX).min(bag_end),
     };
     let clock_period_ns = settings.clock_hz.map(|hz| ((1e9 / hz) as i64).max(1));
     std::thread::scope(|scope| {

@@ -160,6 +160,7 @@ impl<'a> Scheduler<'a> {
             Ok(()) => Ok(true),
             Err(SinkError::Closed) => Ok(false),
             Err(SinkError::Failed(e)) => Err(PlayError::Sink(e)),
+            Err(SinkError::Output(e)) => Err(PlayError::Output(e)),
         }
     }
 

@@ -22,6 +22,9 @@ pub enum SinkError {
     Closed,
     #[error("{0}")]
     Failed(String),
+    /// Writing the output failed (a full disk, a closed stdout): the message names it.
+    #[error("{0}")]
+    Output(String),
 }
 
 /// Where played messages go. Topics are indexes into the slice given to [`Sink::prepare`].
@@ -56,6 +59,8 @@ pub struct EchoSink<W: Write> {
     topics: Vec<(String, String)>,
     /// Reused line buffer (a 6 MB image is a 12 MB hex line).
     line: Vec<u8>,
+    /// What `out` is, for error messages.
+    name: &'static str,
 }
 
 impl<W: Write> EchoSink<W> {
@@ -65,13 +70,20 @@ impl<W: Write> EchoSink<W> {
             format,
             topics: Vec::new(),
             line: Vec::new(),
+            name: "output",
         }
     }
 
-    fn io(e: std::io::Error) -> SinkError {
+    /// Name the output in errors (`stdout: No space left on device`).
+    pub fn named(mut self, name: &'static str) -> Self {
+        self.name = name;
+        self
+    }
+
+    fn io(&self, e: std::io::Error) -> SinkError {
         match e.kind() {
             std::io::ErrorKind::BrokenPipe => SinkError::Closed,
-            _ => SinkError::Failed(format!("cannot write to output: {e}")),
+            _ => SinkError::Output(format!("{}: {e}", self.name)),
         }
     }
 }
@@ -115,11 +127,11 @@ impl<W: Write> Sink for EchoSink<W> {
                 line.extend_from_slice(b"\"}\n");
             }
         }
-        self.out.write_all(line).map_err(Self::io)
+        self.out.write_all(line).map_err(|e| self.io(e))
     }
 
     fn flush(&mut self) -> Result<(), SinkError> {
-        self.out.flush().map_err(Self::io)
+        self.out.flush().map_err(|e| self.io(e))
     }
 }
 

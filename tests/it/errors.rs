@@ -915,3 +915,83 @@ fn snapshot_and_rate_flags_naming_a_topic_the_selection_drops_are_warned_about()
     );
     assert!(bag.join("metadata.yaml").exists(), "{err}");
 }
+
+/// Run `args` with stdout closed (`>&-`) or on /dev/full; returns (exit code, stderr).
+fn with_broken_stdout(args: &[&str], closed: bool) -> (Option<i32>, String) {
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let mut cmd = crate::common::ringbag();
+    cmd.args(args)
+        .env_remove("RINGBAG_LOG")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    if closed {
+        cmd.stdout(Stdio::null());
+        // SAFETY: close() is async-signal-safe and touches nothing of the parent's memory;
+        // it runs after stdout was set up, so the program starts with descriptor 1 closed.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::close(1);
+                Ok(())
+            });
+        }
+    } else {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        cmd.stdout(full);
+    }
+    let o = crate::common::wait_deadline(cmd.spawn().expect("ringbag runs"), 60)
+        .expect("ringbag ends within 60 s");
+    (o.status.code(), stderr(&o))
+}
+
+/// A closed stdout (`>&-`) made `info` and `play --sink echo` exit 0 having printed nothing
+/// (the standard library turns EBADF into success). A closed stdout and a full one are both
+/// write failures: exit 1 and one line naming stdout, for every command that prints.
+#[test]
+fn a_closed_or_full_stdout_is_a_write_failure_of_every_printing_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = good_bag(tmp.path());
+    let bag = bag.to_str().unwrap();
+    for args in [
+        vec!["info", bag],
+        vec!["info", "--json", bag],
+        vec!["play", bag, "--sink", "echo", "--rate", "1000"],
+        vec![
+            "play",
+            bag,
+            "--sink",
+            "echo",
+            "--echo-format",
+            "jsonl",
+            "--rate",
+            "1000",
+        ],
+        vec!["reindex", "--dry-run", bag],
+        vec!["reindex", "--dry-run", "--json", bag],
+    ] {
+        // Under a user-mode emulator (RINGBAG_TEST_RUNNER) the emulator itself starts with
+        // descriptor 1 closed and may open its own files there: only /dev/full is checked.
+        let emulated = std::env::var("RINGBAG_TEST_RUNNER").is_ok_and(|r| !r.trim().is_empty());
+        for closed in [true, false] {
+            if closed && emulated {
+                continue;
+            }
+            let (code, err) = with_broken_stdout(&args, closed);
+            let what = format!("{args:?} closed={closed}");
+            assert_eq!(code, Some(1), "{what}: {err}");
+            let lines: Vec<&str> = err
+                .lines()
+                .filter(|l| !l.starts_with("ringbag: keys"))
+                .collect();
+            let want = if closed {
+                "ringbag: error: stdout: Bad file descriptor (os error 9)"
+            } else {
+                "ringbag: error: stdout: No space left on device (os error 28)"
+            };
+            assert_eq!(lines, [want], "{what}");
+        }
+    }
+}

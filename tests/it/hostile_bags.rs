@@ -735,3 +735,163 @@ fn a_truncated_closed_split_reports_a_known_loss() {
     assert_eq!(s["messages_lost"].as_u64(), Some(1500 - kept), "{s}");
     assert_eq!(s["loss_basis"], "metadata-yaml", "{s}");
 }
+
+/// A one-split bag whose `table` (topics or messages) was replaced by a VIEW `view_sql`
+/// with the same columns (the real table is kept under another name).
+fn bag_with_view(dir: &Path, table: &str, view_sql: &str) {
+    write_bag(dir, Flavour::Jazzy, &[("/a", "std_msgs/msg/String")], 5, 0);
+    let name = dir.file_name().unwrap().to_str().unwrap();
+    let c = rusqlite::Connection::open(dir.join(format!("{name}_0.db3"))).unwrap();
+    c.execute_batch(&format!(
+        "ALTER TABLE {table} RENAME TO {table}_real; CREATE VIEW {table} AS {view_sql};"
+    ))
+    .unwrap();
+}
+
+/// Views that never end or yield a gigabyte, as `topics` and as `messages`.
+fn hostile_views() -> Vec<(&'static str, &'static str, String)> {
+    let endless = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r)";
+    let huge = "replace(hex(zeroblob(400000000)), '00', 'xy')";
+    vec![
+        (
+            "recursive topics",
+            "topics",
+            format!(
+                "{endless} SELECT n AS id, '/t' || n AS name, 'std_msgs/msg/String' AS type, \
+                 'cdr' AS serialization_format, '' AS offered_qos_profiles, \
+                 '' AS type_description_hash FROM r"
+            ),
+        ),
+        (
+            "huge-string topics",
+            "topics",
+            format!(
+                "SELECT id, {huge} AS name, type, serialization_format, offered_qos_profiles, \
+                 type_description_hash FROM topics_real"
+            ),
+        ),
+        (
+            "recursive messages",
+            "messages",
+            format!(
+                "{endless} SELECT n AS id, 1 AS topic_id, 1700000000000000000 + n AS timestamp, \
+                 x'00' AS data FROM r"
+            ),
+        ),
+        (
+            "huge-blob messages",
+            "messages",
+            "SELECT id, topic_id, timestamp, zeroblob(900000000) AS data FROM messages_real"
+                .to_string(),
+        ),
+    ]
+}
+
+/// [`run_deadline`] with at most 1 GiB of address space (the views below cost 2-3 GB when
+/// they were read). Not under an emulator (RINGBAG_TEST_RUNNER), whose own reservations
+/// count against the limit.
+fn run_bounded(args: &[PathBuf], secs: u64) -> Output {
+    use std::os::unix::process::CommandExt;
+    let emulated = std::env::var("RINGBAG_TEST_RUNNER").is_ok_and(|r| !r.trim().is_empty());
+    let mut cmd = ringbag();
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if !emulated {
+        // SAFETY: setrlimit is async-signal-safe and touches nothing of the parent's memory.
+        unsafe {
+            cmd.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 1 << 30,
+                    rlim_max: 1 << 30,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    crate::common::wait_deadline(cmd.spawn().expect("spawn ringbag"), secs)
+        .unwrap_or_else(|| panic!("`ringbag {args:?}` hung (killed after {secs} s)"))
+}
+
+/// A `.db3` whose `topics` or `messages` is a view (endless, or yielding a gigabyte) hung
+/// `info`, `play` and `reindex`, or cost them gigabytes. Only real tables are read: every
+/// command refuses it at once (in 1 GiB of address space), one line, exit 2, and reindex
+/// changes nothing.
+#[test]
+fn a_split_whose_tables_are_hostile_views_is_refused_promptly_by_every_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, (what, table, sql)) in hostile_views().into_iter().enumerate() {
+        let bag = tmp.path().join(format!("v{i}"));
+        bag_with_view(&bag, table, &sql);
+        let before = snapshot(&bag);
+        for args in commands(&bag) {
+            let started = std::time::Instant::now();
+            let out = run_bounded(&args, 20);
+            assert_one_line_error(
+                &out,
+                &format!("`{table}` is a view, not a table: not a rosbag2 split; not read"),
+                &format!("{what}: {args:?}"),
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "{what}: {args:?} took {:?}",
+                started.elapsed()
+            );
+        }
+        assert_eq!(snapshot(&bag), before, "{what}: a command changed the bag");
+    }
+}
+
+/// A 200 KB metadata.yaml of 100,000 `[` stalled `info` and `play` for over 30 s in the
+/// YAML parser. Its nesting is measured before parsing: refused at once, one line, exit 2.
+/// (Deep block nesting likewise; an oversized file is refused before it is read.)
+#[test]
+fn a_deeply_nested_metadata_yaml_is_refused_promptly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let deep = [
+        (
+            "flow",
+            format!("rosbag2_bagfile_information: {}", "[".repeat(100_000)),
+        ),
+        (
+            "block",
+            format!("rosbag2_bagfile_information:\n{}x\n", "- ".repeat(20_000)),
+        ),
+    ];
+    for (what, text) in deep {
+        let bag = tmp.path().join(what);
+        small_bag(&bag);
+        fs::write(bag.join("metadata.yaml"), text).unwrap();
+        for args in commands(&bag)
+            .into_iter()
+            .filter(|a| a[0] != Path::new("reindex"))
+        {
+            let started = std::time::Instant::now();
+            let out = run_deadline(&args, 20);
+            assert_one_line_error(
+                &out,
+                "metadata.yaml: not a rosbag2 metadata.yaml: nested more than 64 levels deep",
+                &format!("{what}: {args:?}"),
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{what}: {args:?}"
+            );
+        }
+    }
+    let big = tmp.path().join("big");
+    small_bag(&big);
+    let f = fs::File::create(big.join("metadata.yaml")).unwrap();
+    // Sparse: no disk space is used.
+    f.set_len(129 << 20).unwrap();
+    let out = run_deadline(&["info".as_ref(), big.as_os_str()], 20);
+    assert_one_line_error(
+        &out,
+        "metadata.yaml: is 129.0 MiB, more than the 128 MiB a metadata.yaml may be; not read",
+        "oversized",
+    );
+}

@@ -854,3 +854,173 @@ fn keys_are_off_when_stdin_is_not_a_terminal() {
     assert_eq!(played(&ok(&o)), expected(&msgs, |_| true));
     assert_eq!(stderr(&o), "ringbag: played 20 messages\n");
 }
+
+/// A bag `dir` of `splits` one-message splits (`/a`, String), cheap to make: one split is
+/// written, the others are copies of it with their row's timestamp changed, and
+/// metadata.yaml lists them all. Split `k`'s message is at `ts(k)`; returns the timestamps
+/// in split order.
+fn copied_split_bag(dir: &Path, splits: usize, ts: impl Fn(usize) -> i64) -> Vec<i64> {
+    use ringbag::bag::metadata::FileInfo;
+    timed_bag(dir, &[("/a", STRING, ts(0), cdr_string("m"))], 0);
+    let name = dir.file_name().unwrap().to_str().unwrap().to_string();
+    let first = dir.join(format!("{name}_0.db3"));
+    let mut meta = ringbag::bag::BagMetadata::read(dir).expect("metadata");
+    meta.files.clear();
+    meta.relative_file_paths.clear();
+    let stamps: Vec<i64> = (0..splits).map(&ts).collect();
+    for (k, t) in stamps.iter().enumerate() {
+        let rel = format!("{name}_{k}.db3");
+        if k > 0 {
+            fs::copy(&first, dir.join(&rel)).unwrap();
+            let c = rusqlite::Connection::open(dir.join(&rel)).unwrap();
+            // No journal, no fsync: 2,000 of them would take longer than the test.
+            c.execute_batch("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF")
+                .unwrap();
+            c.execute("UPDATE messages SET timestamp = ?1", [t])
+                .unwrap();
+        }
+        meta.relative_file_paths.push(rel.clone());
+        meta.files.push(FileInfo {
+            path: rel,
+            starting_time_ns: *t,
+            duration_ns: 0,
+            message_count: 1,
+        });
+    }
+    meta.starting_time_ns = *stamps.iter().min().unwrap();
+    meta.duration_ns = stamps.iter().max().unwrap() - meta.starting_time_ns;
+    meta.message_count = splits as u64;
+    meta.topics[0].message_count = splits as u64;
+    meta.write_atomic(dir, Flavour::Jazzy).unwrap();
+    stamps
+}
+
+/// `ringbag play --sink echo` on `bag` as fast as it goes, with at most `nofile` open files.
+fn play_with_nofile(bag: &Path, nofile: u64) -> Output {
+    use crate::common::RunOutput;
+    use std::os::unix::process::CommandExt;
+    let mut cmd = crate::common::ringbag();
+    cmd.args(["play", "--sink", "echo", "--rate", "1000000"])
+        .arg(bag)
+        .env_remove("RINGBAG_LOG");
+    // SAFETY: setrlimit is async-signal-safe and touches nothing of the parent's memory.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: nofile,
+                rlim_max: nofile,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.run_output().expect("ringbag runs")
+}
+
+/// `play` opened every split of a bag at once: under the usual limit of open files a bag of
+/// many splits played a fraction of its messages, with exit 0 and a warning per split it
+/// "skipped". Splits are now opened as the merge reaches them, so 500 splits play under
+/// a limit of 64 open files: every message, in order, without a warning.
+#[test]
+fn a_bag_of_hundreds_of_splits_plays_every_message_under_a_small_open_file_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("many");
+    // 500: far above the limit, yet quick under qemu (each split is opened three times).
+    let stamps = copied_split_bag(&bag, 500, |k| T0 + k as i64 * MS);
+    let o = play_with_nofile(&bag, 64);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let got: Vec<i64> = lines(&stdout(&o)).iter().map(|l| l.bag_ns).collect();
+    assert_eq!(got, stamps, "every message once, in order");
+    assert_eq!(
+        stderr(&o).trim(),
+        "ringbag: played 500 messages",
+        "no warning"
+    );
+}
+
+/// Splits whose time ranges all overlap must be open together to merge them. When the
+/// limit of open files does not allow that, it is a failure (exit 1, one line naming the
+/// split), never a split silently left out with playback ending "successfully".
+#[test]
+fn running_out_of_file_descriptors_while_playing_is_an_error_not_a_skipped_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("overlap");
+    // 40 splits, each with 30 rows interleaved with every other split's (more than a
+    // split's first chunk, so none is read to its end at once).
+    copied_split_bag(&bag, 40, |k| T0 + k as i64 * MS);
+    let name = "overlap";
+    for k in 0..40i64 {
+        let c = rusqlite::Connection::open(bag.join(format!("{name}_{k}.db3"))).unwrap();
+        c.execute_batch("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF")
+            .unwrap();
+        for j in 1..30i64 {
+            c.execute(
+                "INSERT INTO messages (topic_id, timestamp, data) \
+                 SELECT topic_id, ?1, data FROM messages LIMIT 1",
+                [T0 + (j * 40 + k) * MS],
+            )
+            .unwrap();
+        }
+    }
+    fs::remove_file(bag.join("metadata.yaml")).unwrap();
+    let o = play_with_nofile(&bag, 24);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    assert!(
+        lines[0].starts_with("ringbag: error: ") && lines[0].contains("Too many open files"),
+        "{err}"
+    );
+    // With room for all of them, the same bag plays in full.
+    let o = play_with_nofile(&bag, 256);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(lines_count(&o), 1200);
+}
+
+fn lines_count(o: &Output) -> usize {
+    stdout(o).lines().count()
+}
+
+/// `play` read from metadata.yaml's start on: a message stamped 5 ns before it was left
+/// out silently (2999 of 3000 played, exit 0). Every row the splits hold plays, and one
+/// warning says that metadata.yaml disagrees with them. Likewise one after its end.
+#[test]
+fn messages_outside_the_span_metadata_yaml_gives_still_play_with_one_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let msgs = mixed(300, 1);
+    let bag = bag_of(tmp.path(), "early", &msgs, 100);
+    let listed = ringbag::bag::BagMetadata::read(&bag).unwrap();
+    assert_eq!(listed.starting_time_ns, T0);
+    let c = rusqlite::Connection::open(bag.join("early_0.db3")).unwrap();
+    c.execute(
+        "UPDATE messages SET timestamp = ?1 WHERE timestamp = ?2",
+        [T0 - 5, T0],
+    )
+    .unwrap();
+    let c = rusqlite::Connection::open(bag.join("early_2.db3")).unwrap();
+    let late = T0 + 299 * MS + 7;
+    c.execute(
+        "UPDATE messages SET timestamp = ?1 WHERE timestamp = ?2",
+        [late, T0 + 299 * MS],
+    )
+    .unwrap();
+    drop(c);
+    let o = play(&bag, &["--rate", "1000"]);
+    let got: Vec<i64> = ok(&o).iter().map(|l| l.bag_ns).collect();
+    let mut want: Vec<i64> = msgs.iter().map(|m| m.2).collect();
+    want[0] = T0 - 5;
+    want[299] = late;
+    assert_eq!(got, want, "every row plays, in order");
+    let err = stderr(&o);
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("warn")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(
+        warnings[0].contains("metadata.yaml says the bag spans")
+            && warnings[0].contains("1699999999.999999995 s"),
+        "{err}"
+    );
+    assert!(err.contains("played 300 messages"), "{err}");
+}
