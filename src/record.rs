@@ -127,6 +127,14 @@ pub struct Running<'a> {
     pub settings: &'a RecordSettings,
 }
 
+/// A recording after its pipeline finished: every count is final (the exit summary's).
+pub struct Finished<'a> {
+    pub progress: &'a crate::pipeline::Progress,
+    pub topics: &'a [Arc<crate::pipeline::TopicStats>],
+    pub clock: &'a crate::clock::ClockHandle,
+    pub settings: &'a RecordSettings,
+}
+
 /// Hooks into [`run_with`]: `record` has none; the service uses them to drive systemd's
 /// notify protocol and its status file from the same recording code path.
 pub trait Supervisor {
@@ -140,6 +148,10 @@ pub trait Supervisor {
     }
     /// The recording is about to be finished (queue flushed, split committed).
     fn finishing(&mut self, _run: &Running<'_>) {}
+    /// The pipeline has finished (cleanly or not): the counts are final. What a status
+    /// file says last must be this, not the state at `finishing`, when the queue still
+    /// held messages that were then written.
+    fn finished(&mut self, _done: &Finished<'_>) {}
 }
 
 /// No hooks: plain `ringbag record`.
@@ -357,7 +369,15 @@ pub fn run_with(
     if let Some(s) = snapshots.as_mut() {
         s.stop_control();
     }
+    // Every source has been joined: no topic registers any more, so this list is final.
+    let topics = pipeline.topic_stats();
     let (result, summary) = pipeline.finish();
+    hooks.finished(&Finished {
+        progress: &progress,
+        topics: &topics,
+        clock: &clock_handle,
+        settings: &settings,
+    });
     // The writer thread has appended its last message to the ring: finish the open snapshot.
     if let Some(s) = snapshots.take() {
         s.finish();

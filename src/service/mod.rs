@@ -240,8 +240,12 @@ struct Hooks<'a> {
 impl Hooks<'_> {
     fn publish_status(&mut self, run: &Running<'_>) {
         let st = self.collector.collect(run, last_problem());
+        self.publish(&st);
+    }
+
+    fn publish(&mut self, st: &status::Status) {
         notify::send(&[NotifyState::Status(&st.line())]);
-        match (status::write(&self.status_file, &st), self.status_failing) {
+        match (status::write(&self.status_file, st), self.status_failing) {
             (Ok(()), true) => {
                 self.status_failing = false;
                 log::info!("status file {}: written again", self.status_file.display());
@@ -327,6 +331,13 @@ impl Supervisor for Hooks<'_> {
             notify::send(&[NotifyState::Stopping]);
         }
         self.publish_status(run);
+    }
+
+    fn finished(&mut self, done: &record::Finished<'_>) {
+        // The last word: the queue that `finishing` still saw is written (or counted lost)
+        // now, and the file left after the service stops must say what the bag holds.
+        let st = self.collector.collect_finished(done, last_problem());
+        self.publish(&st);
     }
 }
 

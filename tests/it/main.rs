@@ -5,6 +5,7 @@ mod common;
 mod concurrency;
 mod crash;
 mod errors;
+mod final_status;
 mod format;
 mod fuzz;
 mod hostile_bags;
