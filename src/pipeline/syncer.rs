@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::bag::writer::{log_durable_split, Durability, StorageOps};
+use crate::bag::writer::{log_durable_split, Durability, MetadataWrite, StorageOps};
 
 /// Start write-back of the open split after this many newly committed bytes...
 pub const WRITEBACK_BYTES: u64 = 8 << 20;
@@ -67,6 +67,9 @@ enum Job {
         messages: u64,
         ops: Arc<dyn StorageOps>,
     },
+    /// metadata.yaml listing the splits closed so far: queued after their `Closed`, so it
+    /// is written only once they are durable.
+    Metadata(MetadataWrite),
 }
 
 /// Closing syncs not done yet, and failures not reported yet; shared with the thread.
@@ -195,6 +198,10 @@ impl Durability for BackgroundSync {
         }
     }
 
+    fn metadata(&mut self, write: MetadataWrite) {
+        self.send(Job::Metadata(write));
+    }
+
     fn take_failure(&mut self) -> Option<(PathBuf, std::io::Error)> {
         // Cheap enough per batch: uncontended, and the syncer holds it only to record results.
         self.lock().failures.pop()
@@ -266,6 +273,20 @@ fn run(rx: Receiver<Job>, st: Arc<State>, interval: Duration) {
                 }
                 drop(p);
                 st.cv.notify_all();
+            }
+            Some(Job::Metadata(write)) => {
+                let path = write.path();
+                let r = timed(&st.health, || {
+                    write
+                        .write()
+                        .map_err(|e| std::io::Error::other(e.to_string()))
+                });
+                if let Err(e) = r {
+                    // Reported once; the writer fails the recording on it, as on a failed
+                    // fsync (the disk is failing or full beyond the budget's floor).
+                    let mut p = st.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    p.failures.push((path, e));
+                }
             }
             Some(Job::Kick) | None => {}
         }

@@ -1,6 +1,7 @@
 //! Integration tests: the bag format against rosbag2's reference bags, the CLI's behaviour on
 //! bad input, and recording end to end.
 mod bounds;
+mod closed_splits;
 mod common;
 mod concurrency;
 mod crash;
