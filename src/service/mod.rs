@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use sd_notify::NotifyState;
 
+use crate::bag::lock::{RootLock, RootLockError};
 use crate::bag::schema::StoragePreset;
 use crate::bag::writer::WriterOptions;
 use crate::bag::Flavour;
@@ -37,6 +38,9 @@ pub enum ServiceError {
     },
     #[error("cannot install signal handlers: {0}")]
     Signals(nix::Error),
+    /// Another daemon records into the root: refused before anything is touched.
+    #[error(transparent)]
+    RootLock(#[from] RootLockError),
     #[error("{0}")]
     Record(RecordError),
 }
@@ -46,6 +50,7 @@ impl ServiceError {
     pub fn is_bad_input(&self) -> bool {
         match self {
             ServiceError::Config(_) => true,
+            ServiceError::RootLock(e) => e.is_bad_input(),
             ServiceError::Record(e) => e.is_bad_input(),
             _ => false,
         }
@@ -171,12 +176,12 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
     let started = Instant::now();
     let mut collector = status::Collector::new(config_path.to_path_buf(), started);
     let mut ready_sent = false;
+    // The root's lock for the daemon's whole life (a reload to another root swaps it), taken
+    // before recovery, the ring, a bag or the status file are touched: a second daemon on the
+    // same root stops here.
+    let mut root_lock = lock_root(&checked.output_root)?;
     loop {
         let root = checked.output_root.clone();
-        std::fs::create_dir_all(&root).map_err(|source| ServiceError::Root {
-            path: root.clone(),
-            source,
-        })?;
         let bag = root.join(next_bag_name(&root, chrono::Utc::now()));
         let settings = record_settings(&checked, bag.clone());
         collector.reset_rates();
@@ -190,9 +195,11 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
             last_status: None,
             status_failing: false,
             reload: None,
+            reload_lock: None,
         };
         let result = record::run_with(settings, &mut hooks);
         let reload = hooks.reload.take();
+        let reload_lock = hooks.reload_lock.take();
         match result {
             Ok(out) => log::info!(
                 ringbag_bag:% = bag.display();
@@ -215,12 +222,26 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
         match reload {
             Some(new) if !signals::stop_requested() => {
                 checked = *new;
+                if let Some(l) = reload_lock {
+                    // The new root's lock was taken when the reload was accepted.
+                    root_lock = l;
+                }
                 log::info!("configuration reloaded; starting a new bag");
             }
             _ => break,
         }
     }
+    drop(root_lock);
     Ok(())
+}
+
+/// Create the recording root if needed and lock it ([`RootLock`]).
+fn lock_root(root: &Path) -> Result<RootLock, ServiceError> {
+    std::fs::create_dir_all(root).map_err(|source| ServiceError::Root {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    Ok(RootLock::acquire(root)?)
 }
 
 /// The service's side of a recording.
@@ -235,6 +256,8 @@ struct Hooks<'a> {
     status_failing: bool,
     /// A valid new config read on SIGHUP: end this bag, start the next with it.
     reload: Option<Box<Checked>>,
+    /// The new root's lock when the reload moves to another root.
+    reload_lock: Option<RootLock>,
 }
 
 impl Hooks<'_> {
@@ -310,7 +333,25 @@ impl Supervisor for Hooks<'_> {
             run.pipeline.request_rotate();
         }
         if signals::take_reload() {
-            match ServiceConfig::load_checked(self.config_path) {
+            let loaded = ServiceConfig::load_checked(self.config_path).map_err(|e| e.to_string());
+            // Another root must be ours before this bag ends: a root another daemon holds
+            // keeps the running configuration, as an invalid config does.
+            let current = &run.settings.output;
+            let loaded = loaded.and_then(|c| {
+                let same = |a: &Path, b: &Path| {
+                    a == b
+                        || std::fs::canonicalize(a)
+                            .ok()
+                            .is_some_and(|a| std::fs::canonicalize(b).is_ok_and(|b| a == b))
+                };
+                if current.parent().is_some_and(|r| same(r, &c.output_root)) {
+                    return Ok(c);
+                }
+                let l = lock_root(&c.output_root).map_err(|e| e.to_string())?;
+                self.reload_lock = Some(l);
+                Ok(c)
+            });
+            match loaded {
                 Ok(c) => {
                     log::info!("SIGHUP: configuration valid; finishing this bag");
                     notify::send(&[NotifyState::Reloading]);

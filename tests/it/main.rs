@@ -17,5 +17,6 @@ mod reader;
 mod record;
 mod recovery;
 mod retention;
+mod root_lock;
 mod service;
 mod snapshot;
