@@ -33,6 +33,9 @@ pub struct RecordSettings {
     pub recover: bool,
     /// Where to write `{"committed": N, "splits": K}` every ~100 ms.
     pub status_file: Option<PathBuf>,
+    /// `record` without a floor flag: the default free-space floor (bytes) in
+    /// `retention.min_free_space`, said in one line at start. None otherwise.
+    pub default_free_floor: Option<u64>,
     /// The snapshot ring, triggers and per-topic policy.
     pub snapshot: crate::snapshot::SnapshotSettings,
 }
@@ -247,6 +250,14 @@ pub fn run_with(
         "recording into {}",
         settings.output.display()
     );
+    if let Some(floor) = settings.default_free_floor {
+        log::info!(
+            "keeping {:.1} MiB free on the bag's partition (the default floor: {} % of it or \
+             1 GiB, whichever is smaller; --min-free-space 0 turns it off)",
+            floor as f64 / (1u64 << 20) as f64,
+            crate::retention::DEFAULT_MIN_FREE_SPACE_PERCENT
+        );
+    }
     let tap: Option<Box<dyn crate::pipeline::Tap>> = if settings.snapshot.active() {
         let ring = snapshots
             .as_ref()

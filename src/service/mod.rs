@@ -155,6 +155,8 @@ pub fn record_settings(c: &Checked, bag: PathBuf) -> RecordSettings {
         // The root is a recording root: recover what a crash left, budget over every bag.
         recover: true,
         status_file: None,
+        // The service's floor is its config's (`min_free_space`, off by default).
+        default_free_floor: None,
         snapshot: c.snapshot.clone(),
     }
 }

@@ -8,6 +8,7 @@ mod crash;
 mod errors;
 mod final_status;
 mod format;
+mod free_floor;
 mod fuzz;
 mod hostile_bags;
 mod install;
