@@ -225,11 +225,13 @@ impl RootLockError {
     }
 }
 
-/// An exclusive hold on a recording root for the holder's whole life (the daemon, or
-/// `record --recover`, which budgets over the root as the daemon does): two recorders on one
-/// root would each leave the other's live bag out of the budget, so the root could grow to
-/// twice it, and would write the same status file and ring. The kernel releases it when the
-/// holder dies. The file stays (never unlinked, so no holder can lock an orphaned inode).
+/// A hold on a recording root for the holder's whole life: exclusive for the daemon (two
+/// daemons on one root would each leave the other's live bag out of the budget, so the root
+/// could grow to twice it, and would share a status file and ring), shared for
+/// `record --recover`, which budgets over the root too: it cannot start beside a daemon nor a
+/// daemon beside it, while several such recorders may share a root as before. The kernel
+/// releases it when the holder dies. The file stays (never unlinked, so no holder can lock an
+/// orphaned inode). With shared holders the pid noted is the last one's.
 #[derive(Debug)]
 pub struct RootLock {
     /// Kept only for the lock it carries: dropping the `Flock` unlocks.
@@ -237,9 +239,18 @@ pub struct RootLock {
 }
 
 impl RootLock {
-    /// Take the lock of `root` (an existing directory) without waiting, noting our pid in
-    /// the file for whoever is refused next.
+    /// Take the exclusive lock of `root` (an existing directory) without waiting, noting our
+    /// pid in the file for whoever is refused next.
     pub fn acquire(root: &Path) -> Result<RootLock, RootLockError> {
+        Self::take(root, FlockArg::LockExclusiveNonblock)
+    }
+
+    /// Take a shared lock of `root` (see [`RootLock`]).
+    pub fn acquire_shared(root: &Path) -> Result<RootLock, RootLockError> {
+        Self::take(root, FlockArg::LockSharedNonblock)
+    }
+
+    fn take(root: &Path, how: FlockArg) -> Result<RootLock, RootLockError> {
         let path = root.join(ROOT_LOCK_FILE);
         let io = |source| RootLockError::Io {
             path: path.clone(),
@@ -258,7 +269,7 @@ impl RootLock {
         if !file.metadata().map_err(io)?.is_file() {
             return Err(io(std::io::Error::from_raw_os_error(libc::EINVAL)));
         }
-        let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        let mut lock = match Flock::lock(file, how) {
             Ok(l) => l,
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
                 return Err(RootLockError::Held {
@@ -299,7 +310,16 @@ mod tests {
             }
             e => panic!("{e}"),
         }
+        assert!(
+            RootLock::acquire_shared(d.path()).is_err(),
+            "shared vs exclusive"
+        );
         drop(first);
+        // Shared holders (record --recover) coexist, and keep a daemon out.
+        let a = RootLock::acquire_shared(d.path()).unwrap();
+        let b = RootLock::acquire_shared(d.path()).unwrap();
+        assert!(RootLock::acquire(d.path()).is_err());
+        drop((a, b));
         let again = RootLock::acquire(d.path()).unwrap();
         // Not a bag's lock: the root is no bag, clean or not.
         assert_eq!(state(d.path()), LockState::Clean);

@@ -128,3 +128,58 @@ fn a_second_daemon_on_the_same_root_exits_2_naming_the_root_and_the_first_ones_p
     let out = wait_deadline(again, 30).expect("stops");
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
+
+#[test]
+fn a_sighup_that_moves_to_a_root_another_daemon_holds_keeps_the_running_configuration() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (root_a, root_b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let (status_a, status_b) = (tmp.path().join("a.json"), tmp.path().join("b.json"));
+    let mut a = daemon(&config(tmp.path(), "a.toml", &root_a, &status_a));
+    let b_config = config(tmp.path(), "b.toml", &root_b, &status_b);
+    let mut b = daemon(&b_config);
+    committed_beyond(&mut a, &status_a, 0);
+    committed_beyond(&mut b, &status_b, 0);
+    // B's config now names A's root.
+    config(tmp.path(), "b.toml", &root_a, &status_b);
+    kill(Pid::from_raw(b.id() as i32), Signal::SIGHUP).expect("SIGHUP");
+    // The refusal shows in B's status file (its last error), which it keeps writing.
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let last = std::fs::read(&status_b)
+            .ok()
+            .and_then(|t| serde_json::from_slice::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["last_error"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        if last.contains("keeping the running configuration") {
+            assert!(
+                last.contains(&format!(
+                    "{}: recording root already in use",
+                    root_a.display()
+                )) && last.contains(&format!("pid {}", a.id())),
+                "{last}"
+            );
+            break;
+        }
+        if let Ok(Some(st)) = b.try_wait() {
+            panic!("daemon B exited ({st})");
+        }
+        assert!(
+            Instant::now() < end,
+            "the SIGHUP was never answered: {last:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let bags = |root: &Path| {
+        entries(root)
+            .iter()
+            .filter(|e| root.join(e).is_dir())
+            .count()
+    };
+    assert_eq!(bags(&root_a), 1, "B started no bag in A's root");
+    assert_eq!(bags(&root_b), 1, "B goes on with its bag");
+    for child in [a, b] {
+        kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+        let out = wait_deadline(child, 30).expect("stops");
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+}
