@@ -168,7 +168,8 @@ pub trait Durability: Send {
     fn take_failure(&mut self) -> Option<(PathBuf, std::io::Error)>;
     /// Rewrite metadata.yaml with `write` once every split closed before this call is
     /// durable (so it never lists a split whose rows a power cut may still take), possibly
-    /// later, on another thread. A failure is reported through `take_failure`.
+    /// later, on another thread; a newer `write` may replace one not written yet. A failure
+    /// is reported through `take_failure`.
     fn metadata(&mut self, write: MetadataWrite);
 }
 
@@ -182,12 +183,14 @@ pub struct MetadataGate {
     written: Mutex<u64>,
 }
 
-/// One rewrite of metadata.yaml, prepared on the writer's thread (text of O(topics + splits
-/// on disk)), written by [`MetadataWrite::write`] wherever the fsyncs may stall.
+/// One rewrite of metadata.yaml, prepared on the writer's thread (the metadata, O(topics +
+/// splits on disk) to copy), turned into YAML and written by [`MetadataWrite::write`]
+/// wherever that work and the fsyncs may take their time.
 #[derive(Debug)]
 pub struct MetadataWrite {
     dir: PathBuf,
-    yaml: String,
+    meta: BagMetadata,
+    flavour: Flavour,
     generation: u64,
     gate: Arc<MetadataGate>,
 }
@@ -196,13 +199,20 @@ impl MetadataWrite {
     /// Replace metadata.yaml atomically (temp file, fsync, rename, fsync of the directory),
     /// unless a newer rewrite of it got there first.
     pub fn write(self) -> Result<(), BagError> {
+        let outdated =
+            || *self.gate.written.lock().unwrap_or_else(|p| p.into_inner()) > self.generation;
+        if outdated() {
+            return Ok(());
+        }
+        // The YAML outside the lock: the other thread's rewrite need not wait for it.
+        let yaml = self.meta.to_yaml(self.flavour);
         // Held across the write: a newer rewrite on another thread waits for this one
         // rather than being overtaken by it (a few ms, and only at a split close or delete).
         let mut written = self.gate.written.lock().unwrap_or_else(|p| p.into_inner());
         if *written > self.generation {
             return Ok(());
         }
-        write_file_atomic(&self.dir, METADATA_FILE, self.yaml.as_bytes())?;
+        write_file_atomic(&self.dir, METADATA_FILE, yaml.as_bytes())?;
         *written = self.generation;
         Ok(())
     }
@@ -1063,9 +1073,9 @@ impl BagWriter {
         self.closed.push_back(closed.clone());
         self.newly_closed.push(closed);
         if publish {
-            // No split is open now: this lists exactly the closed ones. Built here (O(topics
-            // + splits on disk)), written after the split's fsync: on the sync thread when
-            // there is one, so the writer never waits for these fsyncs.
+            // No split is open now: this lists exactly the closed ones. Copied here (O(topics
+            // + splits on disk)), turned into YAML and written after the split's fsync: on the
+            // sync thread when there is one, so the writer waits for neither.
             let write = self.prepare_metadata(self.recording_metadata());
             match self.durability.as_mut() {
                 Some(d) => d.metadata(write),
@@ -1090,7 +1100,8 @@ impl BagWriter {
         self.meta_generation += 1;
         MetadataWrite {
             dir: self.dir.clone(),
-            yaml: m.to_yaml(self.opts.flavour),
+            meta: m,
+            flavour: self.opts.flavour,
             generation: self.meta_generation,
             gate: self.meta_gate.clone(),
         }
