@@ -220,8 +220,10 @@ for ((cut = 1; cut <= CUTS; cut++)); do
     mkdir -p "$root"
     log_a="$W/logs/c$cut-a.log"
     log_b="$W/logs/c$cut-b.log"
+    # --min-free-space 0: the retention flags alone bound the recording, as before `record`
+    # had a default free-space floor (5 % of this 512 MiB filesystem would be 25.6 MiB).
     common=(--source synthetic --synthetic-profile "$profile"
-        --storage-preset-profile "$preset" --clock system --log-level debug)
+        --storage-preset-profile "$preset" --clock system --log-level debug --min-free-space 0)
     # An older, cleanly finished bag under the same root: retention spans it too.
     # shellcheck disable=SC2086
     "$RB" record "${common[@]}" --synthetic-rate max $flags --synthetic-count 300 -o "$root/a" 2>"$log_a" >/dev/null
@@ -255,7 +257,7 @@ for ((cut = 1; cut <= CUTS; cut++)); do
     mount_at "$dev_a" "$W/a"
     rec_rc=0
     "$RB" record --source synthetic --synthetic-profile small --synthetic-count 100 \
-        --clock system --recover -o "$W/a/c$cut/new" 2>"$W/logs/c$cut-recover.log" >/dev/null ||
+        --clock system --min-free-space 0 --recover -o "$W/a/c$cut/new" 2>"$W/logs/c$cut-recover.log" >/dev/null ||
         rec_rc=$?
     if ((rec_rc != 0)); then
         result=FAIL

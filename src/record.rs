@@ -33,6 +33,9 @@ pub struct RecordSettings {
     pub recover: bool,
     /// Where to write `{"committed": N, "splits": K}` every ~100 ms.
     pub status_file: Option<PathBuf>,
+    /// `record` without a floor flag: the default free-space floor (bytes) in
+    /// `retention.min_free_space`, said in one line at start. None otherwise.
+    pub default_free_floor: Option<u64>,
     /// The snapshot ring, triggers and per-topic policy.
     pub snapshot: crate::snapshot::SnapshotSettings,
 }
@@ -129,6 +132,16 @@ pub struct Running<'a> {
     pub ring: Option<Arc<crate::snapshot::ring::Ring>>,
 }
 
+/// A recording after its pipeline finished: every count is final (the exit summary's).
+pub struct Finished<'a> {
+    pub progress: &'a crate::pipeline::Progress,
+    pub topics: &'a [Arc<crate::pipeline::TopicStats>],
+    pub clock: &'a crate::clock::ClockHandle,
+    pub settings: &'a RecordSettings,
+    /// The snapshot ring, when there is one (its state goes into the status).
+    pub ring: Option<Arc<crate::snapshot::ring::Ring>>,
+}
+
 /// Hooks into [`run_with`]: `record` has none; the service uses them to drive systemd's
 /// notify protocol and its status file from the same recording code path.
 pub trait Supervisor {
@@ -150,6 +163,10 @@ pub trait Supervisor {
     /// The recording has ended cleanly with this ring (marked clean, nothing open in it): keep
     /// it for [`Supervisor::take_ring`], or drop it.
     fn keep_ring(&mut self, _ring: Arc<crate::snapshot::ring::Ring>) {}
+    /// The pipeline has finished (cleanly or not): the counts are final. What a status
+    /// file says last must be this, not the state at `finishing`, when the queue still
+    /// held messages that were then written.
+    fn finished(&mut self, _done: &Finished<'_>) {}
 }
 
 /// No hooks: plain `ringbag record`.
@@ -278,6 +295,14 @@ pub fn run_with(
         "recording into {}",
         settings.output.display()
     );
+    if let Some(floor) = settings.default_free_floor {
+        log::info!(
+            "keeping {:.1} MiB free on the bag's partition (the default floor: {} % of it or \
+             1 GiB, whichever is smaller; --min-free-space 0 turns it off)",
+            floor as f64 / (1u64 << 20) as f64,
+            crate::retention::DEFAULT_MIN_FREE_SPACE_PERCENT
+        );
+    }
     let tap: Option<Box<dyn crate::pipeline::Tap>> = if settings.snapshot.active() {
         let ring = snapshots
             .as_ref()
@@ -402,7 +427,16 @@ pub fn run_with(
     if let Some(s) = snapshots.as_mut() {
         s.stop_control();
     }
+    // Every source has been joined: no topic registers any more, so this list is final.
+    let topics = pipeline.topic_stats();
     let (result, summary) = pipeline.finish();
+    hooks.finished(&Finished {
+        progress: &progress,
+        topics: &topics,
+        clock: &clock_handle,
+        settings: &settings,
+        ring: snapshots.as_ref().map(|s| s.ring.clone()),
+    });
     // The writer thread has appended its last message to the ring: finish the open snapshot.
     if let Some(s) = snapshots.take() {
         let ring = s.ring.clone();

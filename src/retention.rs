@@ -93,6 +93,17 @@ pub struct RetentionPolicy {
     pub max_splits: u32,
 }
 
+/// `ringbag record`'s free-space floor when no floor flag is given: this share of the
+/// partition (percent)...
+pub const DEFAULT_MIN_FREE_SPACE_PERCENT: u64 = 5;
+/// ...or this many bytes, whichever is smaller (a large disk need not keep 5 % empty).
+pub const DEFAULT_MIN_FREE_SPACE_MAX: u64 = 1 << 30;
+
+/// The default floor on a partition of `total` bytes (see the constants above).
+pub fn default_min_free_space(total: u64) -> u64 {
+    (total / 100 * DEFAULT_MIN_FREE_SPACE_PERCENT).min(DEFAULT_MIN_FREE_SPACE_MAX)
+}
+
 impl RetentionPolicy {
     /// True when a limit deletes old splits to make room (the free-space floor aside).
     pub fn is_circular(&self) -> bool {
@@ -1541,5 +1552,15 @@ mod tests {
             ..Default::default()
         };
         assert!(pol.validate(MB, 0).unwrap_err().contains("at least 2"));
+    }
+
+    #[test]
+    fn the_default_floor_is_5_percent_of_the_partition_or_1_gib_whichever_is_smaller() {
+        const GIB: u64 = 1 << 30;
+        assert_eq!(default_min_free_space(512 * MB), 512 * MB / 100 * 5);
+        assert_eq!(default_min_free_space(20 * GIB), 20 * GIB / 100 * 5);
+        assert_eq!(default_min_free_space(21 * GIB), GIB);
+        assert_eq!(default_min_free_space(4 << 40), GIB);
+        assert_eq!(default_min_free_space(0), 0);
     }
 }

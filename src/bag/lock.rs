@@ -11,6 +11,8 @@
 //!
 //! The lock file is created (and the directory fsynced) before the first split, so after a
 //! power cut a bag with split files always still has its marker.
+//!
+//! Also the recording root's lock, [`RootLock`]: one daemon (or `record --recover`) per root.
 
 use std::fs;
 use std::io::Write;
@@ -177,9 +179,152 @@ pub fn state(dir: &Path) -> LockState {
     LockState::Held
 }
 
+/// Name of the recording root's lock file: one recorder per root (`<root>/.ringbag-root.lock`).
+/// A name of its own, not [`LOCK_FILE`]: a root is not a bag, and its lock is no
+/// unclean-finish marker. Retention, recovery and bag listings look only at directories, so
+/// they never see it.
+pub const ROOT_LOCK_FILE: &str = ".ringbag-root.lock";
+
+/// The recording root is held by another process (or its lock cannot be taken).
+#[derive(Debug, thiserror::Error)]
+pub enum RootLockError {
+    #[error(
+        "{}: recording root already in use by another ringbag{} (it holds {}); one recorder per root, or each would leave the other's bag out of the budget",
+        root.display(),
+        pid.map(|p| format!(", pid {p}")).unwrap_or_default(),
+        ROOT_LOCK_FILE
+    )]
+    Held { root: PathBuf, pid: Option<u32> },
+    #[error("{}: cannot lock the recording root: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl RootLockError {
+    /// Held, or a root where the lock cannot be made (permission, read-only): the user's
+    /// setup, not a failure while working.
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            RootLockError::Held { .. } => true,
+            RootLockError::Io { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(
+                    libc::EACCES
+                        | libc::EPERM
+                        | libc::EROFS
+                        | libc::ENOTDIR
+                        | libc::ENOENT
+                        | libc::ELOOP
+                        | libc::EISDIR
+                        | libc::EINVAL
+                )
+            ),
+        }
+    }
+}
+
+/// A hold on a recording root for the holder's whole life: exclusive for the daemon (two
+/// daemons on one root would each leave the other's live bag out of the budget, so the root
+/// could grow to twice it, and would share a status file and ring), shared for
+/// `record --recover`, which budgets over the root too: it cannot start beside a daemon nor a
+/// daemon beside it, while several such recorders may share a root as before. The kernel
+/// releases it when the holder dies. The file stays (never unlinked, so no holder can lock an
+/// orphaned inode). With shared holders the pid noted is the last one's.
+#[derive(Debug)]
+pub struct RootLock {
+    /// Kept only for the lock it carries: dropping the `Flock` unlocks.
+    _lock: Flock<fs::File>,
+}
+
+impl RootLock {
+    /// Take the exclusive lock of `root` (an existing directory) without waiting, noting our
+    /// pid in the file for whoever is refused next.
+    pub fn acquire(root: &Path) -> Result<RootLock, RootLockError> {
+        Self::take(root, FlockArg::LockExclusiveNonblock)
+    }
+
+    /// Take a shared lock of `root` (see [`RootLock`]).
+    pub fn acquire_shared(root: &Path) -> Result<RootLock, RootLockError> {
+        Self::take(root, FlockArg::LockSharedNonblock)
+    }
+
+    fn take(root: &Path, how: FlockArg) -> Result<RootLock, RootLockError> {
+        let path = root.join(ROOT_LOCK_FILE);
+        let io = |source| RootLockError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            // Never follow a symlink or block on a FIFO planted under the lock's name.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .mode(0o644)
+            .open(&path)
+            .map_err(io)?;
+        if !file.metadata().map_err(io)?.is_file() {
+            return Err(io(std::io::Error::from_raw_os_error(libc::EINVAL)));
+        }
+        let mut lock = match Flock::lock(file, how) {
+            Ok(l) => l,
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(RootLockError::Held {
+                    root: root.to_path_buf(),
+                    pid: holder_pid(&path),
+                })
+            }
+            Err((_, e)) => return Err(io(std::io::Error::from(e))),
+        };
+        let note = format!("pid {}\n", std::process::id());
+        lock.set_len(0)
+            .and_then(|_| lock.write_all(note.as_bytes()))
+            .map_err(io)?;
+        Ok(RootLock { _lock: lock })
+    }
+}
+
+/// The pid a root lock's holder noted in it (None while it is being written, or unreadable).
+fn holder_pid(path: &Path) -> Option<u32> {
+    let text = fs::read_to_string(path).ok()?;
+    text.trim().strip_prefix("pid ")?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_root_is_refused_naming_the_holders_pid_and_free_again_when_released() {
+        let d = tempfile::tempdir().unwrap();
+        let first = RootLock::acquire(d.path()).unwrap();
+        // flock locks belong to the open file description: a second open conflicts as
+        // another process's would.
+        match RootLock::acquire(d.path()).unwrap_err() {
+            RootLockError::Held { root, pid } => {
+                assert_eq!(root, d.path());
+                assert_eq!(pid, Some(std::process::id()));
+            }
+            e => panic!("{e}"),
+        }
+        assert!(
+            RootLock::acquire_shared(d.path()).is_err(),
+            "shared vs exclusive"
+        );
+        drop(first);
+        // Shared holders (record --recover) coexist, and keep a daemon out.
+        let a = RootLock::acquire_shared(d.path()).unwrap();
+        let b = RootLock::acquire_shared(d.path()).unwrap();
+        assert!(RootLock::acquire(d.path()).is_err());
+        drop((a, b));
+        let again = RootLock::acquire(d.path()).unwrap();
+        // Not a bag's lock: the root is no bag, clean or not.
+        assert_eq!(state(d.path()), LockState::Clean);
+        drop(again);
+    }
 
     #[test]
     fn a_held_lock_is_seen_as_held_and_a_second_writer_is_refused() {

@@ -493,7 +493,7 @@ impl Bag {
             let why = match super::lock::state(path) {
                 super::lock::LockState::Held => {
                     "recording in progress: a running recorder holds the bag's lock and lists \
-                     its splits when it ends; `ringbag play` reads it meanwhile"
+                     each split once it is closed; `ringbag play` reads it meanwhile"
                 }
                 _ => "recording interrupted; run `ringbag reindex`",
             };

@@ -8,13 +8,15 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OpenFlags};
 
 use super::insert::MessageInsert;
 use super::lock::BagLock;
-use super::metadata::{sync_dir, BagMetadata, FileInfo, TopicWithCount, NO_START};
+use super::metadata::{
+    sync_dir, write_file_atomic, BagMetadata, FileInfo, TopicWithCount, METADATA_FILE, NO_START,
+};
 use super::qos::{profiles_to_yaml_string, PolicyStyle};
 use super::schema::{choose_page_size, create_tables, StoragePreset};
 use super::{BagError, Flavour, MessageDefinition, TopicInfo};
@@ -164,6 +166,61 @@ pub trait Durability: Send {
     fn wait_all(&mut self) -> std::io::Result<()>;
     /// A background sync's failure not reported yet.
     fn take_failure(&mut self) -> Option<(PathBuf, std::io::Error)>;
+    /// Rewrite metadata.yaml with `write` once every split closed before this call is
+    /// durable (so it never lists a split whose rows a power cut may still take), possibly
+    /// later, on another thread; a newer `write` may replace one not written yet. A failure
+    /// is reported through `take_failure`.
+    fn metadata(&mut self, write: MetadataWrite);
+}
+
+/// Orders the rewrites of one bag's metadata.yaml made on different threads (the writer's
+/// own, and a [`Durability`] thread's after a split close): a rewrite older than the last
+/// one written is dropped, so the listing never goes back in time (say, to name a split that
+/// retention has deleted meanwhile).
+#[derive(Debug, Default)]
+pub struct MetadataGate {
+    /// Generation of the last metadata.yaml written.
+    written: Mutex<u64>,
+}
+
+/// One rewrite of metadata.yaml, prepared on the writer's thread (the metadata, O(topics +
+/// splits on disk) to copy), turned into YAML and written by [`MetadataWrite::write`]
+/// wherever that work and the fsyncs may take their time.
+#[derive(Debug)]
+pub struct MetadataWrite {
+    dir: PathBuf,
+    meta: BagMetadata,
+    flavour: Flavour,
+    generation: u64,
+    gate: Arc<MetadataGate>,
+}
+
+impl MetadataWrite {
+    /// Replace metadata.yaml atomically (temp file, fsync, rename, fsync of the directory),
+    /// unless a newer rewrite of it got there first.
+    pub fn write(self) -> Result<(), BagError> {
+        let outdated =
+            || *self.gate.written.lock().unwrap_or_else(|p| p.into_inner()) > self.generation;
+        if outdated() {
+            return Ok(());
+        }
+        // The YAML outside the lock: the other thread's rewrite need not wait for it.
+        let yaml = self.meta.to_yaml(self.flavour);
+        // Held across the write: a newer rewrite on another thread waits for this one
+        // rather than being overtaken by it (a few ms, and only at a split close or delete).
+        let mut written = self.gate.written.lock().unwrap_or_else(|p| p.into_inner());
+        if *written > self.generation {
+            return Ok(());
+        }
+        write_file_atomic(&self.dir, METADATA_FILE, yaml.as_bytes())?;
+        *written = self.generation;
+        Ok(())
+    }
+
+    /// The file it replaces.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(METADATA_FILE)
+    }
 }
 
 pub struct BagWriter {
@@ -188,6 +245,10 @@ pub struct BagWriter {
     /// Messages and payload bytes written so far, for the next split's page size.
     rows_seen: u64,
     bytes_seen: u64,
+    /// Orders metadata.yaml rewrites across threads; `meta_generation` numbers the last one
+    /// prepared.
+    meta_gate: Arc<MetadataGate>,
+    meta_generation: u64,
 }
 
 impl std::fmt::Debug for BagWriter {
@@ -303,6 +364,8 @@ impl BagWriter {
                 split_limit_reached: false,
                 rows_seen: 0,
                 bytes_seen: 0,
+                meta_gate: Arc::default(),
+                meta_generation: 0,
             };
             let r = w.open_split().and_then(|_| {
                 // A metadata.yaml from the first moment: a crash before the first split
@@ -606,8 +669,9 @@ impl BagWriter {
             t.count -= n;
         }
         // metadata.yaml first: a crash in between leaves an unlisted older file, which the
-        // reader accepts, rather than a listed file that is gone, which it refuses.
-        let r = self.write_metadata();
+        // reader accepts, rather than a listed file that is gone, which it refuses. Written
+        // here, not queued: the file goes next. It lists the closed splits, as at a close.
+        let r = self.prepare_metadata(self.recording_metadata()).write();
         let r = r.and_then(|_| {
             if let Some(d) = self.durability.as_mut() {
                 // Never delete ahead of durability: newer splits must be on disk first.
@@ -624,8 +688,23 @@ impl BagWriter {
 
     /// The metadata as of the last commit: closed splits plus the open one.
     pub fn metadata(&self) -> BagMetadata {
+        self.metadata_with(true)
+    }
+
+    /// What metadata.yaml says while the bag is recorded: the closed splits, every one with
+    /// its final counts, and not the open one, whose counts would be stale at the next
+    /// commit (a reader then sees a bag whose listing lags its splits: in progress while the
+    /// lock is held, else interrupted and for `reindex`). With no closed split on disk (the
+    /// first split, or retention deleted every closed one) the open split is listed, so the
+    /// bag always names a file.
+    pub fn recording_metadata(&self) -> BagMetadata {
+        self.metadata_with(self.closed.is_empty())
+    }
+
+    fn metadata_with(&self, include_open: bool) -> BagMetadata {
         let mut files: Vec<FileInfo> = self.closed.iter().map(|c| c.file.clone()).collect();
-        if let Some(s) = &self.split {
+        let open = self.split.as_ref();
+        if let Some(s) = open.filter(|_| include_open) {
             files.push(open_file_info(s));
         }
         let mut m = BagMetadata::empty(self.opts.flavour);
@@ -640,9 +719,14 @@ impl BagWriter {
         m.topics = self
             .topics
             .iter()
-            .map(|t| TopicWithCount {
+            .enumerate()
+            .map(|(i, t)| TopicWithCount {
                 topic: t.info.clone(),
-                message_count: t.count,
+                message_count: match open.filter(|_| !include_open) {
+                    // `count` covers every split on disk, the open one too.
+                    Some(s) => t.count - s.per_topic.get(i).copied().unwrap_or(0),
+                    None => t.count,
+                },
             })
             .collect();
         m.relative_file_paths = files.iter().map(|f| f.path.clone()).collect();
@@ -655,7 +739,8 @@ impl BagWriter {
     /// directory, write metadata.yaml atomically. After an earlier failure, finishes what it
     /// can and returns the original error.
     pub fn finish(mut self) -> Result<BagSummary, BagError> {
-        let close = self.close_open_split();
+        // The complete metadata.yaml is written below, once every split is durable.
+        let close = self.close_split_publishing(false);
         let synced = match self.durability.as_mut() {
             Some(d) => d.wait_all().map_err(BagError::io(&self.dir)),
             None => Ok(()),
@@ -916,8 +1001,15 @@ impl BagWriter {
     }
 
     /// Commit and close the open split; fsync it and the directory before it counts as
-    /// closed (retention may delete older splits only after that).
+    /// closed (retention may delete older splits only after that); then rewrite
+    /// metadata.yaml to list it, so that a bag whose recorder is killed names every closed
+    /// split with its counts (`ros2 bag info` reads only that file).
     fn close_open_split(&mut self) -> Result<(), BagError> {
+        self.close_split_publishing(true)
+    }
+
+    /// [`close_open_split`](Self::close_open_split); metadata.yaml only if `publish`.
+    fn close_split_publishing(&mut self, publish: bool) -> Result<(), BagError> {
         let Some(s) = self.split.take() else {
             return Ok(());
         };
@@ -980,6 +1072,16 @@ impl BagWriter {
         };
         self.closed.push_back(closed.clone());
         self.newly_closed.push(closed);
+        if publish {
+            // No split is open now: this lists exactly the closed ones. Copied here (O(topics
+            // + splits on disk)), turned into YAML and written after the split's fsync: on the
+            // sync thread when there is one, so the writer waits for neither.
+            let write = self.prepare_metadata(self.recording_metadata());
+            match self.durability.as_mut() {
+                Some(d) => d.metadata(write),
+                None => write.write()?,
+            }
+        }
         Ok(())
     }
 
@@ -988,8 +1090,21 @@ impl BagWriter {
         self.open_split()
     }
 
-    fn write_metadata(&self) -> Result<(), BagError> {
-        self.metadata().write_atomic(&self.dir, self.opts.flavour)
+    /// The complete metadata (the open split included), written now.
+    fn write_metadata(&mut self) -> Result<(), BagError> {
+        self.prepare_metadata(self.metadata()).write()
+    }
+
+    /// A rewrite of metadata.yaml with `m`, numbered after every one prepared before.
+    fn prepare_metadata(&mut self, m: BagMetadata) -> MetadataWrite {
+        self.meta_generation += 1;
+        MetadataWrite {
+            dir: self.dir.clone(),
+            meta: m,
+            flavour: self.opts.flavour,
+            generation: self.meta_generation,
+            gate: self.meta_gate.clone(),
+        }
     }
 }
 

@@ -392,7 +392,8 @@ pub struct RecordArgs {
     pub max_bag_files: Option<u32>,
     /// Keep at least this many bytes (or with units) free on the bag's partition, deleting the
     /// oldest closed splits; when none is left and space is still short, recording stops with
-    /// an error (exit 1) instead of filling the disk. [default: off]
+    /// an error (exit 1) instead of filling the disk; 0 = off. [default, when neither this nor
+    /// --min-free-space-percent is given: 5 % of the partition or 1 GiB, whichever is smaller]
     #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
     pub min_free_space: Option<String>,
     /// Like --min-free-space, as a percentage (0 < P < 100) of the partition's size; with both,

@@ -462,6 +462,28 @@ fn cmd_record(a: &args::RecordArgs) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(EXIT_BAD_INPUT, e),
     };
+    // With --recover the output's parent is a recording root, budgeted and recovered as the
+    // daemon does: it must not run beside a daemon there, so it takes the root's lock, shared
+    // (held until the end; several `record --recover` may share a root, as before). A root
+    // that does not exist yet has nobody in it. Plain `record` makes a bag of its own and
+    // budgets only that, so it may record beside a daemon.
+    let _root_lock = if settings.recover {
+        let root = settings
+            .output
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        match root.is_dir() {
+            true => match crate::bag::lock::RootLock::acquire_shared(root) {
+                Ok(l) => Some(l),
+                Err(e) if e.is_bad_input() => return fail(EXIT_BAD_INPUT, e),
+                Err(e) => return fail(EXIT_FAILURE, e),
+            },
+            false => None,
+        }
+    } else {
+        None
+    };
     match record::run(settings) {
         Ok(out) => {
             eprint!("{}", out.summary);

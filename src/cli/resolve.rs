@@ -76,8 +76,17 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
     clock.validate().map_err(|e| e.to_string())?;
     let output = a.output.clone().unwrap_or_else(default_output_name);
     check_output_path(&output)?;
-    let retention = retention_policy(a, max_bag_size, max_bag_duration_ns)?;
+    let mut retention = retention_policy(a, max_bag_size, max_bag_duration_ns)?;
     let pipeline = PipelineConfig::for_limits(max_cache_size, max_bag_size, &retention);
+    // Without a floor flag, a default floor keeps `record` from filling the disk. Set after
+    // the pipeline's batch sizes, which stay as they were: the floor is checked before every
+    // batch whatever its size, and benchmarks keep their batches.
+    let default_free_floor = (a.min_free_space.is_none() && a.min_free_space_percent.is_none())
+        .then(|| default_free_floor(&output))
+        .flatten();
+    if default_free_floor.is_some() {
+        retention.min_free_space = default_free_floor;
+    }
     let snapshot = snapshot_settings(
         &SnapshotOptions {
             size: a.snapshot_size.as_deref(),
@@ -121,8 +130,29 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         clock,
         recover: a.recover,
         status_file: a.status_file.clone(),
+        default_free_floor,
         snapshot,
     })
+}
+
+/// The default free-space floor for a bag at `output`, from the size of the partition of its
+/// nearest existing ancestor (the bag's directories do not exist yet). None when that cannot
+/// be read: the bag's creation then reports the problem.
+fn default_free_floor(output: &Path) -> Option<u64> {
+    let base = output
+        .ancestors()
+        .map(|a| {
+            if a.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                a
+            }
+        })
+        .find(|a| a.symlink_metadata().is_ok())?;
+    let st = nix::sys::statvfs::statvfs(base).ok()?;
+    #[allow(clippy::unnecessary_cast)] // fsblkcnt_t is 32-bit on some targets
+    let total = (st.blocks() as u64).saturating_mul(st.fragment_size() as u64);
+    (total > 0).then(|| crate::retention::default_min_free_space(total))
 }
 
 /// The recording root of a bag: its parent directory (`.` for a bare name).
@@ -244,7 +274,8 @@ fn retention_policy(
         max_record_size: bytes("--max-record-size", &a.max_record_size)?,
         max_record_duration_ns,
         max_bag_files: a.max_bag_files,
-        min_free_space: bytes("--min-free-space", &a.min_free_space)?,
+        // 0 turns the floor off (the default one included).
+        min_free_space: bytes("--min-free-space", &a.min_free_space)?.filter(|&b| b > 0),
         min_free_space_percent,
         max_splits: a.max_splits,
     };

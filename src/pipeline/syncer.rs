@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::bag::writer::{log_durable_split, Durability, StorageOps};
+use crate::bag::writer::{log_durable_split, Durability, MetadataWrite, StorageOps};
 
 /// Start write-back of the open split after this many newly committed bytes...
 pub const WRITEBACK_BYTES: u64 = 8 << 20;
@@ -38,6 +38,12 @@ pub const WRITEBACK_BYTES: u64 = 8 << 20;
 /// for the open split: what was committed longer ago than this (plus one fdatasync) is on
 /// the disk.
 pub const WRITEBACK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// metadata.yaml is rewritten at most this often: a rewrite due sooner waits, and a newer one
+/// arriving meanwhile replaces it. Splits closing many times a second (tiny splits at full
+/// pace) would otherwise cost a YAML of every split and two fsyncs each, O(splits) per close;
+/// this bounds that work to O(splits) per interval and the listing's lag to about it.
+pub const METADATA_INTERVAL: Duration = Duration::from_millis(100);
 
 /// What the writer loop and the watchdog can see of the syncer.
 #[derive(Debug, Default)]
@@ -67,6 +73,9 @@ enum Job {
         messages: u64,
         ops: Arc<dyn StorageOps>,
     },
+    /// metadata.yaml listing the splits closed so far: queued after their `Closed`, so it
+    /// is written only once they are durable.
+    Metadata(MetadataWrite),
 }
 
 /// Closing syncs not done yet, and failures not reported yet; shared with the thread.
@@ -195,6 +204,10 @@ impl Durability for BackgroundSync {
         }
     }
 
+    fn metadata(&mut self, write: MetadataWrite) {
+        self.send(Job::Metadata(write));
+    }
+
     fn take_failure(&mut self) -> Option<(PathBuf, std::io::Error)> {
         // Cheap enough per batch: uncontended, and the syncer holds it only to record results.
         self.lock().failures.pop()
@@ -224,13 +237,28 @@ struct Open {
 
 fn run(rx: Receiver<Job>, st: Arc<State>, interval: Duration) {
     let mut open: Option<Open> = None;
+    // The newest metadata.yaml not written yet, and when the last one was.
+    let mut meta: Option<MetadataWrite> = None;
+    let mut meta_written: Option<Instant> = None;
     // Poll for the interval's write-back a few times per interval.
     let tick = (interval / 4).min(Duration::from_secs(1));
     loop {
-        let job = match rx.recv_timeout(tick) {
+        let wait = match (&meta, meta_written) {
+            (Some(_), Some(at)) => tick.min(METADATA_INTERVAL.saturating_sub(at.elapsed())),
+            (Some(_), None) => Duration::ZERO,
+            (None, _) => tick,
+        };
+        let job = match rx.recv_timeout(wait) {
             Ok(j) => Some(j),
             Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Disconnected) => {
+                // The writer is gone: its last listing still goes out (a finished bag's own
+                // is newer and wins).
+                if let Some(w) = meta.take() {
+                    write_metadata(&st, w);
+                }
+                break;
+            }
         };
         match job {
             Some(Job::Opened { path, file }) => {
@@ -267,7 +295,18 @@ fn run(rx: Receiver<Job>, st: Arc<State>, interval: Duration) {
                 drop(p);
                 st.cv.notify_all();
             }
+            Some(Job::Metadata(write)) => {
+                // Jobs arrive in order, so the splits a newer listing names are durable by
+                // now (their `Closed` came first): it may replace an older one not written.
+                meta = Some(write);
+            }
             Some(Job::Kick) | None => {}
+        }
+        if meta.is_some() && meta_written.is_none_or(|at| at.elapsed() >= METADATA_INTERVAL) {
+            if let Some(w) = meta.take() {
+                write_metadata(&st, w);
+            }
+            meta_written = Some(Instant::now());
         }
         if let Some(o) = open.as_mut() {
             let size = st.committed.load(Relaxed);
@@ -294,6 +333,19 @@ fn run(rx: Receiver<Job>, st: Arc<State>, interval: Duration) {
                 }
             }
         }
+    }
+}
+
+/// Rewrite metadata.yaml; a failure is reported once, and the writer fails the recording on
+/// it, as on a failed fsync (the disk is failing, or full beyond the budget's floor).
+fn write_metadata(st: &State, w: MetadataWrite) {
+    let path = w.path();
+    let r = timed(&st.health, || {
+        w.write().map_err(|e| std::io::Error::other(e.to_string()))
+    });
+    if let Err(e) = r {
+        let mut p = st.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.failures.push((path, e));
     }
 }
 

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use sd_notify::NotifyState;
 
+use crate::bag::lock::{RootLock, RootLockError};
 use crate::bag::schema::StoragePreset;
 use crate::bag::writer::WriterOptions;
 use crate::bag::Flavour;
@@ -37,6 +38,9 @@ pub enum ServiceError {
     },
     #[error("cannot install signal handlers: {0}")]
     Signals(nix::Error),
+    /// Another daemon records into the root: refused before anything is touched.
+    #[error(transparent)]
+    RootLock(#[from] RootLockError),
     #[error("{0}")]
     Record(RecordError),
 }
@@ -46,6 +50,7 @@ impl ServiceError {
     pub fn is_bad_input(&self) -> bool {
         match self {
             ServiceError::Config(_) => true,
+            ServiceError::RootLock(e) => e.is_bad_input(),
             ServiceError::Record(e) => e.is_bad_input(),
             _ => false,
         }
@@ -150,6 +155,8 @@ pub fn record_settings(c: &Checked, bag: PathBuf) -> RecordSettings {
         // The root is a recording root: recover what a crash left, budget over every bag.
         recover: true,
         status_file: None,
+        // The service's floor is its config's (`min_free_space`, off by default).
+        default_free_floor: None,
         snapshot: c.snapshot.clone(),
     }
 }
@@ -176,12 +183,12 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
     // old bag stopped accepting messages (the start of the reload's unrecorded gap).
     let mut kept_ring = None;
     let mut reload_began = None;
+    // The root's lock for the daemon's whole life (a reload to another root swaps it), taken
+    // before recovery, the ring, a bag or the status file are touched: a second daemon on the
+    // same root stops here.
+    let mut root_lock = lock_root(&checked.output_root)?;
     loop {
         let root = checked.output_root.clone();
-        std::fs::create_dir_all(&root).map_err(|source| ServiceError::Root {
-            path: root.clone(),
-            source,
-        })?;
         let bag = root.join(next_bag_name(&root, chrono::Utc::now()));
         let settings = record_settings(&checked, bag.clone());
         collector.reset_rates();
@@ -197,11 +204,13 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
             reload: None,
             ring: kept_ring.take(),
             reload_began: reload_began.take(),
+            reload_lock: None,
         };
         let result = record::run_with(settings, &mut hooks);
         let reload = hooks.reload.take();
         let ring = hooks.ring.take();
         let began = hooks.reload_began.take();
+        let reload_lock = hooks.reload_lock.take();
         match result {
             Ok(out) => log::info!(
                 ringbag_bag:% = bag.display();
@@ -226,12 +235,26 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
                 checked = *new;
                 kept_ring = ring;
                 reload_began = began;
+                if let Some(l) = reload_lock {
+                    // The new root's lock was taken when the reload was accepted.
+                    root_lock = l;
+                }
                 log::info!("configuration reloaded; starting a new bag");
             }
             _ => break,
         }
     }
+    drop(root_lock);
     Ok(())
+}
+
+/// Create the recording root if needed and lock it ([`RootLock`]).
+fn lock_root(root: &Path) -> Result<RootLock, ServiceError> {
+    std::fs::create_dir_all(root).map_err(|source| ServiceError::Root {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    Ok(RootLock::acquire(root)?)
 }
 
 /// The service's side of a recording.
@@ -251,13 +274,19 @@ struct Hooks<'a> {
     /// When a reload made the bag before this one stop accepting messages (in the bag that
     /// reloads: when it decided to).
     reload_began: Option<Instant>,
+    /// The new root's lock when the reload moves to another root.
+    reload_lock: Option<RootLock>,
 }
 
 impl Hooks<'_> {
     fn publish_status(&mut self, run: &Running<'_>) {
         let st = self.collector.collect(run, last_problem());
+        self.publish(&st);
+    }
+
+    fn publish(&mut self, st: &status::Status) {
         notify::send(&[NotifyState::Status(&st.line())]);
-        match (status::write(&self.status_file, &st), self.status_failing) {
+        match (status::write(&self.status_file, st), self.status_failing) {
             (Ok(()), true) => {
                 self.status_failing = false;
                 log::info!("status file {}: written again", self.status_file.display());
@@ -314,7 +343,25 @@ impl Supervisor for Hooks<'_> {
             wd.poll(progress.loops.load(Relaxed));
         }
         if signals::take_reload() {
-            match ServiceConfig::load_checked(self.config_path) {
+            let loaded = ServiceConfig::load_checked(self.config_path).map_err(|e| e.to_string());
+            // Another root must be ours before this bag ends: a root another daemon holds
+            // keeps the running configuration, as an invalid config does.
+            let current = &run.settings.output;
+            let loaded = loaded.and_then(|c| {
+                let same = |a: &Path, b: &Path| {
+                    a == b
+                        || std::fs::canonicalize(a)
+                            .ok()
+                            .is_some_and(|a| std::fs::canonicalize(b).is_ok_and(|b| a == b))
+                };
+                if current.parent().is_some_and(|r| same(r, &c.output_root)) {
+                    return Ok(c);
+                }
+                let l = lock_root(&c.output_root).map_err(|e| e.to_string())?;
+                self.reload_lock = Some(l);
+                Ok(c)
+            });
+            match loaded {
                 Ok(c) => {
                     log::info!("SIGHUP: configuration valid; finishing this bag");
                     notify::send(&[NotifyState::Reloading]);
@@ -347,6 +394,13 @@ impl Supervisor for Hooks<'_> {
             notify::send(&[NotifyState::Stopping]);
         }
         self.publish_status(run);
+    }
+
+    fn finished(&mut self, done: &record::Finished<'_>) {
+        // The last word: the queue that `finishing` still saw is written (or counted lost)
+        // now, and the file left after the service stops must say what the bag holds.
+        let st = self.collector.collect_finished(done, last_problem());
+        self.publish(&st);
     }
 }
 

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::record::Running;
+use crate::pipeline::{Progress, TopicStats};
+use crate::record::{Finished, RecordSettings, Running};
 
 /// The status file is stale (the service is not recording) when older than this.
 pub const STALE_AFTER: Duration = Duration::from_secs(5);
@@ -412,10 +413,42 @@ impl Collector {
         self.prev = None;
     }
 
+    /// While recording.
     pub fn collect(&mut self, run: &Running<'_>, last_error: Option<String>) -> Status {
-        let now = Instant::now();
         let progress = run.pipeline.progress();
         let topics = run.pipeline.topic_stats();
+        self.collect_counts(
+            &progress,
+            &topics,
+            run.clock,
+            run.settings,
+            run.ring.as_deref(),
+            last_error,
+        )
+    }
+
+    /// After the pipeline finished: the final counts, as the exit summary has them.
+    pub fn collect_finished(&mut self, done: &Finished<'_>, last_error: Option<String>) -> Status {
+        self.collect_counts(
+            done.progress,
+            done.topics,
+            done.clock,
+            done.settings,
+            done.ring.as_deref(),
+            last_error,
+        )
+    }
+
+    fn collect_counts(
+        &mut self,
+        progress: &Progress,
+        topics: &[std::sync::Arc<TopicStats>],
+        clock: &crate::clock::ClockHandle,
+        settings: &RecordSettings,
+        ring: Option<&crate::snapshot::ring::Ring>,
+        last_error: Option<String>,
+    ) -> Status {
+        let now = Instant::now();
         let accepted: u64 = topics.iter().map(|t| t.accepted()).sum();
         let bytes: u64 = topics.iter().map(|t| t.bytes()).sum();
         let (dt, prev_acc, prev_bytes, prev_topics) = match &self.prev {
@@ -461,10 +494,10 @@ impl Collector {
                 .map(|t| (t.name.clone(), t.accepted()))
                 .collect(),
         ));
-        let s = run.settings;
+        let s = settings;
         let policy = &s.retention;
         let oldest = progress.budget_oldest_ns.load(Relaxed);
-        let now_ns = crate::clock::TimeSource::now_ns(run.clock);
+        let now_ns = crate::clock::TimeSource::now_ns(clock);
         let wall_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
@@ -483,9 +516,9 @@ impl Collector {
             ),
             None => (None, None),
         };
-        let tracker = run.clock.status();
+        let tracker = clock.status();
         let clock_settings = &s.clock;
-        let source = run.clock.source_name().to_string();
+        let source = clock.source_name().to_string();
         let dropped = topic_status.iter().map(TopicStatus::dropped).sum();
         let lost_in_middleware = topic_status.iter().map(|t| t.lost_in_middleware).sum();
         let bag = s.output.clone();
@@ -528,14 +561,14 @@ impl Collector {
                 offset_ns: now_ns.saturating_sub(wall_ns),
                 source,
                 requested: clock_settings.kind.as_str().to_string(),
-                fallback_reason: run.clock.fallback_reason().map(str::to_string),
+                fallback_reason: clock.fallback_reason().map(str::to_string),
                 uncertainty_ns: tracker.as_ref().and_then(|t| t.uncertainty_now_ns),
                 drift_ppb: tracker.as_ref().and_then(|t| t.drift_ppb),
                 steps: tracker.as_ref().map_or(0, |t| t.steps),
             },
             topics: topic_status,
             last_error,
-            ring: run.ring.as_deref().map(|r| RingStatus::of(r, now_ns)),
+            ring: ring.map(|r| RingStatus::of(r, now_ns)),
             stopped: progress.failure.get().cloned(),
             reloads: self.reloads,
             reload_gap_ms: self.reload_gap_ms,

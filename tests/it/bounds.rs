@@ -452,6 +452,10 @@ fn a_full_disk_stop_counts_every_accepted_message_and_reports_what_is_on_disk() 
             "max",
             "-b",
             "2MiB",
+            // The full disk is the subject: the default free-space floor would delete the
+            // 2 MiB splits and record on in a circle instead.
+            "--min-free-space",
+            "0",
         ],
         &status,
     );

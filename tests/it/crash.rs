@@ -484,6 +484,9 @@ fn a_crash_between_retention_deletion_and_metadata_rewrite_is_repaired_by_reinde
     let a = tmp.path().join("root_a").join("bag_a");
     fs::create_dir_all(a.parent().expect("parent")).expect("mkdir");
     let mut w = bag_with_splits(&a, 3);
+    // Retention deletes between closing a split and opening the next: metadata.yaml then
+    // lists every split left (with the open one, it would list the closed ones only).
+    w.close_split().expect("close the open, empty split");
     let oldest = w.closed_splits()[0].path.clone();
     let saved = fs::read(&oldest).expect("read oldest");
     w.delete_oldest_closed().expect("delete");

@@ -1,12 +1,15 @@
 //! Integration tests: the bag format against rosbag2's reference bags, the CLI's behaviour on
 //! bad input, and recording end to end.
 mod bounds;
+mod closed_splits;
 mod common;
 mod concurrency;
 mod crash;
 mod deleted;
 mod errors;
+mod final_status;
 mod format;
+mod free_floor;
 mod fuzz;
 mod hostile_bags;
 mod install;
@@ -18,6 +21,7 @@ mod recovery;
 mod retention;
 mod ring_file;
 mod ring_recovery;
+mod root_lock;
 mod service;
 mod signals;
 mod snapshot;

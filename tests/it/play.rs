@@ -699,7 +699,7 @@ fn a_bag_still_being_recorded_plays_its_unlisted_splits() {
         info(),
         format!(
             "{head}recording in progress: a running recorder holds the bag's lock and lists \
-             its splits when it ends; `ringbag play` reads it meanwhile)\n"
+             each split once it is closed; `ringbag play` reads it meanwhile)\n"
         )
     );
     // Released without a clean finish: the marker stays, as after a crash.

@@ -337,6 +337,12 @@ fn recovery_reindexes_a_bag_left_unclean_even_when_its_listing_looks_finished() 
     }
     w.delete_oldest_closed()
         .expect("retention deletion rewrites metadata.yaml");
+    // The writer of the issue listed the open split too at a deletion; today's lists only
+    // the closed ones (which recovery would see as a lagging listing), so write that
+    // listing here: the marker alone must send the bag to reindex.
+    w.metadata()
+        .write_atomic(&bag, Flavour::Jazzy)
+        .expect("metadata.yaml listing the open split");
     drop(w);
     let open = bag.join("cut_3.db3");
     fs::File::create(&open).expect("the open split lost its data");
