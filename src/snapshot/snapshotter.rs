@@ -1149,7 +1149,10 @@ pub fn recover(
         ring.pid(),
         pending
             .as_ref()
-            .map(|p| format!(" with the snapshot \"{}\" unfinished", escape_reason(&p.reason)))
+            .map(|p| format!(
+                " with the snapshot \"{}\" unfinished",
+                escape_reason(&p.reason)
+            ))
             .unwrap_or_default()
     );
     let survey = survey(&ring);
@@ -1871,7 +1874,8 @@ mod tests {
         assert_eq!(p.bag, Some(PathBuf::from(bag)));
         assert!(p.reason.starts_with('é'));
         assert!(
-            serde_json::to_vec(&Some(&p)).unwrap().len() <= super::super::ring::PENDING_TRIGGER_MAX_BYTES
+            serde_json::to_vec(&Some(&p)).unwrap().len()
+                <= super::super::ring::PENDING_TRIGGER_MAX_BYTES
         );
         assert_eq!(p.origin, "socket");
     }
