@@ -1849,11 +1849,16 @@ mod tests {
     }
 
     #[test]
-    fn a_long_reason_still_leaves_a_readable_pending_trigger_naming_the_bag() {
+    fn a_longest_reason_in_a_deep_root_still_leaves_a_readable_pending_trigger_naming_the_bag() {
         let dir = tempfile::tempdir().unwrap();
         let ring = Arc::new(Ring::create(&dir.path().join("ring"), 1 << 16, 0).unwrap());
         let cfg = Config {
-            root: dir.path().join("root"),
+            // A root as deep as SQLite opens (its unix VFS takes paths of up to 512 bytes) and
+            // a reason at its bound: the record must still fit the ring's 4 KiB slot, naming
+            // the bag and keeping the window.
+            root: (0..2).fold(dir.path().join("root"), |p, i| {
+                p.join(format!("{i:02}{}", "d".repeat(190)))
+            }),
             writer: WriterOptions::new(Flavour::Jazzy),
             clock: Arc::new(FakeClock(AtomicI64::new(0))),
             finished: None,
@@ -1863,7 +1868,7 @@ mod tests {
         std::fs::create_dir_all(&cfg.root).unwrap();
         let mut sn = Snapshotter::new(ring.clone(), cfg);
         let req = TriggerRequest {
-            reason: Some("é".repeat(3000)),
+            reason: Some("é".repeat(super::super::trigger::MAX_REASON_BYTES / 2)),
             pre_s: Some(1.0),
             post_s: Some(1.0),
         };
