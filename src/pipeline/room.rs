@@ -41,6 +41,10 @@ pub struct Room {
     /// Whether the recording keeps a size budget or a free-space floor (set by the writer
     /// thread when it starts): without either, a snapshot needs no answer once it is gone.
     bounded: AtomicBool,
+    /// Set by the writer thread when the recording ends and its last message is in the ring:
+    /// the snapshot thread then finishes its open snapshot with what the ring holds, while
+    /// the writer still answers (so it is finished within the budget, not cut short).
+    winding_down: AtomicBool,
 }
 
 impl Room {
@@ -106,6 +110,27 @@ impl Room {
 
     pub fn bounded(&self) -> bool {
         self.bounded.load(Acquire)
+    }
+
+    /// The writer thread, at the end of the recording: the ring holds every message; finish
+    /// the open snapshot now. The writer goes on answering while [`Room::holding`].
+    pub fn wind_down(&self) {
+        self.winding_down.store(true, Release);
+    }
+
+    pub fn winding_down(&self) -> bool {
+        self.winding_down.load(Acquire)
+    }
+
+    /// Whether a snapshot bag holds room (asked and not yet given back): one is open.
+    pub fn holding(&self) -> bool {
+        self.asked_bytes.load(Relaxed) > 0
+    }
+
+    /// When the last question was asked, as the number of questions so far (the writer
+    /// compares it between turns to see whether the snapshot still makes progress).
+    pub fn questions(&self) -> u64 {
+        self.asked_seq.load(Acquire)
     }
 
     /// The writer thread is ending: nobody answers from now on.

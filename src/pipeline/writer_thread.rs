@@ -491,10 +491,15 @@ impl Presence {
     /// other than "not found" say nothing (a transient EIO must not end the recording here;
     /// the next write reports it).
     fn check(&mut self, w: &BagWriter) -> Option<String> {
-        use std::os::unix::fs::MetadataExt;
         if self.last.elapsed() < PRESENCE_EVERY {
             return None;
         }
+        self.check_now(w)
+    }
+
+    /// [`Presence::check`] whenever it was last done.
+    fn check_now(&mut self, w: &BagWriter) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
         self.last = Instant::now();
         let gone = |p: &std::path::Path| matches!(std::fs::symlink_metadata(p), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
         let dir = w.dir();
@@ -536,10 +541,33 @@ impl Presence {
     }
 }
 
+/// How long the writer waits at the end of a recording for the open snapshot's next question
+/// before it leaves it to the room it was given (a snapshot that copies asks at least once a
+/// batch, i.e. every few MiB).
+const WIND_DOWN_IDLE: Duration = Duration::from_secs(10);
+
 impl WriterCtx {
     fn run(mut self) -> Result<(BagSummary, StopReason), PipelineError> {
-        let r = self.run_loop();
-        if let Some(room) = &self.room {
+        let mut r = self.run_loop();
+        if let Err(e) = &r {
+            // Another error may come first from a bag deleted under the recording (retention
+            // cannot read the free space of a directory that is gone): say what happened.
+            if !matches!(e, PipelineError::BagGone { .. }) {
+                if let Some(what) = self
+                    .presence
+                    .check_now(self.writer.as_ref().expect("writer"))
+                {
+                    r = Err(PipelineError::BagGone {
+                        path: self.writer().dir().to_path_buf(),
+                        what,
+                    });
+                }
+            }
+        }
+        if let Some(room) = self.room.clone() {
+            if r.is_ok() {
+                self.wind_down_snapshot(&room);
+            }
             // From here a snapshot still being written keeps to the room it was given.
             room.writer_gone();
         }
@@ -572,6 +600,29 @@ impl WriterCtx {
             (Err(e), _) => Err(e),
             (Ok(_), Err(e)) => Err(e.into()),
             (Ok(reason), Ok(summary)) => Ok((summary, reason)),
+        }
+    }
+
+    /// The recording has ended and every message it took is in the ring: let the open
+    /// snapshot finish with what the ring holds while this thread still makes room for it,
+    /// so that a stop right after a trigger gives the whole snapshot inside the budget
+    /// instead of one cut short. Waits while the snapshot makes progress (asks for room),
+    /// at most [`WIND_DOWN_IDLE`] without a question; the service's stop timeout bounds it.
+    fn wind_down_snapshot(&mut self, room: &Room) {
+        room.wind_down();
+        let mut seen = room.questions();
+        let mut idle_since = Instant::now();
+        while room.holding() && idle_since.elapsed() < WIND_DOWN_IDLE {
+            if let Err(e) = self.answer_room() {
+                log::warn!("making room for the last snapshot: {e}");
+                return;
+            }
+            let now = room.questions();
+            if now != seen {
+                seen = now;
+                idle_since = Instant::now();
+            }
+            std::thread::park_timeout(Duration::from_millis(1));
         }
     }
 

@@ -902,7 +902,12 @@ fn check_regular(meta: &std::fs::Metadata, path: &Path) -> Result<(), RingError>
 /// permission for group or others. Anything else was not made by us (rings are created 0600),
 /// or can be read or changed by someone else: recovering it would copy another user's bytes
 /// into our bags, reusing it would hand them our data.
-fn check_owner(meta: &std::fs::Metadata, path: &Path) -> Result<(), RingError> {
+/// Whether a ring may be trusted: ours (our effective user, one link) and writable by nobody
+/// else. `Ok(true)`: ours, but others may read it (a ring an earlier version created under the
+/// umask: 0644 by `record`, 0640 by the service). Nobody else could have written it, so it is
+/// trusted and the opener narrows it to 0600; refusing it would leave the service failed after
+/// an upgrade without a reboot (exit 2 is not restarted).
+fn check_owner(meta: &std::fs::Metadata, path: &Path) -> Result<bool, RingError> {
     let euid = nix::unistd::geteuid().as_raw();
     if meta.uid() != euid {
         return Err(refused(
@@ -913,11 +918,11 @@ fn check_owner(meta: &std::fs::Metadata, path: &Path) -> Result<(), RingError> {
             ),
         ));
     }
-    if meta.mode() & 0o077 != 0 {
+    if meta.mode() & 0o022 != 0 {
         return Err(refused(
             path,
             format!(
-                "a ring of mode {:04o}: group or others may read or change it (a ring is 0600); neither recovered nor replaced (chmod 600 it, or remove it)",
+                "a ring of mode {:04o}: group or others may change it (a ring is 0600); neither recovered nor replaced (chmod 600 it, or remove it)",
                 meta.mode() & 0o7777
             ),
         ));
@@ -931,7 +936,7 @@ fn check_owner(meta: &std::fs::Metadata, path: &Path) -> Result<(), RingError> {
             ),
         ));
     }
-    Ok(())
+    Ok(meta.mode() & 0o077 != 0)
 }
 
 /// Open an existing ring of ours (for writing too with `write`): without following a
@@ -981,7 +986,17 @@ fn open_trusted(path: &Path, write: bool) -> Result<Option<File>, RingError> {
     if !is_ours(&file, path)? {
         return Err(not_a_ring(path));
     }
-    check_owner(&meta, path)?;
+    if check_owner(&meta, path)? && write {
+        // Readable by others only: narrow it before it holds anything new. Through the
+        // descriptor, so it is the file checked above that changes, whatever the name is now.
+        nix::sys::stat::fchmod(&file, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .map_err(|e| io(e.into()))?;
+        log::warn!(
+            "{}: a ring of mode {:04o} (others could read it): narrowed to 0600",
+            path.display(),
+            meta.mode() & 0o7777
+        );
+    }
     Ok(Some(file))
 }
 

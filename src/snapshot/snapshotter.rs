@@ -680,6 +680,11 @@ impl Snapshotter {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
+            if self.cfg.room.as_ref().is_some_and(|r| r.winding_down()) {
+                // The recording has ended and its last message is in the ring: finish now,
+                // while the writer thread still makes room.
+                break;
+            }
             more = self.pump(false);
         }
         self.pump(true);

@@ -135,15 +135,15 @@ fn a_ring_of_another_user_is_neither_recovered_nor_reused_nor_deleted() {
 }
 
 #[test]
-fn a_ring_others_may_read_or_that_has_two_links_is_refused() {
+fn a_ring_others_may_change_or_that_has_two_links_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("root/bag");
     let ring = tmp.path().join("open.ring");
     unclean_ring(&ring);
-    std::fs::set_permissions(&ring, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&ring, std::fs::Permissions::from_mode(0o664)).unwrap();
     let before = std::fs::read(&ring).unwrap();
     let o = record_with_ring(&out, Some(&ring), &[]);
-    assert_refused(&o, &out, "mode 0644");
+    assert_refused(&o, &out, "mode 0664");
     assert_eq!(std::fs::read(&ring).unwrap(), before);
     // A hard link elsewhere (someone else's name for it) is refused as well.
     std::fs::set_permissions(&ring, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -151,6 +151,31 @@ fn a_ring_others_may_read_or_that_has_two_links_is_refused() {
     let o = record_with_ring(&out, Some(&ring), &[]);
     assert_refused(&o, &out, "2 hard links");
     assert_eq!(std::fs::read(&ring).unwrap(), before);
+}
+
+#[test]
+fn a_ring_of_ours_an_earlier_version_left_readable_is_recovered_and_narrowed_to_0600() {
+    // Earlier versions created the ring under the umask (0644 by record, 0640 by the
+    // service). Nobody else could write it, so it is ours to recover; refusing it would leave
+    // the service failed (exit 2 is not restarted) after an upgrade without a reboot.
+    for mode in [0o644, 0o640] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("root/bag");
+        let ring = tmp.path().join("old.ring");
+        unclean_ring(&ring);
+        std::fs::set_permissions(&ring, std::fs::Permissions::from_mode(mode)).unwrap();
+        let o = record_with_ring(&out, Some(&ring), &[]);
+        let e = stderr(&o);
+        assert!(o.status.success(), "{mode:o}: {e}");
+        assert!(e.contains("narrowed to 0600"), "{mode:o}: {e}");
+        let m = std::fs::symlink_metadata(&ring).unwrap();
+        assert_eq!(m.permissions().mode() & 0o7777, 0o600, "{mode:o}");
+        let crash: Vec<_> = entries(&tmp.path().join("root"))
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains("_crash_"))
+            .collect();
+        assert_eq!(crash.len(), 1, "{mode:o}: one crash bag: {e}");
+    }
 }
 
 #[test]

@@ -304,6 +304,7 @@ fn a_trigger_right_after_a_reload_holds_the_history_from_before_it() {
     let (code, err) = stop(child);
     assert_eq!(code, Some(0), "{err}");
     let snap = dirs(&root, "_snapshot_after-reload");
+    assert_eq!(snap.len(), 1, "{:?}: {err}", dirs(&root, ""));
     let before: Vec<i64> = stamps(&snap[0])
         .into_iter()
         .filter(|t| *t < reload_ns)

@@ -735,3 +735,69 @@ fn a_snapshot_keeps_the_free_space_floor_and_the_continuous_recording_goes_on() 
             .contains_key("ringbag.snapshot.cut"));
     }
 }
+
+#[test]
+fn a_stop_right_after_a_trigger_finishes_the_snapshot_whole_within_the_budget() {
+    // The writer thread makes room for a snapshot bag batch by batch; it used to stop
+    // answering as soon as the recording ended, so a SIGINT right after a trigger cut the
+    // snapshot short at its first grant (or removed it). Now the writer keeps answering until
+    // the open snapshot is finished with everything the ring holds.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("root");
+    let sock = tmp.path().join("control.sock");
+    let ring = tmp.path().join("ring");
+    let status = tmp.path().join("status.json");
+    let status_s = status.to_string_lossy().into_owned();
+    // Every message goes into the ring; naming another topic as ring-only keeps
+    // /synthetic/small in the continuous bag too, so the status file counts it.
+    let mut child = recorder(
+        &root,
+        "bag",
+        &sock,
+        &ring,
+        &[
+            "--synthetic-profile",
+            "small",
+            "--synthetic-rate",
+            "max",
+            "--snapshot-topics",
+            "/not/recorded",
+            "--max-record-size",
+            "1GiB",
+            "-b",
+            "64MiB",
+            "--status-file",
+            &status_s,
+        ],
+    );
+    let committed = || -> u64 {
+        std::fs::read_to_string(&status)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["committed"].as_u64())
+            .unwrap_or(0)
+    };
+    // 60k messages of 100 B: about 8 MiB of ring records, far more than one copy batch.
+    const HISTORY: u64 = 60_000;
+    if !wait_for(Duration::from_secs(120), || committed() >= HISTORY) {
+        let _ = child.kill();
+        panic!("no history recorded: {}", stop(child));
+    }
+    // A post-window far beyond the stop: only the stop can close this snapshot.
+    let t = trigger(&sock, &["--reason", "then stop", "--post", "600"]);
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    let err = stop(child);
+    let snaps = bags_named(&root, "_snapshot_then-stop");
+    assert_eq!(snaps.len(), 1, "{err}");
+    let snap = &snaps[0];
+    assert!(!snap.join(".ringbag.lock").exists(), "finished cleanly: {err}");
+    assert!(!err.contains("cut short") && !err.contains("removed"), "{err}");
+    let held = Bag::open(snap)
+        .expect("snapshot opens")
+        .metadata
+        .message_count;
+    assert!(
+        held >= HISTORY,
+        "the snapshot holds {held} messages; the ring held at least {HISTORY}: {err}"
+    );
+}

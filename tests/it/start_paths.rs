@@ -359,7 +359,7 @@ fn check_config_refuses_every_path_the_daemon_would_refuse_and_the_daemon_exits_
         (
             "snapshot_file",
             d(&dir),
-            format!("{}: is a directory, not a regular file (the ring is a file of its own)", d(&dir)),
+            format!("{}: a directory, not a ring file; not touched", d(&dir)),
             true,
         ),
         (
