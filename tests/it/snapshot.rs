@@ -790,8 +790,14 @@ fn a_stop_right_after_a_trigger_finishes_the_snapshot_whole_within_the_budget() 
     let snaps = bags_named(&root, "_snapshot_then-stop");
     assert_eq!(snaps.len(), 1, "{err}");
     let snap = &snaps[0];
-    assert!(!snap.join(".ringbag.lock").exists(), "finished cleanly: {err}");
-    assert!(!err.contains("cut short") && !err.contains("removed"), "{err}");
+    assert!(
+        !snap.join(".ringbag.lock").exists(),
+        "finished cleanly: {err}"
+    );
+    assert!(
+        !err.contains("cut short") && !err.contains("removed"),
+        "{err}"
+    );
     let held = Bag::open(snap)
         .expect("snapshot opens")
         .metadata
