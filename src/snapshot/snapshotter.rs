@@ -1030,6 +1030,31 @@ pub struct Recovered {
     pub repaired: Vec<String>,
 }
 
+/// The outcome of a recovery that wrote no bag (the ring held nothing writable), with the
+/// one line that says so and what was lost.
+fn no_crash_bag(
+    left_by: &str,
+    lost: &[String],
+    stats: CopyStats,
+    pending: Option<PendingTrigger>,
+    repaired: Vec<String>,
+) -> Recovered {
+    log::warn!(
+        "{left_by}: no crash bag written: {}",
+        if lost.is_empty() {
+            "it holds no message".to_string()
+        } else {
+            format!("lost {}", lost.join("; "))
+        }
+    );
+    Recovered {
+        bag: None,
+        stats,
+        pending,
+        repaired,
+    }
+}
+
 /// How [`recover`] writes the crash bag.
 #[derive(Debug, Clone)]
 pub struct RecoverOptions {
@@ -1181,22 +1206,14 @@ pub fn recover(
     if (survey.records == 0 || topics.is_empty()) && half.is_none() {
         // Nothing can be written: no bag (an empty crash bag after every failed start would
         // only crowd the budget), one line instead.
-        let s = CopyStats::default();
         finish_ring(&ring);
-        log::warn!(
-            "{left_by}: no crash bag written: {}",
-            if lost.is_empty() {
-                "it holds no message".to_string()
-            } else {
-                format!("lost {}", lost.join("; "))
-            }
-        );
-        return Ok(Some(Recovered {
-            bag: None,
-            stats: s,
+        return Ok(Some(no_crash_bag(
+            &left_by,
+            &lost,
+            CopyStats::default(),
             pending,
             repaired,
-        }));
+        )));
     }
     let (kind, reason, at) = match &pending {
         Some(p) => ("crash", p.reason.clone(), p.trigger_ns),
@@ -1321,20 +1338,7 @@ pub fn recover(
     if s.messages == 0 {
         // An empty snapshot bag and a ring with nothing writable: no bag at all.
         remove_bag_dir(&dir);
-        log::warn!(
-            "{left_by}: no crash bag written: {}",
-            if lost.is_empty() {
-                "it holds no message".to_string()
-            } else {
-                format!("lost {}", lost.join("; "))
-            }
-        );
-        return Ok(Some(Recovered {
-            bag: None,
-            stats: s,
-            pending,
-            repaired,
-        }));
+        return Ok(Some(no_crash_bag(&left_by, &lost, s, pending, repaired)));
     }
     let merged_text = match (&half, &merged) {
         (Some(h), Some(Ok(n))) => format!(
