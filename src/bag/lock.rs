@@ -107,18 +107,23 @@ impl BagLock {
     }
 }
 
-/// Open (creating if needed) and exclusively lock the lock file at `path`.
-fn lock_file(dir: &Path, path: &Path) -> Result<Flock<fs::File>, BagError> {
-    let file = fs::OpenOptions::new()
+/// Open (creating if needed, 0644) a lock file for reading and writing, never following a
+/// symlink or blocking on a FIFO planted under the lock's name. Shared by the bag lock and
+/// the root lock.
+fn open_lock_file(path: &Path) -> std::io::Result<fs::File> {
+    fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
-        // Never follow a symlink or block on a FIFO planted under the lock's name.
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .mode(0o644)
         .open(path)
-        .map_err(BagError::io(path))?;
+}
+
+/// Open (creating if needed) and exclusively lock the lock file at `path`.
+fn lock_file(dir: &Path, path: &Path) -> Result<Flock<fs::File>, BagError> {
+    let file = open_lock_file(path).map_err(BagError::io(path))?;
     if !file.metadata().map_err(BagError::io(path))?.is_file() {
         return Err(BagError::invalid(path, "lock file is not a regular file"));
     }
@@ -256,16 +261,7 @@ impl RootLock {
             path: path.clone(),
             source,
         };
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            // Never follow a symlink or block on a FIFO planted under the lock's name.
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .mode(0o644)
-            .open(&path)
-            .map_err(io)?;
+        let file = open_lock_file(&path).map_err(io)?;
         if !file.metadata().map_err(io)?.is_file() {
             return Err(io(std::io::Error::from_raw_os_error(libc::EINVAL)));
         }
