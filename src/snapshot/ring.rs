@@ -898,10 +898,6 @@ fn check_regular(meta: &std::fs::Metadata, path: &Path) -> Result<(), RingError>
     ))
 }
 
-/// Whether a ring of ours may be trusted: one link, owned by our effective user, with no
-/// permission for group or others. Anything else was not made by us (rings are created 0600),
-/// or can be read or changed by someone else: recovering it would copy another user's bytes
-/// into our bags, reusing it would hand them our data.
 /// Whether a ring may be trusted: ours (our effective user, one link) and writable by nobody
 /// else. `Ok(true)`: ours, but others may read it (a ring an earlier version created under the
 /// umask: 0644 by `record`, 0640 by the service). Nobody else could have written it, so it is
