@@ -185,6 +185,42 @@ pub fn status_committed(status: &Path) -> Option<u64> {
         .and_then(|v| v["committed"].as_u64())
 }
 
+/// Send SIGINT to `child` (ignoring a child that is already gone).
+pub fn sigint(child: &std::process::Child) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    );
+}
+
+/// `ringbag trigger --control-socket <sock> args`.
+pub fn trigger(sock: &Path, args: &[&str]) -> Output {
+    ringbag()
+        .arg("trigger")
+        .arg("--control-socket")
+        .arg(sock)
+        .args(args)
+        .run_output()
+        .expect("ringbag trigger runs")
+}
+
+/// Entries of `root` whose name contains `part`, sorted (none when `root` cannot be read).
+pub fn bags_named(root: &Path, part: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().contains(part))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 /// A CDR std_msgs/String payload.
 pub fn cdr_string(s: &str) -> Vec<u8> {
     let mut v = vec![0, 1, 0, 0];

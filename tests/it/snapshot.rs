@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ringbag::bag::reader::{Bag, ReadFilter};
 
-use crate::common::{ringbag, run, stderr};
+use crate::common::{bags_named, ringbag, run, sigint, stderr, trigger};
 
 /// Poll `cond` every 10 ms until it holds or `limit` passes.
 fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
@@ -41,33 +41,6 @@ fn recorder(root: &Path, name: &str, sock: &Path, ring: &Path, extra: &[&str]) -
         .expect("spawn record")
 }
 
-fn trigger(sock: &Path, args: &[&str]) -> std::process::Output {
-    ringbag()
-        .arg("trigger")
-        .arg("--control-socket")
-        .arg(sock)
-        .args(args)
-        .run_output()
-        .expect("ringbag trigger runs")
-}
-
-/// Bags under `root` whose name contains `part`.
-fn bags_named(root: &Path, part: &str) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(root)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().contains(part))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
 /// The `seq=` counter of a synthetic String message.
 fn text_seq(data: &[u8]) -> u64 {
     let text = &data[8..8 + 20];
@@ -76,10 +49,7 @@ fn text_seq(data: &[u8]) -> u64 {
 }
 
 fn stop(child: Child) -> String {
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    );
+    sigint(&child);
     let out = child.wait_with_output().expect("recorder ends");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -706,10 +676,7 @@ fn a_snapshot_keeps_the_free_space_floor_and_the_continuous_recording_goes_on() 
     }
     assert!(pid_alive);
     let o = {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGINT,
-        );
+        sigint(&child);
         child.wait_with_output().expect("recorder ends")
     };
     let log = String::from_utf8_lossy(&o.stderr).into_owned();

@@ -3,14 +3,14 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use ringbag::bag::reader::Bag;
 use ringbag::snapshot::trigger::MAX_REASON_BYTES;
 
-use crate::common::{ringbag, stderr, RunOutput};
+use crate::common::{bags_named, ringbag, sigint, stderr, trigger, RunOutput};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -44,40 +44,11 @@ fn recorder(tmp: &Path, name: &str) -> Child {
         .expect("record starts")
 }
 
-fn trigger(sock: &Path, args: &[&str]) -> std::process::Output {
-    ringbag()
-        .arg("trigger")
-        .arg("--control-socket")
-        .arg(sock)
-        .args(args)
-        .run_output()
-        .expect("ringbag trigger runs")
-}
-
 /// SIGINT, then the recorder's stderr.
 fn stop(child: Child) -> String {
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    );
+    sigint(&child);
     let out = crate::common::wait_deadline(child, DEADLINE.as_secs()).expect("recorder ends");
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn bags_named(root: &Path, part: &str) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(root)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().contains(part))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 /// One raw request over the socket; the answer line.
