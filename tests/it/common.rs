@@ -179,10 +179,40 @@ pub fn topic(name: &str, ty: &str) -> TopicInfo {
 /// The `committed` count of a recorder's status file (`--status-file`), or `None` while the
 /// file is missing or being replaced.
 pub fn status_committed(status: &Path) -> Option<u64> {
+    status_json(status).and_then(|v| v["committed"].as_u64())
+}
+
+/// A status file, parsed; `None` while it is missing or being replaced.
+pub fn status_json(status: &Path) -> Option<serde_json::Value> {
     std::fs::read(status)
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["committed"].as_u64())
+}
+
+/// `ringbag daemon --config <config>` as outside systemd: no notify socket, watchdog or
+/// journal stream, and RINGBAG_LOG unset. The caller sets the stdio and spawns.
+pub fn daemon_command(config: &Path) -> Command {
+    let mut c = ringbag();
+    c.args(["daemon", "--config"])
+        .arg(config)
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("JOURNAL_STREAM")
+        .env_remove("RINGBAG_LOG");
+    c
+}
+
+/// The text of a daemon config recording the synthetic `small` profile (1 kHz of 100 B) into
+/// `root` with 1 MiB splits under a 16 MiB budget, its status file at `status`; `extra` adds
+/// keys.
+pub fn small_daemon_config(root: &Path, status: &Path, extra: &str) -> String {
+    format!(
+        "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
+         synthetic_profile = \"small\"\nclock = \"system\"\nmax_bag_size = \"1MiB\"\n\
+         max_record_size = \"16MiB\"\n{extra}",
+        root.display(),
+        status.display()
+    )
 }
 
 /// Send SIGINT to `child` (ignoring a child that is already gone).

@@ -100,13 +100,7 @@ fn the_daemons_last_status_file_equals_its_exit_summary_and_the_bags_rows() {
         ),
     )
     .expect("config");
-    let child = crate::common::ringbag()
-        .args(["daemon", "--config"])
-        .arg(&config)
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .env_remove("JOURNAL_STREAM")
-        .env_remove("RINGBAG_LOG")
+    let child = crate::common::daemon_command(&config)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -9,34 +9,20 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::common::{ringbag, status_committed, stderr, wait_deadline};
+use crate::common::{
+    daemon_command, ringbag, small_daemon_config, status_committed, stderr, wait_deadline,
+};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
 fn config(tmp: &Path, name: &str, root: &Path, status: &Path) -> PathBuf {
     let path = tmp.join(name);
-    std::fs::write(
-        &path,
-        format!(
-            "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
-             synthetic_profile = \"small\"\nclock = \"system\"\nmax_bag_size = \"1MiB\"\n\
-             max_record_size = \"16MiB\"\n",
-            root.display(),
-            status.display()
-        ),
-    )
-    .expect("config");
+    std::fs::write(&path, small_daemon_config(root, status, "")).expect("config");
     path
 }
 
 fn daemon(config: &Path) -> Child {
-    ringbag()
-        .args(["daemon", "--config"])
-        .arg(config)
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .env_remove("JOURNAL_STREAM")
-        .env_remove("RINGBAG_LOG")
+    daemon_command(config)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

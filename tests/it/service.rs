@@ -173,13 +173,7 @@ fn write_config(tmp: &Path, extra: &str) -> (PathBuf, PathBuf, PathBuf) {
     let config = tmp.join("ringbag.toml");
     std::fs::write(
         &config,
-        format!(
-            "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
-             synthetic_profile = \"small\"\nclock = \"system\"\nmax_bag_size = \"1MiB\"\n\
-             max_record_size = \"16MiB\"\n{extra}",
-            root.display(),
-            status.display()
-        ),
+        crate::common::small_daemon_config(&root, &status, extra),
     )
     .unwrap();
     (config, root, status)

@@ -10,7 +10,10 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use ringbag::bag::reader::{Bag, ReadFilter};
 
-use crate::common::{ringbag, status_committed, wait_deadline, RunOutput};
+use crate::common::{
+    daemon_command, ringbag, small_daemon_config, status_committed, status_json, wait_deadline,
+    RunOutput,
+};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -53,9 +56,7 @@ fn catches(pid: u32, sig: Signal) -> bool {
 /// Messages the daemon accepted so far (its status file's topics): with a ring the synthetic
 /// topic is ring-only, so `committed` stays 0.
 fn accepted(status: &Path) -> u64 {
-    std::fs::read(status)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+    status_json(status)
         .and_then(|v| {
             v["topics"]
                 .as_array()
@@ -66,9 +67,7 @@ fn accepted(status: &Path) -> u64 {
 
 /// The bag the daemon's status file says it records into.
 fn status_bag(status: &Path) -> String {
-    std::fs::read(status)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+    status_json(status)
         .and_then(|v| v["bag"].as_str().map(str::to_string))
         .unwrap_or_default()
 }
@@ -78,13 +77,7 @@ fn runner_set() -> bool {
 }
 
 fn daemon(config: &Path) -> Child {
-    ringbag()
-        .args(["daemon", "--config"])
-        .arg(config)
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .env_remove("JOURNAL_STREAM")
-        .env_remove("RINGBAG_LOG")
+    daemon_command(config)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -97,17 +90,7 @@ fn config(tmp: &Path, extra: &str) -> (PathBuf, PathBuf, PathBuf) {
     let root = tmp.join("root");
     let status = tmp.join("status.json");
     let config = tmp.join("ringbag.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
-             synthetic_profile = \"small\"\nclock = \"system\"\nmax_bag_size = \"1MiB\"\n\
-             max_record_size = \"16MiB\"\n{extra}",
-            root.display(),
-            status.display()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, small_daemon_config(&root, &status, extra)).unwrap();
     (config, root, status)
 }
 
