@@ -215,6 +215,36 @@ pub fn small_daemon_config(root: &Path, status: &Path, extra: &str) -> String {
     )
 }
 
+/// Poll `cond` every 10 ms until it holds or `limit` passes; whether it held.
+pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    cond()
+}
+
+/// The system clock now, ns since the epoch.
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
+}
+
+/// The stamps of every message of `bag`, in the reader's order.
+pub fn stamps(bag: &Path) -> Vec<i64> {
+    ringbag::bag::reader::Bag::open(bag)
+        .expect("bag opens")
+        .messages(&ringbag::bag::reader::ReadFilter::default())
+        .expect("read")
+        .map(|m| m.expect("message").timestamp)
+        .collect()
+}
+
 /// Send SIGINT to `child` (ignoring a child that is already gone).
 pub fn sigint(child: &std::process::Child) {
     let _ = nix::sys::signal::kill(

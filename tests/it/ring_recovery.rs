@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 
-use ringbag::bag::reader::{Bag, ReadFilter};
+use ringbag::bag::reader::Bag;
 use ringbag::snapshot::ring::{PendingTrigger, Ring, RingTopic, RingWriter, DATA_AT, REC_HEADER};
 
-use crate::common::{cdr_string, ringbag, stderr, topic, wait_deadline, RunOutput};
+use crate::common::stamps as stamps_of;
+use crate::common::{cdr_string, now_ns, ringbag, stderr, topic, wait_deadline, RunOutput};
 
 /// Header fields (see the layout in src/snapshot/ring.rs).
 const H_CAPACITY: u64 = 16;
@@ -20,13 +21,6 @@ const TOPIC_SLOTS_AT: u64 = 4096;
 const TOPIC_SLOT_BYTES: u64 = 256 * 1024;
 const CAPACITY: u64 = 1 << 20;
 const RECORDS: i64 = 200;
-
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as i64
-}
 
 /// A ring left by a recorder that died: `RECORDS` strings on /chatter 1 ms apart, ending a
 /// second ago, plus one record per stamp in `extra`. Returns the stamps of the regular ones.
@@ -109,15 +103,6 @@ fn crash_bags(root: &Path) -> Vec<PathBuf> {
         .collect();
     v.sort();
     v
-}
-
-fn stamps_of(bag: &Path) -> Vec<i64> {
-    Bag::open(bag)
-        .expect("crash bag opens")
-        .messages(&ReadFilter::default())
-        .expect("read")
-        .map(|m| m.expect("message").timestamp)
-        .collect()
 }
 
 /// The crash bag's size must never pass the budget: the splits' bytes on disk.

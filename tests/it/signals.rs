@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use ringbag::bag::reader::{Bag, ReadFilter};
+use ringbag::bag::reader::Bag;
 
 use crate::common::{
-    daemon_command, ringbag, small_daemon_config, status_committed, status_json, wait_deadline,
-    RunOutput,
+    daemon_command, now_ns, ringbag, small_daemon_config, stamps, status_committed, status_json,
+    wait_deadline, RunOutput,
 };
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -238,22 +238,6 @@ fn a_burst_of_sigusr1_does_not_push_history_out_of_a_file_budget() {
 }
 
 /// The stamps of a bag's messages.
-fn stamps(bag: &Path) -> Vec<i64> {
-    Bag::open(bag)
-        .expect("bag opens")
-        .messages(&ReadFilter::default())
-        .expect("read")
-        .map(|m| m.expect("message").timestamp)
-        .collect()
-}
-
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as i64
-}
-
 #[test]
 fn a_trigger_right_after_a_reload_holds_the_history_from_before_it() {
     let tmp = tempfile::tempdir().unwrap();

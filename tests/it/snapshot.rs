@@ -8,19 +8,7 @@ use std::time::{Duration, Instant};
 
 use ringbag::bag::reader::{Bag, ReadFilter};
 
-use crate::common::{bags_named, ringbag, run, sigint, stderr, trigger};
-
-/// Poll `cond` every 10 ms until it holds or `limit` passes.
-fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    cond()
-}
+use crate::common::{bags_named, ringbag, run, sigint, stderr, trigger, wait_for};
 
 /// A recorder of the synthetic `profile` with a ring, listening on `sock`.
 fn recorder(root: &Path, name: &str, sock: &Path, ring: &Path, extra: &[&str]) -> Child {

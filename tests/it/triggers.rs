@@ -10,19 +10,12 @@ use std::time::{Duration, Instant};
 use ringbag::bag::reader::Bag;
 use ringbag::snapshot::trigger::MAX_REASON_BYTES;
 
-use crate::common::{bags_named, ringbag, sigint, stderr, trigger, RunOutput};
+use crate::common::{bags_named, now_ns, ringbag, sigint, stderr, trigger, RunOutput};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + DEADLINE;
-    while Instant::now() < end {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    cond()
+fn wait_for(cond: impl FnMut() -> bool) -> bool {
+    crate::common::wait_for(DEADLINE, cond)
 }
 
 /// A recorder of the synthetic `small` profile with a ring and a control socket in `tmp`.
@@ -203,13 +196,6 @@ fn a_slow_client_does_not_delay_another_clients_trigger_and_is_cut_off_in_bounde
         "{before_ns} {at} {after_ns}"
     );
     eprintln!("fast trigger answered after {fast_done:?}; slow client cut off after {slow_done:?}");
-}
-
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as i64
 }
 
 #[test]
