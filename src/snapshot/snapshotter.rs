@@ -1493,6 +1493,19 @@ mod tests {
         }
     }
 
+    /// A ring of `capacity` bytes at `path`, a writer and its one topic (/a, a String).
+    fn ring_with_topic(path: &Path, capacity: u64) -> (Arc<Ring>, RingWriter, u32) {
+        let ring = Arc::new(Ring::create(path, capacity, 0).unwrap());
+        let mut w = RingWriter::new(ring.clone());
+        let t = w
+            .add_topic(RingTopic::new(
+                &TopicInfo::new("/a", "std_msgs/msg/String"),
+                None,
+            ))
+            .unwrap();
+        (ring, w, t)
+    }
+
     fn stamps(bag: &Path) -> Vec<i64> {
         Bag::open(bag)
             .unwrap()
@@ -1543,14 +1556,7 @@ mod tests {
     #[test]
     fn a_snapshot_holds_exactly_its_window_and_the_next_one_starts_after_it() {
         let dir = tempfile::tempdir().unwrap();
-        let ring = Arc::new(Ring::create(&dir.path().join("ring"), 4 << 20, 0).unwrap());
-        let mut w = RingWriter::new(ring.clone());
-        let t = w
-            .add_topic(RingTopic::new(
-                &TopicInfo::new("/a", "std_msgs/msg/String"),
-                None,
-            ))
-            .unwrap();
+        let (ring, mut w, t) = ring_with_topic(&dir.path().join("ring"), 4 << 20);
         for i in 0..10_000i64 {
             w.append(t, i * MS, &i.to_le_bytes()).unwrap();
         }
@@ -1614,14 +1620,7 @@ mod tests {
     /// to `limit` bytes; returns the finished bags, the largest grant and the root's files.
     fn snapshot_with_room(limit: u64) -> (Vec<PathBuf>, u64, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
-        let ring = Arc::new(Ring::create(&dir.path().join("ring"), 8 << 20, 0).unwrap());
-        let mut w = RingWriter::new(ring.clone());
-        let t = w
-            .add_topic(RingTopic::new(
-                &TopicInfo::new("/a", "std_msgs/msg/String"),
-                None,
-            ))
-            .unwrap();
+        let (ring, mut w, t) = ring_with_topic(&dir.path().join("ring"), 8 << 20);
         for i in 0..4_000i64 {
             w.append(t, i * MS, &[7u8; 1024]).unwrap();
         }
@@ -1721,14 +1720,7 @@ mod tests {
     #[test]
     fn a_humble_snapshot_bag_carries_reason_and_window_in_its_side_file() {
         let dir = tempfile::tempdir().unwrap();
-        let ring = Arc::new(Ring::create(&dir.path().join("ring"), 1 << 20, 0).unwrap());
-        let mut w = RingWriter::new(ring.clone());
-        let t = w
-            .add_topic(RingTopic::new(
-                &TopicInfo::new("/a", "std_msgs/msg/String"),
-                None,
-            ))
-            .unwrap();
+        let (ring, mut w, t) = ring_with_topic(&dir.path().join("ring"), 1 << 20);
         for i in 0..100i64 {
             w.append(t, i * MS, &i.to_le_bytes()).unwrap();
         }
@@ -1797,14 +1789,7 @@ mod tests {
             b.finish().unwrap();
         }
         {
-            let ring = Arc::new(Ring::create(&ring_path, 1 << 16, 0).unwrap());
-            let mut w = RingWriter::new(ring.clone());
-            let t = w
-                .add_topic(RingTopic::new(
-                    &TopicInfo::new("/a", "std_msgs/msg/String"),
-                    None,
-                ))
-                .unwrap();
+            let (ring, mut w, t) = ring_with_topic(&ring_path, 1 << 16);
             for i in 0..200 {
                 w.append(t, base + i * MS, &data(i)).unwrap();
             }
