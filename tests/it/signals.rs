@@ -12,7 +12,7 @@ use ringbag::bag::reader::Bag;
 
 use crate::common::{
     daemon_command, now_ns, ringbag, small_daemon_config, stamps, status_committed, status_json,
-    wait_deadline, RunOutput,
+    trigger, wait_deadline,
 };
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -118,6 +118,15 @@ fn dirs(root: &Path, part: &str) -> Vec<PathBuf> {
         .unwrap_or_default();
     v.sort();
     v
+}
+
+/// Wait until the first snapshot bag under `root` is finished (has its metadata.yaml).
+fn wait_snapshot_finished(child: &mut Child, root: &Path) {
+    wait_until(child, "the snapshot to finish", || {
+        dirs(root, "_snapshot_")
+            .first()
+            .is_some_and(|b| b.join("metadata.yaml").is_file())
+    });
 }
 
 fn message_count(bag: &Path) -> u64 {
@@ -256,18 +265,9 @@ fn a_trigger_right_after_a_reload_holds_the_history_from_before_it() {
         status_bag(&status).ends_with("_0002")
     });
     let sock = tmp.path().join("control.sock");
-    let t = ringbag()
-        .args(["trigger", "--reason", "after reload", "--post", "0"])
-        .arg("--control-socket")
-        .arg(&sock)
-        .run_output()
-        .expect("trigger runs");
+    let t = trigger(&sock, &["--reason", "after reload", "--post", "0"]);
     assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
-    wait_until(&mut child, "the snapshot to finish", || {
-        dirs(&root, "_snapshot_")
-            .first()
-            .is_some_and(|b| b.join("metadata.yaml").is_file())
-    });
+    wait_snapshot_finished(&mut child, &root);
     let (code, err) = stop(child);
     assert_eq!(code, Some(0), "{err}");
     let snap = dirs(&root, "_snapshot_after-reload");
@@ -324,18 +324,12 @@ fn a_reload_that_changes_the_ring_size_carries_the_newest_history_over() {
     wait_until(&mut child, "the status of the second bag", || {
         status_bag(&status).ends_with("_0002")
     });
-    let t = ringbag()
-        .args(["trigger", "--reason", "after resize", "--post", "0"])
-        .arg("--control-socket")
-        .arg(tmp.path().join("control.sock"))
-        .run_output()
-        .expect("trigger runs");
+    let t = trigger(
+        &tmp.path().join("control.sock"),
+        &["--reason", "after resize", "--post", "0"],
+    );
     assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
-    wait_until(&mut child, "the snapshot to finish", || {
-        dirs(&root, "_snapshot_")
-            .first()
-            .is_some_and(|b| b.join("metadata.yaml").is_file())
-    });
+    wait_snapshot_finished(&mut child, &root);
     let (code, err) = stop(child);
     assert_eq!(code, Some(0), "{err}");
     let snap = dirs(&root, "_snapshot_after-resize");
