@@ -444,6 +444,29 @@ impl ServiceConfig {
         if let Err(m) = check_status_file(&status_file) {
             return Err(err("status_file", format!("{}: {m}", shown(&status_file))));
         }
+        if let Some(ring) = &snapshot.ring {
+            let file = ring.ring_file(&output_root);
+            let mut named = vec![
+                ("status_file", status_file.as_path()),
+                ("snapshot_file", &file),
+            ];
+            if let Some(socket) = ring.control_socket.as_deref() {
+                named.push(("control_socket", socket));
+            }
+            if let Some((a, b)) = shared_path(&named) {
+                let path = named
+                    .iter()
+                    .find(|(k, _)| *k == a)
+                    .map_or(Path::new(""), |n| n.1);
+                return Err(err(
+                    a,
+                    format!(
+                        "{}: the same file as {b}; each needs a path of its own",
+                        shown(path)
+                    ),
+                ));
+            }
+        }
         let synthetic_profile = config.synthetic_profile.unwrap_or(SyntheticProfile::Robot);
         let synthetic_topics = if source == SourceChoice::Synthetic {
             crate::source::generator::select_topics(synthetic_profile, &config.selection())
@@ -723,6 +746,51 @@ pub fn status_file_taken(path: &Path) -> Option<String> {
     Some(format!(
         "exists and is {kind}, not a regular file; not replaced (the status file is written by a rename)"
     ))
+}
+
+/// The first two of `named` (name, path) that are one file: the same path once made absolute
+/// and cleared of `.`/`..` (links in the parents resolved where they exist), or two names of
+/// one existing file. The status file, the ring and the control socket each need a file of
+/// their own: the status file's rename would replace the ring or the socket, losing the black
+/// box, and the next start would refuse what is left there (exit 2, not restarted).
+pub fn shared_path<'a>(named: &[(&'a str, &Path)]) -> Option<(&'a str, &'a str)> {
+    use std::os::unix::fs::MetadataExt;
+    let key = |p: &Path| {
+        let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let mut clean = PathBuf::new();
+        for c in abs.components() {
+            match c {
+                std::path::Component::ParentDir => {
+                    clean.pop();
+                }
+                std::path::Component::CurDir => {}
+                c => clean.push(c),
+            }
+        }
+        // The parent through its links (the file itself may not exist yet).
+        match (clean.parent(), clean.file_name()) {
+            (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+                .map(|d| d.join(name))
+                .unwrap_or(clean),
+            _ => clean,
+        }
+    };
+    let ids: Vec<(PathBuf, Option<(u64, u64)>)> = named
+        .iter()
+        .map(|(_, p)| {
+            let inode = std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+            (key(p), inode)
+        })
+        .collect();
+    for i in 0..named.len() {
+        for j in i + 1..named.len() {
+            let same_inode = matches!((ids[i].1, ids[j].1), (Some(a), Some(b)) if a == b);
+            if ids[i].0 == ids[j].0 || same_inode {
+                return Some((named[i].0, named[j].0));
+            }
+        }
+    }
+    None
 }
 
 /// The ring file's name as text (no NUL) and its kind, named with the key's own words before

@@ -112,6 +112,28 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         crate::snapshot::control::refuse_if_listening(socket)
             .map_err(|e| format!("--control-socket: {e}"))?;
     }
+    // Before the status file is first written: its rename would replace the ring or the
+    // socket at the same path.
+    if let Some(ring) = &snapshot.ring {
+        let file = ring.ring_file(&recording_root(&output));
+        let mut named = vec![("--snapshot-file", file.as_path())];
+        if let Some(socket) = ring.control_socket.as_deref() {
+            named.push(("--control-socket", socket));
+        }
+        if let Some(status) = a.status_file.as_deref() {
+            named.insert(0, ("--status-file", status));
+        }
+        if let Some((x, y)) = crate::config::shared_path(&named) {
+            let path = named
+                .iter()
+                .find(|(k, _)| *k == x)
+                .map_or(Path::new(""), |n| n.1);
+            return Err(format!(
+                "{x}: {}: the same file as {y}; each needs a path of its own",
+                path.display()
+            ));
+        }
+    }
     for line in unrecorded_policy_topics(&selection(a), &snapshot.policy, "--") {
         log::warn!("{line}");
     }

@@ -422,6 +422,20 @@ fn check_config_refuses_every_path_the_daemon_would_refuse_and_the_daemon_exits_
             format!("{}: exists and is a directory; the status file needs a file name", d(&dir)),
             true,
         ),
+        // Its rename would replace the ring (the black box lost, and the next start refusing
+        // the JSON left at the ring's path) or the listening socket.
+        (
+            "status_file",
+            d(&t.join("ring")),
+            format!("{}: the same file as snapshot_file; each needs a path of its own", d(&t.join("ring"))),
+            true,
+        ),
+        (
+            "status_file",
+            d(&t.join("adir/../c.sock")),
+            format!("{}: the same file as control_socket; each needs a path of its own", d(&t.join("adir/../c.sock"))),
+            true,
+        ),
     ];
     let before = [
         planted(&dir),
@@ -541,4 +555,42 @@ fn config_and_status_files_that_are_special_or_huge_are_refused_at_once() {
             big_status.display()
         ),
     );
+}
+
+#[test]
+fn record_refuses_a_status_file_at_the_rings_or_the_sockets_path_before_writing_anything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let out = t.join("root/bag");
+    let ring = t.join("x.ring");
+    let sock = t.join("c.sock");
+    for (status, other) in [(&ring, "--snapshot-file"), (&sock, "--control-socket")] {
+        let o = run_within_deadline(&[
+            "record",
+            "--source",
+            "synthetic",
+            "--clock",
+            "system",
+            "--synthetic-count",
+            "10",
+            "--snapshot-size",
+            "1MiB",
+            "--snapshot-file",
+            ring.to_str().unwrap(),
+            "--control-socket",
+            sock.to_str().unwrap(),
+            "--status-file",
+            status.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_one_error_line(
+            &o,
+            &format!(
+                "ringbag: error: --status-file: {}: the same file as {other}; each needs a path of its own",
+                status.display()
+            ),
+        );
+        assert!(!ring.exists() && !sock.exists() && !out.exists());
+    }
 }
