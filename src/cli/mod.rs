@@ -62,6 +62,7 @@ fn cmd_trigger(a: &args::TriggerArgs) -> i32 {
         reason: Some(a.reason.clone()),
         pre_s: a.pre,
         post_s: Some(a.post),
+        sent_unix_ns: None,
     };
     if let Err(e) = req.check_reason().and_then(|()| req.windows()) {
         return fail(EXIT_BAD_INPUT, e);

@@ -1,7 +1,7 @@
 //! The control socket: `ringbag trigger` talks to a running recorder over a unix stream
 //! socket, one JSON line each way (a [`TriggerRequest`], then an [`Outcome`]).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -42,6 +42,10 @@ pub enum ControlError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The recorder did not answer within [`CLIENT_TIMEOUT`] of the request being sent
+    /// (it is stopped, or stuck): the recorder drops such a request, so nothing happens.
+    #[error("--control-socket {}: no answer within {secs} s; the trigger was not taken", path.display())]
+    NoAnswer { path: PathBuf, secs: u64 },
     #[error("{}: unexpected answer from the recorder: {answer}", path.display())]
     Protocol { path: PathBuf, answer: String },
 }
@@ -274,7 +278,8 @@ impl Drop for ControlServer {
 
 /// How many connections are served at once; one more is answered `refused` (busy) at once.
 /// Each is a thread for at most [`REQUEST_DEADLINE`] + [`ANSWER_DEADLINE`] (and a bounded
-/// write), so slow or stuck clients cannot hold triggers back from the others.
+/// write, [`REPLY_DEADLINE`]), so slow or stuck clients cannot hold triggers back from the
+/// others.
 const MAX_CLIENTS: usize = 4;
 /// How long a connection may take to send its whole request line (total, not per byte).
 const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
@@ -283,8 +288,20 @@ const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 const ANSWER_DEADLINE: Duration = Duration::from_secs(3);
 /// How often a waiting connection looks at the stop flag and its deadline.
 const SLICE: Duration = Duration::from_millis(50);
-/// `ringbag trigger` waits this long for the answer: longer than the server's own bounds.
+/// How long writing the answer may take.
+const REPLY_DEADLINE: Duration = Duration::from_secs(1);
+/// A request read more than this long after its client sent it (its `sent_unix_ns`) is
+/// dropped: it waited in the listen backlog (the recorder was stopped or stuck). Time in the
+/// backlog is invisible to the per-connection deadlines, which start at accept.
+const MAX_REQUEST_AGE: Duration = Duration::from_secs(4);
+/// `ringbag trigger` waits this long in all, from its send time, for the answer. The server
+/// answers within [`MAX_REQUEST_AGE`] + [`ANSWER_DEADLINE`] + [`REPLY_DEADLINE`] (8 s) of the
+/// send time, so a trigger the client reports as failed (no answer) was never taken.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+const _: () = assert!(
+    MAX_REQUEST_AGE.as_secs() + ANSWER_DEADLINE.as_secs() + REPLY_DEADLINE.as_secs() + 2
+        <= CLIENT_TIMEOUT.as_secs()
+);
 
 fn serve(listener: UnixListener, tx: Sender<Cmd>, stop: &AtomicBool) {
     // Scoped: every connection thread has ended (each notices `stop` within a slice) before
@@ -328,7 +345,7 @@ fn serve(listener: UnixListener, tx: Sender<Cmd>, stop: &AtomicBool) {
 fn reply(stream: &UnixStream, outcome: &Outcome) -> std::io::Result<()> {
     let mut text = serde_json::to_string(outcome).unwrap_or_default();
     text.push('\n');
-    stream.set_write_timeout(Some(Duration::from_secs(1)))?;
+    stream.set_write_timeout(Some(REPLY_DEADLINE))?;
     let mut w: &UnixStream = stream;
     w.write_all(text.as_bytes())
 }
@@ -356,11 +373,60 @@ fn answer(stream: UnixStream, tx: &Sender<Cmd>, stop: &AtomicBool) -> std::io::R
             },
             Ok(req) => match req.check_reason() {
                 Err(why) => Outcome::Refused { why },
-                Ok(()) => ask(tx, req, stop),
+                Ok(()) => match request_age(&req, unix_now_ns()) {
+                    Ok(age) => ask(tx, req, age, stop),
+                    Err(age) => {
+                        let reason = req.reason.as_deref().unwrap_or("socket");
+                        log::warn!(
+                            "trigger ({}, Socket) dropped: sent {:.1} s ago, its client has given up",
+                            super::trigger::escape_reason(reason),
+                            age.as_secs_f64()
+                        );
+                        let why = format!(
+                            "sent {:.1} s ago, more than {} s: dropped",
+                            age.as_secs_f64(),
+                            MAX_REQUEST_AGE.as_secs()
+                        );
+                        // Its client is most likely gone: a failed write is no news.
+                        let _ = reply(&stream, &Outcome::Refused { why });
+                        return Ok(());
+                    }
+                },
             },
         },
     };
     reply(&stream, &outcome)
+}
+
+/// The wall clock (CLOCK_REALTIME), ns since the epoch: what a client's `sent_unix_ns` is.
+fn unix_now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// How long ago `req` was sent, from its `sent_unix_ns` and the same wall clock `now_unix_ns`
+/// (client and recorder are on one machine); zero when the client did not say (an older
+/// client: its trigger's time is when the request was complete, as before). `Err(age)` when
+/// it is older than [`MAX_REQUEST_AGE`]: its client has given up (or is about to), so it is
+/// dropped. That includes an absurd age from the wall clock stepping forward meanwhile:
+/// dropped, answered `refused`, never taken late. A negative age (the clock stepped back, or
+/// the client's stamp is ahead) is taken as zero, i.e. the trigger's time is now: its real
+/// age is unknowable, and the per-connection deadlines still bound the answer.
+fn request_age(req: &TriggerRequest, now_unix_ns: i64) -> Result<Duration, Duration> {
+    let Some(sent) = req.sent_unix_ns else {
+        return Ok(Duration::ZERO);
+    };
+    let age_ns = now_unix_ns.saturating_sub(sent);
+    if age_ns <= 0 {
+        return Ok(Duration::ZERO);
+    }
+    let age = Duration::from_nanos(age_ns as u64);
+    if age > MAX_REQUEST_AGE {
+        Err(age)
+    } else {
+        Ok(age)
+    }
 }
 
 /// The request line; `Some(Err)` the answer for a client that is too slow, sends too much,
@@ -419,11 +485,15 @@ fn stopping() -> Outcome {
     }
 }
 
-/// Hand `req` to the snapshot thread and wait for its answer, at most [`ANSWER_DEADLINE`]:
-/// then the trigger is abandoned, so a trigger answered as refused never happens later.
-fn ask(tx: &Sender<Cmd>, req: TriggerRequest, stop: &AtomicBool) -> Outcome {
-    // Now the request is complete: this is the trigger's time.
-    let ticket = Ticket::new();
+/// Hand `req`, sent `age` ago, to the snapshot thread and wait for its answer, at most
+/// [`ANSWER_DEADLINE`]: then the trigger is abandoned, so a trigger answered as refused never
+/// happens later.
+fn ask(tx: &Sender<Cmd>, req: TriggerRequest, age: Duration, stop: &AtomicBool) -> Outcome {
+    // The trigger's time is its send time: `age` before now, which the snapshot thread turns
+    // into a stamp on the recorder's own clock (never the client's wall clock value: the
+    // recorder may stamp with PTP).
+    let ticket = Ticket::sent_ago(age);
+    let deadline = Instant::now() + ANSWER_DEADLINE;
     let (rtx, rrx) = crossbeam_channel::bounded(1);
     let sent = tx.send(Cmd::Trigger {
         req,
@@ -435,7 +505,6 @@ fn ask(tx: &Sender<Cmd>, req: TriggerRequest, stop: &AtomicBool) -> Outcome {
     if sent.is_err() {
         return stopping();
     }
-    let deadline = ticket.asked + ANSWER_DEADLINE;
     loop {
         match rrx.recv_timeout(SLICE) {
             Ok(o) => return o,
@@ -469,27 +538,115 @@ fn ask(tx: &Sender<Cmd>, req: TriggerRequest, stop: &AtomicBool) -> Outcome {
     }
 }
 
-/// `ringbag trigger`: send one request to the recorder at `path`, return its answer.
+/// `ringbag trigger`: send one request to the recorder at `path` (stamped with its send
+/// time), return its answer; [`ControlError::NoAnswer`] when none comes within
+/// [`CLIENT_TIMEOUT`] of sending.
 pub fn send_trigger(path: &Path, req: &TriggerRequest) -> Result<Outcome, ControlError> {
     let io = |source| ControlError::Io {
         path: path.to_path_buf(),
         source,
     };
+    let no_answer = || ControlError::NoAnswer {
+        path: path.to_path_buf(),
+        secs: CLIENT_TIMEOUT.as_secs(),
+    };
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    let req = TriggerRequest {
+        sent_unix_ns: Some(unix_now_ns()),
+        ..req.clone()
+    };
     let stream = UnixStream::connect(path).map_err(|source| ControlError::NoRecorder {
         path: path.to_path_buf(),
         source,
     })?;
-    stream.set_read_timeout(Some(CLIENT_TIMEOUT)).map_err(io)?;
-    stream.set_write_timeout(Some(CLIENT_TIMEOUT)).map_err(io)?;
-    let mut text = serde_json::to_string(req).unwrap_or_default();
-    text.push('\n');
-    (&stream).write_all(text.as_bytes()).map_err(io)?;
-    let mut answer = String::new();
-    BufReader::new((&stream).take(MAX_REQUEST))
-        .read_line(&mut answer)
+    let left = || {
+        let l = deadline.saturating_duration_since(Instant::now());
+        (!l.is_zero()).then_some(l)
+    };
+    let timed_out = |e: &std::io::Error| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )
+    };
+    stream
+        .set_write_timeout(Some(left().ok_or_else(no_answer)?))
         .map_err(io)?;
+    let mut text = serde_json::to_string(&req).unwrap_or_default();
+    text.push('\n');
+    (&stream).write_all(text.as_bytes()).map_err(|e| {
+        if timed_out(&e) {
+            no_answer()
+        } else {
+            io(e)
+        }
+    })?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !buf.contains(&b'\n') && (buf.len() as u64) < MAX_REQUEST {
+        stream
+            .set_read_timeout(Some(left().ok_or_else(no_answer)?))
+            .map_err(io)?;
+        match (&stream).read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if timed_out(&e) => return Err(no_answer()),
+            Err(e) => return Err(io(e)),
+        }
+    }
+    let answer = String::from_utf8_lossy(&buf);
+    let answer = answer.lines().next().unwrap_or_default();
     serde_json::from_str(answer.trim()).map_err(|_| ControlError::Protocol {
         path: path.to_path_buf(),
         answer: answer.trim().to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: i64 = 1_000_000_000;
+
+    fn sent(at: Option<i64>) -> TriggerRequest {
+        TriggerRequest {
+            sent_unix_ns: at,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_request_age_comes_from_its_send_time_and_an_old_one_is_dropped() {
+        let now = 1_700_000_000 * S;
+        // An older client says nothing: as before, its time is when it was read.
+        assert_eq!(request_age(&sent(None), now), Ok(Duration::ZERO));
+        assert_eq!(
+            request_age(&sent(Some(now - 1_500_000_000)), now),
+            Ok(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            request_age(&sent(Some(now - 4 * S)), now),
+            Ok(MAX_REQUEST_AGE)
+        );
+        assert_eq!(
+            request_age(&sent(Some(now - 10 * S)), now),
+            Err(Duration::from_secs(10))
+        );
+        // A clock step: backwards (negative age) is now; an absurd age is dropped.
+        assert_eq!(
+            request_age(&sent(Some(now + 60 * S)), now),
+            Ok(Duration::ZERO)
+        );
+        assert!(request_age(&sent(Some(i64::MIN)), now).is_err());
+        assert_eq!(request_age(&sent(Some(i64::MAX)), now), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn the_client_waits_longer_than_the_server_ever_takes() {
+        assert!(
+            MAX_REQUEST_AGE + ANSWER_DEADLINE + REPLY_DEADLINE + Duration::from_secs(2)
+                <= CLIENT_TIMEOUT
+        );
+    }
 }

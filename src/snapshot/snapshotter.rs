@@ -54,7 +54,8 @@ pub enum Cmd {
 /// never happens later, and one that happens is always reported.
 #[derive(Debug, Clone)]
 pub struct Ticket {
-    /// When the request was complete: the trigger's time.
+    /// When the trigger was asked for (its client's send time, or when the request was
+    /// complete): the trigger's time.
     pub asked: Instant,
     state: Arc<AtomicU8>,
 }
@@ -65,8 +66,15 @@ const TICKET_ABANDONED: u8 = 2;
 
 impl Ticket {
     pub fn new() -> Ticket {
+        Ticket::sent_ago(Duration::ZERO)
+    }
+
+    /// A ticket for a trigger asked for `age` ago (a control socket request's age, from its
+    /// send time): the snapshot thread stamps it `age` before now on the recorder's clock.
+    pub fn sent_ago(age: Duration) -> Ticket {
+        let now = Instant::now();
         Ticket {
-            asked: Instant::now(),
+            asked: now.checked_sub(age).unwrap_or(now),
             state: Arc::new(AtomicU8::new(TICKET_OPEN)),
         }
     }
@@ -1581,6 +1589,7 @@ mod tests {
                     reason: Some("test".into()),
                     pre_s,
                     post_s: Some(post_s),
+                    ..Default::default()
                 },
                 origin: Origin::Socket,
                 at_ns: Some(at_ms * MS),
@@ -1664,6 +1673,7 @@ mod tests {
             reason: Some("room".into()),
             pre_s: None,
             post_s: Some(0.0),
+            ..Default::default()
         };
         let out = s.trigger(&req, Origin::Socket, Some(3_999 * MS));
         assert!(matches!(out, Outcome::Started { .. }), "{out:?}");
@@ -1740,6 +1750,7 @@ mod tests {
                 reason: Some("estop".into()),
                 pre_s: Some(0.05),
                 post_s: Some(0.02),
+                ..Default::default()
             },
             origin: Origin::Socket,
             at_ns: Some(50 * MS),
@@ -1865,6 +1876,7 @@ mod tests {
             reason: Some("é".repeat(super::super::trigger::MAX_REASON_BYTES / 2)),
             pre_s: Some(1.0),
             post_s: Some(1.0),
+            ..Default::default()
         };
         let Outcome::Started { bag } = sn.trigger(&req, Origin::Socket, Some(5 * MS)) else {
             panic!("not started");

@@ -39,6 +39,11 @@ pub struct TriggerRequest {
     /// Seconds after the trigger to keep (default 10).
     #[serde(default)]
     pub post_s: Option<f64>,
+    /// When the client sent the request, ns since the epoch (CLOCK_REALTIME). Optional (an
+    /// older client leaves it out): the recorder computes the request's age from it, drops a
+    /// request its client has given up on, and stamps the trigger with the send time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_unix_ns: Option<i64>,
 }
 
 /// What the recorder did with a trigger (the control socket's one-line reply).

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use ringbag::bag::reader::Bag;
 use ringbag::snapshot::trigger::MAX_REASON_BYTES;
 
-use crate::common::{bags_named, now_ns, ringbag, sigint, stderr, trigger, RunOutput};
+use crate::common::{
+    bags_named, now_ns, ringbag, sigint, stderr, trigger, wait_deadline, RunOutput,
+};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -42,6 +44,44 @@ fn stop(child: Child) -> String {
     sigint(&child);
     let out = crate::common::wait_deadline(child, DEADLINE.as_secs()).expect("recorder ends");
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The recorder stopped (SIGSTOP) until this is dropped (SIGCONT), also when a test fails.
+struct Frozen(i32);
+
+impl Frozen {
+    fn new(child: &Child) -> Frozen {
+        let pid = child.id() as i32;
+        signal(pid, nix::sys::signal::Signal::SIGSTOP);
+        Frozen(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+fn signal(pid: i32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).expect("signal the recorder");
+}
+
+/// The snapshot bag whose name holds `part`, once it is finished (its metadata.yaml is in).
+fn finished_snapshot(root: &Path, part: &str) -> std::path::PathBuf {
+    assert!(
+        wait_for(|| bags_named(root, part)
+            .first()
+            .is_some_and(|b| b.join("metadata.yaml").is_file())),
+        "snapshot {part} finished"
+    );
+    bags_named(root, part).remove(0)
+}
+
+fn trigger_time_ns(bag: &Path) -> i64 {
+    Bag::open(bag).unwrap().metadata.custom_data["ringbag.snapshot.trigger_time_ns"]
+        .parse()
+        .unwrap()
 }
 
 /// One raw request over the socket; the answer line.
@@ -239,4 +279,81 @@ fn reasons_are_logged_escaped_on_one_line_and_a_storm_gives_a_bounded_number_of_
         "{extends} lines for {storm} extensions in {storm_s} s: {log}"
     );
     assert!(extends >= 1, "{log}");
+}
+
+#[test]
+fn a_trigger_sent_to_a_stopped_recorder_is_reported_failed_and_never_happens_later() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("control.sock");
+    let root = tmp.path().join("root");
+    let child = recorder(tmp.path(), "cont");
+    assert!(wait_for(|| sock.exists()), "socket appears");
+    let frozen = Frozen::new(&child);
+    // It connects into the listen backlog and writes its request; nobody reads it.
+    let asked = Instant::now();
+    let t = trigger(&sock, &["--reason", "stopped", "--post", "0"]);
+    let took = asked.elapsed();
+    drop(frozen);
+    assert_eq!(t.status.code(), Some(1), "{}", stderr(&t));
+    assert_eq!(
+        stderr(&t),
+        format!(
+            "ringbag: error: --control-socket {}: no answer within 10 s; the trigger was not taken\n",
+            sock.display()
+        )
+    );
+    assert!(took < Duration::from_secs(13), "gave up after {took:?}");
+    // The recorder reads the old request now. A later trigger's bag, once finished, shows
+    // the recorder has long handled it: no snapshot was ever taken for it.
+    let later = trigger(&sock, &["--reason", "later", "--post", "0"]);
+    assert!(
+        stderr(&later).contains("snapshot started"),
+        "{}",
+        stderr(&later)
+    );
+    finished_snapshot(&root, "_snapshot_later");
+    let log = stop(child);
+    assert!(bags_named(&root, "_snapshot_stopped").is_empty(), "{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("trigger (stopped, Socket) dropped: sent")
+                && l.contains("s ago, its client has given up")),
+        "{log}"
+    );
+    eprintln!("the client gave up after {took:?}");
+}
+
+#[test]
+fn a_trigger_sent_during_a_short_freeze_is_stamped_with_its_send_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("control.sock");
+    let root = tmp.path().join("root");
+    let child = recorder(tmp.path(), "cont");
+    assert!(wait_for(|| sock.exists()), "socket appears");
+    let frozen = Frozen::new(&child);
+    let before_ns = now_ns();
+    let client = ringbag()
+        .arg("trigger")
+        .arg("--control-socket")
+        .arg(&sock)
+        .args(["--reason", "frozen", "--post", "0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ringbag trigger starts");
+    // Shorter than the recorder's bound on a request's age (4 s).
+    std::thread::sleep(Duration::from_millis(1500));
+    let resumed_ns = now_ns();
+    drop(frozen);
+    let t = wait_deadline(client, DEADLINE.as_secs()).expect("trigger ends");
+    assert!(stderr(&t).contains("snapshot started"), "{}", stderr(&t));
+    let bag = finished_snapshot(&root, "_snapshot_frozen");
+    let _ = stop(child);
+    let at = trigger_time_ns(&bag);
+    assert!(
+        (before_ns..before_ns + 300_000_000).contains(&at),
+        "trigger time {at}: {} ms after the client started, resumed at {} ms",
+        (at - before_ns) / 1_000_000,
+        (resumed_ns - before_ns) / 1_000_000
+    );
 }
