@@ -302,7 +302,13 @@ fn a_trigger_sent_to_a_stopped_recorder_is_reported_failed_and_never_happens_lat
             sock.display()
         )
     );
-    assert!(took < Duration::from_secs(13), "gave up after {took:?}");
+    // Its own 10 s, plus the start of the process (seconds under a loaded emulator).
+    let limit = if std::env::var_os("RINGBAG_TEST_RUNNER").is_some() {
+        25
+    } else {
+        13
+    };
+    assert!(took < Duration::from_secs(limit), "gave up after {took:?}");
     // The recorder reads the old request now. A later trigger's bag, once finished, shows
     // the recorder has long handled it: no snapshot was ever taken for it.
     let later = trigger(&sock, &["--reason", "later", "--post", "0"]);
@@ -341,8 +347,10 @@ fn a_trigger_sent_during_a_short_freeze_is_stamped_with_its_send_time() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("ringbag trigger starts");
-    // Shorter than the recorder's bound on a request's age (4 s).
-    std::thread::sleep(Duration::from_millis(1500));
+    // The freeze under test: shorter than the recorder's bound on a request's age (4 s),
+    // long enough that the client (slow to start under an emulator) has sent well before
+    // the resume.
+    std::thread::sleep(Duration::from_millis(3000));
     let resumed_ns = now_ns();
     drop(frozen);
     let t = wait_deadline(client, DEADLINE.as_secs()).expect("trigger ends");
@@ -350,8 +358,10 @@ fn a_trigger_sent_during_a_short_freeze_is_stamped_with_its_send_time() {
     let bag = finished_snapshot(&root, "_snapshot_frozen");
     let _ = stop(child);
     let at = trigger_time_ns(&bag);
+    // Stamped when the client sent it (within a second of its start even when emulated),
+    // not when the recorder resumed and read it.
     assert!(
-        (before_ns..before_ns + 300_000_000).contains(&at),
+        (before_ns..resumed_ns - 1_000_000_000).contains(&at),
         "trigger time {at}: {} ms after the client started, resumed at {} ms",
         (at - before_ns) / 1_000_000,
         (resumed_ns - before_ns) / 1_000_000
