@@ -328,7 +328,10 @@ pub fn read_topics(conn: &Connection, path: &Path) -> Result<Vec<(i64, TopicInfo
         if got.len() >= MAX_TOPICS {
             return Err(BagError::invalid(
                 path,
-                format!("has more than {MAX_TOPICS} topics: not a rosbag2 split; not read"),
+                format!(
+                    "has more than {MAX_TOPICS} topics: {}",
+                    super::sqlguard::HOSTILE
+                ),
             ));
         }
         let row = (|| -> rusqlite::Result<_> {
@@ -641,6 +644,8 @@ impl Bag {
             };
             match read {
                 Ok(()) => readable.push(rel),
+                // A hostile split is an error, as for `info`: never left out with a warning.
+                Err(e) if super::sqlguard::is_hostile(&e) => return Err(e),
                 Err(e) => skipped.push(Skipped::from_error(&p, e, None)),
             }
         }
@@ -881,7 +886,14 @@ fn open_cursor(c: &mut SplitCursor, bag_topics: &[TopicInfo]) -> Result<(), Open
     let (conn, budget) = open_guarded(&c.path)?;
     let mut keep_ids = Vec::new();
     c.id_to_topic.clear();
-    for (id, t) in read_topics(&conn, &c.path).map_err(damaged)? {
+    let topics = read_topics(&conn, &c.path).map_err(|e| {
+        if super::sqlguard::is_hostile(&e) {
+            OpenError::Refused(e)
+        } else {
+            damaged(e)
+        }
+    })?;
+    for (id, t) in topics {
         let Some(idx) = bag_topics.iter().position(|b| b.name == t.name) else {
             return Err(damaged(BagError::invalid(
                 &c.path,

@@ -14,6 +14,8 @@
 //! * A work budget per statement in VM instructions, proportional to the file's size (a
 //!   progress handler): no statement can run away, yet a legitimate read of every row,
 //!   which costs a few instructions per byte, is far inside it.
+//! * `topics` and `message_definitions` are measured before any value is read
+//!   ([`check_sizes`]): row count, longest value and total, from record headers only.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,6 +87,7 @@ fn file_len(path: &Path) -> u64 {
 pub fn harden(conn: &mut Connection, path: &Path, fixed: bool) -> Result<Budget, BagError> {
     let budget = limit(conn, path, fixed)?;
     check_tables(conn, path)?;
+    check_sizes(conn, path)?;
     Ok(budget)
 }
 
@@ -177,9 +180,106 @@ pub const MAX_TOPICS: usize = 100_000;
 pub const MAX_TOPICS_TOTAL: usize = 64 << 20;
 
 /// `SELECT` expression for a text column read at most `max` characters long (one more, so
-/// that the reader can tell a longer value apart): SQLite never hands over more.
+/// that the reader can tell a longer value apart): SQLite never hands over more. It still
+/// loads the whole value to cut it, so [`harden`] measured every one first ([`check_sizes`]).
 pub fn bounded(column: &str, max: usize) -> String {
     format!("substr({column}, 1, {})", max + 1)
+}
+
+/// What every split reads of `topics` and `message_definitions`: (table, [(column, most
+/// characters)]).
+const SIZED: [(&str, &[(&str, usize)]); 2] = [
+    (
+        "topics",
+        &[
+            ("name", MAX_TOPIC_FIELD),
+            ("type", MAX_TOPIC_FIELD),
+            ("serialization_format", MAX_TOPIC_FIELD),
+            ("offered_qos_profiles", MAX_TOPIC_TEXT),
+            ("type_description_hash", MAX_TOPIC_FIELD),
+        ],
+    ),
+    (
+        "message_definitions",
+        &[
+            ("topic_type", MAX_TOPIC_FIELD),
+            ("encoding", MAX_TOPIC_FIELD),
+            ("encoded_message_definition", MAX_TOPIC_TEXT),
+            ("type_description_hash", MAX_TOPIC_FIELD),
+        ],
+    ),
+];
+
+/// The words every refusal of a hostile split ends with; see [`is_hostile`].
+pub const HOSTILE: &str = "not a rosbag2 split; not read";
+
+/// True when `e` refuses a split as hostile (by [`harden`], [`check_len`] or a row count),
+/// not as damaged: a tolerant reader stops at it rather than leaving the split out.
+pub fn is_hostile(e: &BagError) -> bool {
+    matches!(e, BagError::Invalid { .. }) && e.to_string().ends_with(HOSTILE)
+}
+
+/// Refuse a split whose `topics` or `message_definitions` has more than [`MAX_TOPICS`]
+/// rows, a value longer than its limit allows (in bytes: 4 per character) or more than
+/// [`MAX_TOPICS_TOTAL`] bytes in all, before any of their values is read: `octet_length`
+/// of a column takes the length from the record header without loading the value, and
+/// `LIMIT` bounds the rows looked at. (`substr` of a 300 MB value loads all 300 MB first.)
+/// The exact limits in characters are checked on the values read ([`check_len`]).
+pub fn check_sizes(conn: &Connection, path: &Path) -> Result<(), BagError> {
+    for (table, columns) in SIZED {
+        let present: Vec<String> = conn
+            .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))
+            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+            .map_err(BagError::sqlite(path))?;
+        let cols: Vec<(&str, usize)> = columns
+            .iter()
+            .copied()
+            .filter(|(c, _)| present.iter().any(|p| p == c))
+            .collect();
+        if cols.is_empty() {
+            continue;
+        }
+        // Per column the longest value, then the row count and the sum of all lengths.
+        let inner: Vec<String> = cols
+            .iter()
+            .enumerate()
+            .map(|(i, (c, _))| format!("coalesce(octet_length(\"{c}\"), 0) AS c{i}"))
+            .collect();
+        let outer: Vec<String> = (0..cols.len()).map(|i| format!("max(c{i})")).collect();
+        let sum: Vec<String> = (0..cols.len()).map(|i| format!("c{i}")).collect();
+        let sql = format!(
+            "SELECT {}, count(*), coalesce(sum({}), 0) FROM (SELECT {} FROM \"{table}\" LIMIT {})",
+            outer.join(", "),
+            sum.join(" + "),
+            inner.join(", "),
+            MAX_TOPICS + 1
+        );
+        let got: Vec<i64> = conn
+            .query_row(&sql, [], |r| {
+                (0..cols.len() + 2)
+                    .map(|i| Ok(r.get::<_, Option<i64>>(i)?.unwrap_or(0)))
+                    .collect()
+            })
+            .map_err(BagError::sqlite(path))?;
+        let refuse = |what: String| Err(BagError::invalid(path, format!("{what}: {HOSTILE}")));
+        for (i, (c, max)) in cols.iter().enumerate() {
+            if got[i] as u64 > 4 * *max as u64 {
+                return refuse(format!(
+                    "`{table}`.{c} holds a value longer than {max} characters"
+                ));
+            }
+        }
+        if got[cols.len()] as usize > MAX_TOPICS {
+            return refuse(format!("`{table}` has more than {MAX_TOPICS} rows"));
+        }
+        if got[cols.len() + 1] as u64 > MAX_TOPICS_TOTAL as u64 {
+            return refuse(format!(
+                "`{table}` holds more than {} MiB of text",
+                MAX_TOPICS_TOTAL >> 20
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Check one text value read through [`bounded`].

@@ -791,6 +791,11 @@ fn hostile_views() -> Vec<(&'static str, &'static str, String)> {
 /// they were read). Not under an emulator (RINGBAG_TEST_RUNNER), whose own reservations
 /// count against the limit.
 fn run_bounded(args: &[PathBuf], secs: u64) -> Output {
+    run_limited(args, secs, 1 << 30)
+}
+
+/// [`run_bounded`] with at most `bytes` of address space.
+fn run_limited(args: &[PathBuf], secs: u64, bytes: u64) -> Output {
     use std::os::unix::process::CommandExt;
     let emulated = std::env::var("RINGBAG_TEST_RUNNER").is_ok_and(|r| !r.trim().is_empty());
     let mut cmd = ringbag();
@@ -801,10 +806,10 @@ fn run_bounded(args: &[PathBuf], secs: u64) -> Output {
     if !emulated {
         // SAFETY: setrlimit is async-signal-safe and touches nothing of the parent's memory.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 let lim = libc::rlimit {
-                    rlim_cur: 1 << 30,
-                    rlim_max: 1 << 30,
+                    rlim_cur: bytes as libc::rlim_t,
+                    rlim_max: bytes as libc::rlim_t,
                 };
                 if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
                     return Err(std::io::Error::last_os_error());
@@ -844,6 +849,70 @@ fn a_split_whose_tables_are_hostile_views_is_refused_promptly_by_every_command()
         }
         assert_eq!(snapshot(&bag), before, "{what}: a command changed the bag");
     }
+}
+
+/// A bag whose one split got `sql` run on its real `topics` table.
+fn bag_with_topics(dir: &Path, sql: &str) {
+    small_bag(dir);
+    let name = dir.file_name().unwrap().to_str().unwrap();
+    let c = rusqlite::Connection::open(dir.join(format!("{name}_0.db3"))).unwrap();
+    c.execute_batch(sql).unwrap();
+}
+
+/// Address space for the commands below: a value of the sizes used here, once read, is
+/// over it.
+const TIGHT: u64 = 256 << 20;
+
+/// Every command on `bag` ends within 15 s, in [`TIGHT`] address space, with one line
+/// containing `want`, exit 2, and leaves the bag as it was.
+fn refused_promptly_and_in_bounded_memory(bag: &Path, want: &str, what: &str) {
+    let before = fs::read_dir(bag).unwrap().count();
+    for args in commands(bag) {
+        let started = std::time::Instant::now();
+        let out = run_limited(&args, 60, TIGHT);
+        assert_one_line_error(&out, want, &format!("{what}: {args:?}"));
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{what}: {args:?} took {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(fs::read_dir(bag).unwrap().count(), before, "{what}");
+}
+
+/// One 300 MB QoS string in a real `topics` table: `reindex` took 29 s and 1.4 GB, and
+/// `info` and `play` read all of it (315 MB) before refusing it. Lengths are checked in
+/// SQL before a value is read: every command refuses it at once in 256 MiB.
+#[test]
+fn a_huge_value_in_a_real_topics_table_is_refused_before_it_is_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("q");
+    bag_with_topics(
+        &bag,
+        "UPDATE topics SET offered_qos_profiles = printf('%.*c', 300000000, 'x');",
+    );
+    refused_promptly_and_in_bounded_memory(
+        &bag,
+        "`topics`.offered_qos_profiles holds a value longer than 4194304 characters: \
+         not a rosbag2 split; not read",
+        "300 MB QoS",
+    );
+}
+
+/// Two million rows in a real `topics` table: `reindex` ran past 60 s in 2.67 GB. Rows are
+/// counted (up to the limit) before any is read: every command refuses it at once.
+#[test]
+fn millions_of_rows_in_a_real_topics_table_are_refused_before_they_are_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("m");
+    bag_with_topics(
+        &bag,
+        "INSERT INTO topics (name, type, serialization_format, offered_qos_profiles, \
+           type_description_hash) \
+         WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r LIMIT 2000000) \
+         SELECT '/t' || n, 'std_msgs/msg/String', 'cdr', '', '' FROM r;",
+    );
+    refused_promptly_and_in_bounded_memory(&bag, "more than 100000", "2 M topics");
 }
 
 /// A 200 KB metadata.yaml of 100,000 `[` stalled `info` and `play` for over 30 s in the

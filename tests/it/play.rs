@@ -627,6 +627,58 @@ fn a_damaged_split_is_skipped_with_one_warning_and_the_rest_plays() {
     );
 }
 
+/// A split refused as hostile (a view, an over-long value, too many topics) was left out
+/// with a warning and the rest played, exit 0, while `info` refused the bag. It is bad
+/// input for `play` too: one line, exit 2, nothing played.
+#[test]
+fn a_bag_with_one_hostile_split_is_refused_not_played_in_part() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, (sql, want)) in [
+        (
+            "ALTER TABLE topics RENAME TO t; CREATE VIEW topics AS SELECT * FROM t;",
+            "`topics` is a view, not a table",
+        ),
+        (
+            "UPDATE topics SET name = printf('%.*c', 5000, 'x');",
+            "a topic name is longer than 4096 characters",
+        ),
+        (
+            "UPDATE topics SET offered_qos_profiles = printf('%.*c', 20000000, 'x');",
+            "`topics`.offered_qos_profiles holds a value longer than",
+        ),
+        (
+            "INSERT INTO topics (name, type, serialization_format, offered_qos_profiles, \
+               type_description_hash) \
+             WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r LIMIT 100001) \
+             SELECT '/t' || n, 't/msg/T', 'cdr', '', '' FROM r;",
+            "`topics` has more than 100000 rows",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let msgs = mixed(30, 1);
+        let bag = bag_of(tmp.path(), &format!("h{i}"), &msgs, 10);
+        let victim = bag.join(format!("h{i}_1.db3"));
+        rusqlite::Connection::open(&victim)
+            .unwrap()
+            .execute_batch(sql)
+            .unwrap();
+        let o = play(&bag, &[]);
+        assert_one_error(&o, want);
+        assert!(
+            stderr(&o).contains(&format!("{}", victim.display())),
+            "{}",
+            stderr(&o)
+        );
+        assert!(
+            stderr(&o).contains("not a rosbag2 split; not read"),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
+
 #[test]
 fn a_split_damaged_part_way_plays_up_to_the_damage_then_the_next_split() {
     let tmp = tempfile::tempdir().unwrap();
