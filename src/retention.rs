@@ -112,6 +112,11 @@ impl RetentionPolicy {
             || self.max_bag_files.is_some()
     }
 
+    /// True when a free-space floor is set (`--min-free-space` or `--min-free-space-percent`).
+    pub fn has_free_floor(&self) -> bool {
+        self.min_free_space.is_some() || self.min_free_space_percent.is_some()
+    }
+
     /// Reject combinations that cannot work, with one line naming the flags.
     pub fn validate(&self, max_bag_size: u64, max_bag_duration_ns: i64) -> Result<(), String> {
         if self.max_record_size == Some(0) {
@@ -745,10 +750,7 @@ impl Retention {
                 ));
             }
         }
-        if refused.is_none()
-            && (self.policy.min_free_space.is_some()
-                || self.policy.min_free_space_percent.is_some())
-        {
+        if refused.is_none() && self.policy.has_free_floor() {
             let growth = bytes.saturating_sub(on_disk) + headroom + METADATA_SLACK_BYTES;
             match self.keep_free_space(w, growth) {
                 Ok(n) => deleted += n,
@@ -817,7 +819,7 @@ impl Retention {
                 deleted += 1;
             }
         }
-        if self.policy.min_free_space.is_some() || self.policy.min_free_space_percent.is_some() {
+        if self.policy.has_free_floor() {
             deleted += self.keep_free_space(w, need + METADATA_SLACK_BYTES)?;
         }
         self.deleted_total += deleted;

@@ -102,10 +102,7 @@ impl PipelineConfig {
             max_cache_size: usize::try_from(max_cache_size).unwrap_or(usize::MAX),
             ..PipelineConfig::default()
         };
-        if retention.is_circular()
-            || retention.min_free_space.is_some()
-            || retention.min_free_space_percent.is_some()
-        {
+        if retention.is_circular() || retention.has_free_floor() {
             let mut cap = pipeline.batch_max_bytes as u64;
             if max_bag_size > 0 {
                 cap = cap.min(max_bag_size / 4);
@@ -258,10 +255,7 @@ impl Pipeline {
         let room = tap.as_ref().and_then(|t| t.room());
         if let Some(room) = &room {
             room.set_bounded(retention.as_ref().is_some_and(|r| {
-                let p = r.policy();
-                p.max_record_size.is_some()
-                    || p.min_free_space.is_some()
-                    || p.min_free_space_percent.is_some()
+                r.policy().max_record_size.is_some() || r.policy().has_free_floor()
             }));
         }
         progress
@@ -1002,12 +996,11 @@ impl WriterCtx {
     /// again, and check the partition can take it beside [`DISK_RESERVE_BYTES`]. One atomic
     /// load when nothing is asked.
     fn answer_room(&mut self) -> Result<(), PipelineError> {
-        let Some(room) = self.room.clone() else {
+        // Every turn asks; only a waiting question pays for the Arc (an atomic increment).
+        let Some((seq, bytes, on_disk)) = self.room.as_ref().and_then(|r| r.question()) else {
             return Ok(());
         };
-        let Some((seq, bytes, on_disk)) = room.question() else {
-            return Ok(());
-        };
+        let room = self.room.clone().expect("a question came from the room");
         // A bag finished since is adopted first: its release must not leave it uncounted.
         if let (Some(tap), Some(ret)) = (self.tap.as_mut(), self.retention.as_mut()) {
             for dir in tap.finished_bags() {

@@ -1229,8 +1229,7 @@ pub fn recover(
     };
     let dir = snapshot_dir(root, at, kind, &reason);
     let p = &opts.retention;
-    let budgeted =
-        p.is_circular() || p.min_free_space.is_some() || p.min_free_space_percent.is_some();
+    let budgeted = p.is_circular() || p.has_free_floor();
     let mut copier = Copier::new();
     copier.topics = Some(topics);
     if budgeted {
