@@ -275,6 +275,9 @@ impl<T: RecordTarget> Recorder<'_, T> {
                 let mut info = TopicInfo::new(name, type_name);
                 info.offered_qos_profiles = offers;
                 let definition = self.definitions.definition(type_name, &hash);
+                // Jazzy's rosbag2 writes the hash twice, in `topics` (and metadata.yaml's
+                // topic_metadata) and in `message_definitions`; readers look in either.
+                info.type_description_hash = hash;
                 let handle = self.target.add_topic(info, Some(definition));
                 let events = self.node.has_lost_event(id);
                 self.target.loss_events(&handle, events);
