@@ -87,8 +87,9 @@ ros_env_source() {
         unset "$v"
     done
     # setup.bash prepends to these; drop earlier ROS entries (any /opt/ros*) first.
-    LD_LIBRARY_PATH="$(tr ':' '\n' <<<"${LD_LIBRARY_PATH:-}" | grep -v '^/opt/ros' | paste -sd: -)"
-    PATH="$(tr ':' '\n' <<<"$PATH" | grep -v '^/opt/ros' | paste -sd: -)"
+    # (grep finding no other entry is not an error, also under `set -o pipefail`.)
+    LD_LIBRARY_PATH="$(tr ':' '\n' <<<"${LD_LIBRARY_PATH:-}" | { grep -v '^/opt/ros' || true; } | paste -sd: -)"
+    PATH="$(tr ':' '\n' <<<"$PATH" | { grep -v '^/opt/ros' || true; } | paste -sd: -)"
     export LD_LIBRARY_PATH PATH
     # setup.bash reads unset variables.
     local had_u=0
