@@ -10,45 +10,37 @@
 #               when missing; root or sudo) or /opt/ros/D, in a clean environment. Without it
 #               the ROS 2 already sourced in this shell is used.
 #   env: RUNS, SCENARIOS, BENCH_ROS_OUT, BENCH_ROS_DIR, BENCH_ROS_DOMAIN_ID (default 87),
-#        CARGO_TARGET_DIR (default target/ros-$ROS_DISTRO: r2r's bindings are per distro)
+#        CARGO_TARGET_DIR (the build goes to $CARGO_TARGET_DIR/ros-$ROS_DISTRO, default
+#        target/ros-$ROS_DISTRO as for scripts/ros-test.sh: r2r's bindings are per distro)
 # Without --distro and without a sourced ROS 2 it says why and exits 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DISTRO=""
 if [[ "${1:-}" == --distro ]]; then
-    DISTRO="${2:?--distro needs humble or jazzy}"
+    [[ $# -ge 2 ]] || { echo "bench-ros: --distro needs humble or jazzy" >&2; exit 2; }
+    DISTRO="$2"
     shift 2
 elif [[ "${1:-}" == --distro=* ]]; then
     DISTRO="${1#--distro=}"
     shift
 fi
 
+# shellcheck source=scripts/ros-env.sh
+source scripts/ros-env.sh
 if [[ -n "$DISTRO" ]]; then
-    # shellcheck source=scripts/ros-env.sh
-    source scripts/ros-env.sh
     ros_env_find "$DISTRO" || exit 2
     [[ -z "$ROS_SKIP" ]] || { echo "bench-ros: $ROS_SKIP" >&2; exit 1; }
     [[ -f "$ROS_SETUP" ]] || ros_env_install "$DISTRO"
-    # Also sets CYCLONEDDS_URI to tests/cyclonedds-loopback.xml and RMW_IMPLEMENTATION.
     ros_env_source "$DISTRO"
 elif ! command -v ros2 >/dev/null 2>&1 || [ -z "${AMENT_PREFIX_PATH:-}" ]; then
     echo "bench-ros: skipped: no sourced ROS 2 (need \`ros2\` on PATH and AMENT_PREFIX_PATH set, or --distro humble|jazzy)"
     exit 0
 fi
 
-# DDS on loopback only, in a domain of its own (see tests/ros_live.rs): interface lo, no
-# multicast, peer 127.0.0.1. ROS_LOCALHOST_ONLY=1 would make rmw_cyclonedds select lo a
-# second time, which CycloneDDS refuses; from Iron on that variable is deprecated (a warning
-# in every process) and the config file alone does it.
-export CYCLONEDDS_URI="file://$PWD/tests/cyclonedds-loopback.xml"
-export RMW_IMPLEMENTATION=rmw_cyclonedds_cpp
+# DDS on loopback only (see tests/ros_live.rs), in a domain of its own.
+ros_env_loopback
 export ROS_DOMAIN_ID="${BENCH_ROS_DOMAIN_ID:-87}"
-if [ "${ROS_DISTRO:-}" = humble ]; then
-    export ROS_LOCALHOST_ONLY=0
-else
-    unset ROS_LOCALHOST_ONLY ROS_AUTOMATIC_DISCOVERY_RANGE ROS_STATIC_PEERS
-fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/ros-${ROS_DISTRO:-unknown}"
 
 echo "bench-ros: ROS 2 $ROS_DISTRO; building ringbag and examples/ros_flood (--features ros --release) in $CARGO_TARGET_DIR"

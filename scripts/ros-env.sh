@@ -5,6 +5,7 @@
 #   ros_env_find DISTRO      sets ROS_SETUP to the distro's setup.bash, or ROS_SKIP to why not
 #   ros_env_install DISTRO   installs the prebuilt of ../shared/ros2-prebuilt when it is there
 #   ros_env_source DISTRO    a clean environment with that distro sourced, DDS on loopback
+#   ros_env_loopback         DDS on loopback for the ROS 2 already sourced
 #
 # Where a distro comes from, first match wins:
 #   1. the prebuilt in $RINGBAG_ROS_PREBUILT (default: ../shared/ros2-prebuilt next to the
@@ -51,17 +52,12 @@ ros_env_find() {
     fi
 }
 
-# Runs the prebuilt's install.sh, which is idempotent (it only checks its apt and pip
-# dependencies when the distro is already unpacked). Needs root or sudo.
+# Runs the prebuilt's install.sh (idempotent: an unpacked distro is left as it is). Callers
+# call it only when ros_env_find named a setup.bash that is not there yet. Needs root or sudo.
 ros_env_install() {
     ros_env_check_distro "$1" || return
-    local distro="$1" prefix
-    prefix="$(ros_env_prebuilt_prefix "$distro")"
+    local distro="$1"
     if [[ ! -f "$RINGBAG_ROS_PREBUILT/install.sh" || ! -f "$RINGBAG_ROS_PREBUILT/$distro.tar.zst" ]]; then
-        return 0
-    fi
-    if [[ -f "$prefix/setup.bash" && -f /var/lib/ros2-prebuilt-deps.done ]]; then
-        echo "ros: $distro present in $prefix"
         return 0
     fi
     echo "ros: installing the prebuilt $distro ($RINGBAG_ROS_PREBUILT/install.sh)"
@@ -102,12 +98,19 @@ ros_env_source() {
         echo "$ROS_SETUP set ROS_DISTRO='${ROS_DISTRO:-}', not '$1'" >&2
         return 1
     }
-    # DDS on loopback only: interface lo, no multicast, the one peer 127.0.0.1. Humble's
-    # ROS_LOCALHOST_ONLY=1 would make rmw_cyclonedds select lo a second time, which CycloneDDS
-    # refuses; from Iron on that variable is deprecated and the config file alone does it.
+    ros_env_loopback
+}
+
+# DDS on loopback only, for the sourced distro: interface lo, no multicast, the one peer
+# 127.0.0.1 (tests/cyclonedds-loopback.xml). Humble's ROS_LOCALHOST_ONLY=1 would make
+# rmw_cyclonedds select lo a second time, which CycloneDDS refuses; from Iron on that variable
+# is deprecated (a warning in every process) and the config file alone does it.
+ros_env_loopback() {
     export CYCLONEDDS_URI="file://$RINGBAG_ROOT/tests/cyclonedds-loopback.xml"
     export RMW_IMPLEMENTATION=rmw_cyclonedds_cpp
-    if [[ "$1" == humble ]]; then
+    if [[ "${ROS_DISTRO:-}" == humble ]]; then
         export ROS_LOCALHOST_ONLY=0
+    else
+        unset ROS_LOCALHOST_ONLY ROS_AUTOMATIC_DISCOVERY_RANGE ROS_STATIC_PEERS
     fi
 }

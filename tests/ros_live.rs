@@ -1155,22 +1155,28 @@ fn ros2_bag_info(bag: &std::path::Path) -> (u64, std::collections::BTreeMap<Stri
     )
 }
 
-/// The bag's rows per topic, and each topic's payloads in recording order, read with SQLite
-/// from every split (index order, then row id).
-fn rows_in(bag: &std::path::Path) -> std::collections::BTreeMap<String, Vec<Vec<u8>>> {
-    let mut splits: Vec<(u64, std::path::PathBuf)> = std::fs::read_dir(bag)
-        .expect("bag dir")
-        .map(|e| e.expect("dir entry").path())
+/// A bag's .db3 files in split order (`<name>_<index>.db3`), whether listed or not.
+fn splits(bag: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let Ok(dir) = std::fs::read_dir(bag) else {
+        return Vec::new();
+    };
+    let mut splits: Vec<(u64, std::path::PathBuf)> = dir
+        .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "db3"))
-        .map(|p| {
-            let stem = p.file_stem().expect("stem").to_string_lossy().into_owned();
-            let index = stem.rsplit('_').next().expect("index").parse().expect("n");
-            (index, p)
+        .filter_map(|p| {
+            let stem = p.file_stem()?.to_string_lossy().into_owned();
+            Some((stem.rsplit('_').next()?.parse().ok()?, p))
         })
         .collect();
     splits.sort();
+    splits.into_iter().map(|(_, p)| p).collect()
+}
+
+/// The bag's rows per topic, and each topic's payloads in recording order, read with SQLite
+/// from every split (index order, then row id).
+fn rows_in(bag: &std::path::Path) -> std::collections::BTreeMap<String, Vec<Vec<u8>>> {
     let mut rows: std::collections::BTreeMap<String, Vec<Vec<u8>>> = Default::default();
-    for (_, path) in splits {
+    for path in splits(bag) {
         let db = rusqlite::Connection::open_with_flags(
             &path,
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
@@ -1434,11 +1440,8 @@ impl Drop for Child {
 /// abort (seen on Jazzy). A torn read can only make this count wrong for a moment; the bag
 /// is compared row for row after the recorder has exited.
 fn rows_now(bag: &std::path::Path) -> u64 {
-    let Ok(dir) = std::fs::read_dir(bag) else {
-        return 0;
-    };
-    dir.filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "db3"))
+    splits(bag)
+        .iter()
         .map(|p| {
             let uri = format!("file:{}?immutable=1", p.display());
             let flags =
@@ -1458,11 +1461,7 @@ fn table_rows(
     table: &str,
     columns: &str,
 ) -> std::collections::BTreeMap<String, Vec<String>> {
-    let split = std::fs::read_dir(bag)
-        .expect("bag dir")
-        .map(|e| e.expect("entry").path())
-        .find(|p| p.to_string_lossy().ends_with("_0.db3"))
-        .expect("first split");
+    let split = splits(bag).into_iter().next().expect("first split");
     let db =
         rusqlite::Connection::open_with_flags(&split, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .expect("open split");
