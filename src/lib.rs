@@ -17,3 +17,4 @@ pub mod signals;
 pub mod snapshot;
 pub mod source;
 pub mod units;
+pub mod upload;
