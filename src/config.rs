@@ -12,6 +12,7 @@ use crate::clock::{ClockKind, ClockSettings, Timescale};
 use crate::retention::RetentionPolicy;
 use crate::source::synthetic::SyntheticProfile;
 use crate::units::{parse_bytes, parse_duration_ns};
+use crate::upload::settings::{Environment, RawUpload, ResolvedUpload, UploadSettings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -43,7 +44,7 @@ pub enum Quantity {
 }
 
 impl Quantity {
-    fn bytes(&self) -> Result<u64, String> {
+    pub(crate) fn bytes(&self) -> Result<u64, String> {
         match self {
             // The same ceiling as a size written with units: a file size is signed 64-bit.
             Quantity::Number(n) if *n > crate::units::MAX_BYTES => Err(format!(
@@ -118,6 +119,8 @@ pub struct ServiceConfig {
     pub trigger_topic: Option<String>,
     /// Default /run/ringbag/control.sock with a ring.
     pub control_socket: Option<PathBuf>,
+    /// Fleet offload (`[upload]`): on when the table is there (unless `enabled = false`).
+    pub upload: Option<RawUpload>,
 }
 
 /// `source = "ros" | "synthetic"`.
@@ -165,6 +168,62 @@ pub struct Checked {
     /// Settings that are valid but cannot act as written (a snapshot or rate key naming a
     /// topic the selection does not record); logged by [`ServiceConfig::load_checked`].
     pub warnings: Vec<String>,
+    /// `[upload]`, when uploads are on (the table is there and not `enabled = false`).
+    pub upload: Option<UploadPlan>,
+}
+
+/// The `[upload]` table checked, and its credentials looked up (each check looks again, so a
+/// SIGHUP picks up fixed or rotated credentials).
+#[derive(Debug, Clone)]
+pub struct UploadPlan {
+    pub settings: UploadSettings,
+    /// Credentials that cannot be had are not a reason to stop recording: the daemon records
+    /// on and uploads nothing until a reload finds them. `--check-config` refuses them
+    /// ([`Checked::upload_problem`]).
+    pub resolved: Result<ResolvedUpload, Located>,
+}
+
+/// A problem at a place in the config file, kept until someone reports it (clonable, unlike
+/// [`ConfigError`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Located {
+    pub path: PathBuf,
+    pub line: usize,
+    pub column: usize,
+    pub key: String,
+    pub message: String,
+}
+
+impl Located {
+    pub fn to_error(&self) -> ConfigError {
+        ConfigError::At {
+            path: self.path.clone(),
+            line: self.line,
+            column: self.column,
+            key: self.key.clone(),
+            message: self.message.clone(),
+        }
+    }
+}
+
+impl Checked {
+    /// `to <endpoint>/<bucket> as <robot_id>, credentials from <source>` when uploads are on
+    /// and their credentials were found (`--check-config` prints it after "upload: ").
+    pub fn upload_summary(&self) -> Option<String> {
+        self.upload
+            .as_ref()
+            .and_then(|p| p.resolved.as_ref().ok())
+            .map(ResolvedUpload::summary)
+    }
+
+    /// Why uploads could not run with this config although it is valid for recording (no
+    /// credentials): an error for `--check-config`, a logged error for the daemon.
+    pub fn upload_problem(&self) -> Option<ConfigError> {
+        self.upload
+            .as_ref()
+            .and_then(|p| p.resolved.as_ref().err())
+            .map(Located::to_error)
+    }
 }
 
 /// 1-based line and column (in characters) of byte `offset` in `text`.
@@ -187,13 +246,38 @@ impl Spans {
         let Ok(table) = toml::de::DeTable::parse(text) else {
             return Spans(Vec::new());
         };
-        Spans(
-            table
-                .get_ref()
-                .iter()
-                .map(|(k, v)| (k.get_ref().to_string(), k.span(), v.span()))
-                .collect(),
-        )
+        let mut spans = Vec::new();
+        // A table's own keys (`upload.endpoint`) come before the table's, so that `key_at`
+        // names the innermost key.
+        for (k, v) in table.get_ref() {
+            if let Some(inner) = v.get_ref().as_table() {
+                for (ik, iv) in inner {
+                    spans.push((
+                        format!("{}.{}", k.get_ref(), ik.get_ref()),
+                        ik.span(),
+                        iv.span(),
+                    ));
+                }
+            }
+        }
+        for (k, v) in table.get_ref() {
+            spans.push((k.get_ref().to_string(), k.span(), v.span()));
+        }
+        Spans(spans)
+    }
+    /// The key's own span, if the file sets it.
+    fn key(&self, key: &str) -> Option<std::ops::Range<usize>> {
+        self.0
+            .iter()
+            .find(|(k, _, _)| k == key)
+            .map(|(_, k, _)| k.clone())
+    }
+    /// The keys of table `table` as written (`upload.x` → `x`).
+    fn keys_of<'a>(&'a self, table: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.0.iter().filter_map(move |(k, _, _)| {
+            k.strip_prefix(table)
+                .and_then(|rest| rest.strip_prefix('.'))
+        })
     }
     /// The value's span of `key`, if the file sets it.
     fn value(&self, key: &str) -> Option<std::ops::Range<usize>> {
@@ -266,7 +350,7 @@ impl ServiceConfig {
     /// Read and check `path` from end to end (`ringbag daemon --check-config`).
     pub fn load_checked(path: &Path) -> Result<Checked, ConfigError> {
         let text = read_config_text(path)?;
-        let checked = Self::check(&text, path)?;
+        let checked = Self::check_with(&text, path, &Environment::process())?;
         for w in &checked.warnings {
             log::warn!("{}: {w}", path.display());
         }
@@ -278,6 +362,16 @@ impl ServiceConfig {
     /// recording: syntax, unknown keys, types, units, bounds, combinations of limits, the
     /// source, and that the recording root can be written.
     pub fn check(text: &str, path: &Path) -> Result<Checked, ConfigError> {
+        Self::check_with(text, path, &Environment::process())
+    }
+
+    /// [`ServiceConfig::check`] with the environment `[upload]` reads (variables for the
+    /// credentials, the machine id) given.
+    pub fn check_with(
+        text: &str,
+        path: &Path,
+        env: &Environment<'_>,
+    ) -> Result<Checked, ConfigError> {
         let spans = Spans::of(text);
         let at = |span: Option<std::ops::Range<usize>>, key: &str, message: String| {
             let (line, column) = span.map_or((1, 1), |s| line_column(text, s.start));
@@ -289,6 +383,22 @@ impl ServiceConfig {
                 message,
             }
         };
+        // Before serde's generic "unknown key": a secret or a TLS switch in [upload] is told
+        // where credentials go, or that there is no such switch.
+        for k in spans.keys_of("upload") {
+            if crate::upload::settings::KEYS.contains(&k) {
+                continue;
+            }
+            let message = if crate::upload::settings::is_secret_key(k) {
+                crate::upload::settings::WHERE_CREDENTIALS_GO
+            } else if crate::upload::settings::is_insecure_key(k) {
+                crate::upload::settings::TLS_ALWAYS_VERIFIED
+            } else {
+                continue;
+            };
+            let key = format!("upload.{k}");
+            return Err(at(spans.key(&key), &key, message.to_string()));
+        }
         let config: ServiceConfig = toml::from_str(text).map_err(|e| {
             let key = e
                 .span()
@@ -490,7 +600,73 @@ impl ServiceConfig {
         } else {
             crate::source::generator::ALL_TOPICS
         };
+        let mut warnings = crate::snapshot::settings::unrecorded_policy_topics(
+            &config.selection(),
+            &snapshot.policy,
+            "",
+        );
+        let upload = match &config.upload {
+            None => None,
+            Some(raw) => {
+                let uerr = |key: &str, message: String| {
+                    let key = format!("upload.{key}");
+                    at(spans.value(&key).or(spans.key("upload")), &key, message)
+                };
+                let settings = raw.check(env).map_err(|e| uerr(e.key, e.message))?;
+                // A split larger than 10000 parts could never be uploaded.
+                let most = settings
+                    .tuning
+                    .part_size
+                    .saturating_mul(crate::upload::settings::MAX_PARTS);
+                if budgets.max_bag_size > most {
+                    return Err(uerr(
+                        "part_size",
+                        format!(
+                            "{} bytes × 10000 parts (S3's most) = {most} bytes is below \
+                             max_bag_size ({} bytes): a full split could not be uploaded",
+                            settings.tuning.part_size, budgets.max_bag_size
+                        ),
+                    ));
+                }
+                if settings.bucket.contains('.')
+                    && !settings.path_style
+                    && settings.endpoint.starts_with("https://")
+                {
+                    warnings.push(format!(
+                        "upload.bucket: `{}` holds a '.': with virtual-host style addressing \
+                         its host name does not match a wildcard certificate; set \
+                         path_style = true if TLS fails",
+                        settings.bucket
+                    ));
+                }
+                settings.enabled.then(|| {
+                    let resolved = settings.resolve(env).map_err(|e| {
+                        let key = match &e {
+                            crate::upload::settings::CredentialsError::Bad {
+                                from: crate::upload::settings::CredentialSource::File(_),
+                                ..
+                            } => "upload.credentials_file",
+                            _ => "upload",
+                        };
+                        let (line, column) = spans
+                            .value(key)
+                            .filter(|_| key != "upload")
+                            .or(spans.key("upload"))
+                            .map_or((1, 1), |s| line_column(text, s.start));
+                        Located {
+                            path: path.to_path_buf(),
+                            line,
+                            column,
+                            key: key.to_string(),
+                            message: e.to_string(),
+                        }
+                    });
+                    UploadPlan { settings, resolved }
+                })
+            }
+        };
         Ok(Checked {
+            upload,
             budgets,
             retention,
             clock,
@@ -502,11 +678,7 @@ impl ServiceConfig {
             synthetic_rate: config.synthetic_rate.unwrap_or(SyntheticRate::Realtime),
             synthetic_count: config.synthetic_count.unwrap_or(0),
             max_cache_size,
-            warnings: crate::snapshot::settings::unrecorded_policy_topics(
-                &config.selection(),
-                &snapshot.policy,
-                "",
-            ),
+            warnings,
             snapshot,
             config,
         })
@@ -1099,5 +1271,258 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("snapshot_topics: needs snapshot_size"), "{e}");
+    }
+
+    /// A config with `[upload]` (its keys `upload`), checked with `vars` as the environment.
+    fn check_upload(upload: &str, vars: &[(&str, &str)]) -> Result<Checked, ConfigError> {
+        let text = format!(
+            "source = \"synthetic\"\noutput_root = \"/tmp/ringbag-cfg-test\"\n[upload]\n{upload}"
+        );
+        let env = Environment::from_vars(vars, Path::new("/nonexistent/machine-id"));
+        ServiceConfig::check_with(&text, Path::new("c.toml"), &env)
+    }
+
+    const KEYS_ENV: [(&str, &str); 2] = [
+        ("AWS_ACCESS_KEY_ID", "AKIDTEST"),
+        ("AWS_SECRET_ACCESS_KEY", "sEcReTvAlUe"),
+    ];
+    const GOOD: &str = "endpoint = \"https://s3.example.com\"\nbucket = \"fleet\"\n\
+                        robot_id = \"orin-07\"\n";
+
+    #[test]
+    fn the_upload_table_turns_uploads_on_and_resolves_into_the_shared_types() {
+        let c = check_upload(GOOD, &KEYS_ENV).unwrap();
+        let plan = c.upload.as_ref().expect("uploads on");
+        let r = plan.resolved.as_ref().unwrap();
+        assert_eq!(r.target.endpoint, "https://s3.example.com");
+        assert_eq!(r.target.bucket, "fleet");
+        assert_eq!(r.target.credentials.access_key_id, "AKIDTEST");
+        assert_eq!(r.tuning, crate::upload::Tuning::default());
+        assert_eq!(
+            c.upload_summary().as_deref(),
+            Some(
+                "to https://s3.example.com/fleet as orin-07, credentials from the environment \
+                 (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+            )
+        );
+        assert!(c.upload_problem().is_none());
+        // No table, or `enabled = false`: off (the keys are still checked).
+        let none = ServiceConfig::check_with(
+            "source = \"synthetic\"\noutput_root = \"/tmp/ringbag-cfg-test\"\n",
+            Path::new("c.toml"),
+            &Environment::from_vars(&[], Path::new("/nonexistent")),
+        )
+        .unwrap();
+        assert!(none.upload.is_none() && none.upload_summary().is_none());
+        let off = check_upload(&format!("enabled = false\n{GOOD}"), &[]).unwrap();
+        assert!(off.upload.is_none() && off.upload_problem().is_none());
+        let e = check_upload("enabled = false\nendpoint = \"ftp://x\"\n", &[])
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("c.toml:5:12: upload.endpoint: must start"),
+            "{e}"
+        );
+        // An inline table is the same table.
+        let text = "source = \"synthetic\"\noutput_root = \"/tmp/ringbag-cfg-test\"\n\
+                    upload = { endpoint = \"http://127.0.0.1:3900\", bucket = \"b-1\", \
+                    robot_id = \"r\", region = \"garage\", path_style = true, part_size = \
+                    \"5MiB\", max_rate = \"1MiB\", concurrency = 4, delete_after_upload = true }\n";
+        let env = Environment::from_vars(&KEYS_ENV, Path::new("/nonexistent"));
+        let c = ServiceConfig::check_with(text, Path::new("c.toml"), &env).unwrap();
+        let r = c.upload.unwrap().resolved.unwrap();
+        assert_eq!(r.target.endpoint, "http://127.0.0.1:3900");
+        assert_eq!(
+            (r.target.region.as_str(), r.target.path_style),
+            ("garage", true)
+        );
+        assert_eq!(
+            r.tuning,
+            crate::upload::Tuning {
+                part_size: 5 << 20,
+                concurrency: 4,
+                max_rate: Some(1 << 20),
+                delete_after_upload: true
+            }
+        );
+    }
+
+    #[test]
+    fn every_upload_mistake_is_one_line_with_file_line_column_and_upload_key() {
+        let cases: Vec<(String, String)> = vec![
+            (
+                "bucket = \"fleet\"\n".into(),
+                "c.toml:3:2: upload.endpoint: is required: https://host[:port] of the S3 service"
+                    .into(),
+            ),
+            (
+                "endpoint = \"http://s3.example.com\"\nbucket = \"fleet\"\n".into(),
+                "c.toml:4:12: upload.endpoint: plain http:// to s3.example.com, which is not \
+                 loopback: data and signatures would cross the network unencrypted; use \
+                 https://, or set allow_http = true"
+                    .into(),
+            ),
+            (
+                format!("{GOOD}bucket2 = 1\n"),
+                "c.toml:7:1: upload.bucket2: unknown key".into(),
+            ),
+            (
+                format!("{GOOD}secret_key = \"sEcReTvAlUe\"\n"),
+                format!(
+                    "c.toml:7:1: upload.secret_key: {}",
+                    crate::upload::settings::WHERE_CREDENTIALS_GO
+                ),
+            ),
+            (
+                format!("{GOOD}aws_secret_access_key = \"sEcReTvAlUe\"\n"),
+                format!(
+                    "c.toml:7:1: upload.aws_secret_access_key: {}",
+                    crate::upload::settings::WHERE_CREDENTIALS_GO
+                ),
+            ),
+            (
+                format!("{GOOD}access_key = 12\n"),
+                format!(
+                    "c.toml:7:1: upload.access_key: {}",
+                    crate::upload::settings::WHERE_CREDENTIALS_GO
+                ),
+            ),
+            (
+                format!("{GOOD}insecure = true\n"),
+                "c.toml:7:1: upload.insecure: TLS is always verified; for a private certificate \
+                 authority set ca_file"
+                    .into(),
+            ),
+            (
+                format!("{GOOD}concurrency = \"two\"\n"),
+                "c.toml:7:15: upload.concurrency: invalid type: string \"two\", expected u64"
+                    .into(),
+            ),
+            (
+                format!("{GOOD}concurrency = 0\n"),
+                "c.toml:7:15: upload.concurrency: 0 is outside 1..=16 (parts in flight)".into(),
+            ),
+            (
+                format!("{GOOD}part_size = \"1MiB\"\n"),
+                "c.toml:7:13: upload.part_size: 1048576 bytes is outside 5 MiB..=5 GiB (S3's \
+                 part sizes; AWS refuses smaller parts with EntityTooSmall)"
+                    .into(),
+            ),
+            (
+                format!("{GOOD}max_rate = 0\n"),
+                "c.toml:7:12: upload.max_rate: 0 bytes/s would never send anything; leave \
+                 max_rate out for no limit"
+                    .into(),
+            ),
+            (
+                "endpoint = \"https://s3.example.com\"\nbucket = \"Fleet\"\nrobot_id = \"r\"\n"
+                    .into(),
+                "c.toml:5:10: upload.bucket: `Fleet`: a bucket name has 3 to 63 lowercase \
+                 letters, digits, '.' and '-', starting and ending with a letter or digit"
+                    .into(),
+            ),
+            (
+                "endpoint = \"https://s3.example.com\"\nbucket = \"fleet\"\n".into(),
+                "c.toml:3:2: upload.robot_id: not set, and /nonexistent/machine-id is missing, \
+                 empty or uninitialized: set robot_id"
+                    .into(),
+            ),
+            (
+                format!("{GOOD}key = \"{{bag}}/{{file}}/{{host}}\"\n"),
+                "c.toml:7:7: upload.key: unknown placeholder {host}; use {robot}, {bag} and \
+                 {file}"
+                    .into(),
+            ),
+            (
+                format!("{GOOD}credentials_file = \"s3.credentials\"\n"),
+                "c.toml:7:20: upload.credentials_file: s3.credentials: must be an absolute path"
+                    .into(),
+            ),
+            (
+                format!("{GOOD}ca_file = \"/nonexistent/ca.pem\"\n"),
+                "c.toml:7:11: upload.ca_file: /nonexistent/ca.pem: cannot read it: No such file \
+                 or directory (os error 2)"
+                    .into(),
+            ),
+        ];
+        let mut wrong = Vec::new();
+        for (upload, want) in &cases {
+            match check_upload(upload, &KEYS_ENV) {
+                Ok(_) => wrong.push(format!("{upload}: accepted")),
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(!e.contains("sEcReTvAlUe"), "{e}");
+                    assert_eq!(e.lines().count(), 1, "{e}");
+                    if &e != want {
+                        wrong.push(format!("{upload}\n  got:  {e}\n  want: {want}"));
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn a_part_size_too_small_for_a_split_is_refused() {
+        let text = format!(
+            "source = \"synthetic\"\noutput_root = \"/tmp/ringbag-cfg-test\"\n\
+             max_bag_size = \"60GiB\"\n[upload]\n{GOOD}part_size = \"5MiB\"\n"
+        );
+        let env = Environment::from_vars(&KEYS_ENV, Path::new("/nonexistent"));
+        let e = ServiceConfig::check_with(&text, Path::new("c.toml"), &env)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "c.toml:8:13: upload.part_size: 5242880 bytes × 10000 parts (S3's most) = \
+             52428800000 bytes is below max_bag_size (64424509440 bytes): a full split could \
+             not be uploaded"
+        );
+        // The default 16 MiB parts cover it.
+        let ok = text.replace("part_size = \"5MiB\"\n", "");
+        assert!(ServiceConfig::check_with(&ok, Path::new("c.toml"), &env).is_ok());
+    }
+
+    #[test]
+    fn missing_credentials_leave_the_config_valid_for_recording_but_are_a_located_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        // None anywhere: the table's header is the place.
+        let c = check_upload(GOOD, &[]).unwrap();
+        assert!(c.upload_summary().is_none());
+        assert_eq!(
+            c.upload_problem().unwrap().to_string(),
+            "c.toml:3:2: upload: no credentials: CREDENTIALS_DIRECTORY is not set, no \
+             upload.credentials_file, and AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY are not set"
+        );
+        // A credentials file readable by others: the key's value is the place.
+        let file = dir.path().join("s3.credentials");
+        std::fs::write(
+            &file,
+            "aws_access_key_id = AKIDFILE\naws_secret_access_key = sEcReTvAlUe\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let upload = format!("{GOOD}credentials_file = \"{}\"\n", file.display());
+        let c = check_upload(&upload, &KEYS_ENV).unwrap();
+        let e = c.upload_problem().unwrap().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "c.toml:7:20: upload.credentials_file: credentials from credentials_file {}: \
+                 mode 0644 lets group or others read it; chmod 600 it (0600 or stricter)",
+                file.display()
+            )
+        );
+        // Fixed, the next check (a SIGHUP's) finds them.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = check_upload(&upload, &KEYS_ENV).unwrap();
+        assert!(c.upload_problem().is_none());
+        let r = c.upload.unwrap().resolved.unwrap();
+        assert_eq!(r.target.credentials.access_key_id, "AKIDFILE");
+        // And nothing shown anywhere holds the secret.
+        assert!(!format!("{r:?}").contains("sEcReTvAlUe"));
     }
 }

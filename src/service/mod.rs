@@ -161,9 +161,33 @@ pub fn record_settings(c: &Checked, bag: PathBuf) -> RecordSettings {
     }
 }
 
-/// `ringbag daemon --config FILE --check-config`.
+/// `ringbag daemon --config FILE --check-config`: also refuses `[upload]` without
+/// credentials, which the daemon itself only logs (it records without uploading), and says
+/// where uploads go (`upload: to ENDPOINT/BUCKET as ROBOT, credentials from SOURCE`).
 pub fn check_config(path: &Path) -> Result<Checked, ConfigError> {
-    ServiceConfig::load_checked(path)
+    let checked = ServiceConfig::load_checked(path)?;
+    if let Some(e) = checked.upload_problem() {
+        return Err(e);
+    }
+    if let Some(s) = checked.upload_summary() {
+        log::info!("upload: {s}");
+    }
+    Ok(checked)
+}
+
+/// Loads and checks the config for the daemon (at start and on SIGHUP): as
+/// [`ServiceConfig::load_checked`], and says where uploads go or why they cannot run. Missing
+/// credentials do not stop the recording: a recorder that refuses to start records nothing.
+fn load_for_daemon(path: &Path) -> Result<Checked, ConfigError> {
+    let checked = ServiceConfig::load_checked(path)?;
+    if let Some(e) = checked.upload_problem() {
+        log::error!(
+            "{e}; recording goes on, nothing is uploaded until a reload (SIGHUP) finds credentials"
+        );
+    } else if let Some(s) = checked.upload_summary() {
+        log::info!("upload: {s}");
+    }
+    Ok(checked)
 }
 
 /// How often STATUS= and the status file are refreshed.
@@ -175,7 +199,7 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
     // SIGHUP, SIGUSR1 and SIGUSR2 are caught since `main_entry` began; again here for a
     // caller of the library that did not go through it.
     signals::install_requests().map_err(ServiceError::Signals)?;
-    let mut checked = ServiceConfig::load_checked(config_path)?;
+    let mut checked = load_for_daemon(config_path)?;
     let started = Instant::now();
     let mut collector = status::Collector::new(config_path.to_path_buf(), started);
     let mut ready_sent = false;
@@ -343,7 +367,7 @@ impl Supervisor for Hooks<'_> {
             wd.poll(progress.loops.load(Relaxed));
         }
         if signals::take_reload() {
-            let loaded = ServiceConfig::load_checked(self.config_path).map_err(|e| e.to_string());
+            let loaded = load_for_daemon(self.config_path).map_err(|e| e.to_string());
             // Another root must be ours before this bag ends: a root another daemon holds
             // keeps the running configuration, as an invalid config does.
             let current = &run.settings.output;

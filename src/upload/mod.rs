@@ -4,6 +4,8 @@
 //! upload`'s flags) and the uploader: where objects go ([`Target`]), under which names
 //! ([`KeyTemplate`]), and how fast ([`Tuning`]).
 
+pub mod settings;
+
 use std::fmt;
 use std::path::PathBuf;
 
@@ -13,6 +15,10 @@ pub const DEFAULT_KEY_TEMPLATE: &str = "ringbag/{robot}/{bag}/{file}";
 pub const DEFAULT_PART_SIZE: u64 = 16 * 1024 * 1024;
 /// The default number of parts in flight.
 pub const DEFAULT_CONCURRENCY: usize = 2;
+/// S3's longest object key, in bytes of UTF-8.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// The longest name a bag directory or a file in it can have (NAME_MAX).
+const MAX_NAME_BYTES: usize = 255;
 
 /// An access key. Never logged: `Debug` shows the key id only, never the secret.
 #[derive(Clone, PartialEq, Eq)]
@@ -98,6 +104,14 @@ pub enum KeyTemplateError {
     Absolute,
     #[error("robot id {0:?}: use letters, digits, '.', '_' and '-' only")]
     BadRobot(String),
+    #[error("holds a control character")]
+    Control,
+    #[error(
+        "has an empty, '.' or '..' path segment; tools that normalise paths would change the key"
+    )]
+    Segment,
+    #[error("keys would be up to {0} bytes long for 255-byte bag and file names; S3 allows 1024")]
+    TooLong(usize),
 }
 
 impl KeyTemplate {
@@ -114,6 +128,9 @@ impl KeyTemplate {
         }
         if template.starts_with('/') {
             return Err(KeyTemplateError::Absolute);
+        }
+        if template.chars().any(char::is_control) {
+            return Err(KeyTemplateError::Control);
         }
         let mut rest = template;
         while let Some(open) = rest.find('{') {
@@ -132,18 +149,55 @@ impl KeyTemplate {
         if !template.contains("{bag}") {
             return Err(KeyTemplateError::NoBag);
         }
-        Ok(KeyTemplate {
+        // "a//b", "a/./b", "a/../b" are distinct S3 keys that many clients normalise into
+        // one (or refuse); a trailing '/' would make the key look like a folder.
+        if template
+            .split('/')
+            .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+        {
+            return Err(KeyTemplateError::Segment);
+        }
+        let t = KeyTemplate {
             template: template.to_string(),
             robot: robot.to_string(),
-        })
+        };
+        let longest = "x".repeat(MAX_NAME_BYTES);
+        let n = t.render(&longest, &longest).len();
+        if n > MAX_KEY_BYTES {
+            return Err(KeyTemplateError::TooLong(n));
+        }
+        Ok(t)
     }
 
-    /// The object key of `file` in the bag directory named `bag`.
+    /// The object key of `file` in the bag directory named `bag`. One pass over the template:
+    /// a placeholder's text inside a name (a bag called `x{file}`) stays as it is.
     pub fn render(&self, bag: &str, file: &str) -> String {
-        self.template
-            .replace("{robot}", &self.robot)
-            .replace("{bag}", bag)
-            .replace("{file}", file)
+        let mut out = String::with_capacity(self.template.len() + bag.len() + file.len());
+        let mut rest = self.template.as_str();
+        while let Some(open) = rest.find('{') {
+            out.push_str(&rest[..open]);
+            rest = &rest[open..];
+            let found = [
+                ("{robot}", self.robot.as_str()),
+                ("{bag}", bag),
+                ("{file}", file),
+            ]
+            .into_iter()
+            .find_map(|(name, value)| rest.strip_prefix(name).map(|after| (value, after)));
+            match found {
+                Some((value, after)) => {
+                    out.push_str(value);
+                    rest = after;
+                }
+                // `new` accepted only the three placeholders; a lone '{' stays text.
+                None => {
+                    out.push('{');
+                    rest = &rest[1..];
+                }
+            }
+        }
+        out.push_str(rest);
+        out
     }
 }
 
@@ -185,6 +239,50 @@ mod tests {
             KeyTemplate::new(DEFAULT_KEY_TEMPLATE, "a/b"),
             Err(KeyTemplateError::BadRobot(_))
         ));
+    }
+
+    #[test]
+    fn a_placeholder_inside_a_name_is_not_substituted_again() {
+        let t = KeyTemplate::new("{robot}/{bag}/{file}", "r").unwrap();
+        assert_eq!(
+            t.render("a{file}{robot}", "f{bag}"),
+            "r/a{file}{robot}/f{bag}"
+        );
+    }
+
+    #[test]
+    fn keys_that_could_exceed_s3s_limit_or_be_normalised_away_are_refused() {
+        // 8 + 1 + 255 + 1 + 255 = 520 bytes of template around the robot: a 504-byte robot
+        // fits 1024 exactly, one more does not.
+        assert!(KeyTemplate::new("ringbag/{robot}/{bag}/{file}", &"r".repeat(504)).is_ok());
+        assert_eq!(
+            KeyTemplate::new("ringbag/{robot}/{bag}/{file}", &"r".repeat(505)),
+            Err(KeyTemplateError::TooLong(1025))
+        );
+        assert_eq!(
+            KeyTemplate::new("{bag}/{file}/{bag}/{file}/{bag}", "r"),
+            Err(KeyTemplateError::TooLong(1279))
+        );
+        for bad in [
+            "a//{bag}/{file}",
+            "a/./{bag}/{file}",
+            "../{bag}/{file}",
+            "{bag}/{file}/",
+        ] {
+            assert_eq!(
+                KeyTemplate::new(bad, "r"),
+                Err(KeyTemplateError::Segment),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            KeyTemplate::new("a\n/{bag}/{file}", "r"),
+            Err(KeyTemplateError::Control)
+        );
+        assert_eq!(
+            KeyTemplate::new("{bag}/{file", "r"),
+            Err(KeyTemplateError::Unknown("{file".into()))
+        );
     }
 
     #[test]
