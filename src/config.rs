@@ -1076,6 +1076,38 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_upload_example_uncommented_is_a_valid_table_with_the_defaults() {
+        let (_, block) = EXAMPLE
+            .split_once("\n# [upload]\n")
+            .expect("an [upload] block");
+        let table: String = block
+            .lines()
+            .filter_map(|l| l.strip_prefix("# "))
+            // The example's CA file does not exist here.
+            .filter(|l| !l.starts_with("ca_file"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c = check_upload(&table, &KEYS_ENV).unwrap();
+        let plan = c.upload.expect("on");
+        assert_eq!(
+            plan.settings.region,
+            crate::upload::settings::DEFAULT_REGION
+        );
+        assert_eq!(
+            plan.settings.key.render("b", "f"),
+            "ringbag/orin-07/b/f",
+            "the default template"
+        );
+        let t = plan.settings.tuning;
+        assert_eq!((t.part_size, t.concurrency), (16 << 20, 2));
+        assert!(!t.delete_after_upload);
+        assert_eq!(
+            plan.settings.credentials_file.as_deref(),
+            Some(Path::new("/etc/ringbag/s3.credentials"))
+        );
+    }
+
+    #[test]
     fn byte_offsets_become_one_based_lines_and_columns_in_characters() {
         let t = "a = 1\nµs = \"x\"\n";
         assert_eq!(line_column(t, 0), (1, 1));
@@ -1461,6 +1493,28 @@ mod tests {
             }
         }
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn dotted_keys_are_the_same_table_and_a_secret_there_is_refused_too() {
+        let text = "source = \"synthetic\"\noutput_root = \"/tmp/ringbag-cfg-test\"\n\
+                    upload.endpoint = \"https://s3.example.com\"\nupload.bucket = \"fleet\"\n\
+                    upload.robot_id = \"r\"\nupload.secret_key = \"sEcReTvAlUe\"\n";
+        let env = Environment::from_vars(&KEYS_ENV, Path::new("/nonexistent"));
+        let e = ServiceConfig::check_with(text, Path::new("c.toml"), &env)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "c.toml:6:8: upload.secret_key: {}",
+                crate::upload::settings::WHERE_CREDENTIALS_GO
+            )
+        );
+        let ok = text.replace("upload.secret_key = \"sEcReTvAlUe\"\n", "");
+        let c = ServiceConfig::check_with(&ok, Path::new("c.toml"), &env).unwrap();
+        assert_eq!(c.upload.unwrap().settings.bucket, "fleet");
     }
 
     #[test]

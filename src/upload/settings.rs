@@ -33,6 +33,8 @@ pub const MAX_PART_SIZE: u64 = 5 << 30;
 pub const MAX_PARTS: u64 = 10_000;
 /// Parts in flight at most: each holds a part in memory.
 pub const MAX_CONCURRENCY: u64 = 16;
+/// The longest robot id.
+pub const MAX_ROBOT_ID_BYTES: usize = 128;
 /// Where the robot id comes from when `robot_id` is not set.
 pub const MACHINE_ID: &str = "/etc/machine-id";
 /// The name of the credential systemd hands over (`LoadCredential=s3:/etc/ringbag/...`).
@@ -196,6 +198,16 @@ impl RawUpload {
                 }
             },
         };
+        // A machine id is 32 characters; a longer name only eats into S3's 1024-byte keys.
+        if robot_id.len() > MAX_ROBOT_ID_BYTES {
+            return Err(refuse(
+                "robot_id",
+                format!(
+                    "{} bytes long; at most {MAX_ROBOT_ID_BYTES}",
+                    robot_id.len()
+                ),
+            ));
+        }
         let template = self.key.as_deref().unwrap_or(DEFAULT_KEY_TEMPLATE);
         let key = KeyTemplate::new(template, &robot_id).map_err(|e| match e {
             super::KeyTemplateError::BadRobot(_) => match &robot_id_from {
@@ -1097,8 +1109,12 @@ mod tests {
                     .into(),
             ),
             (
-                with(|r| r.robot_id = Some("r".repeat(505))),
-                "key: keys would be up to 1025 bytes long for 255-byte bag and file names; S3 \
+                with(|r| r.robot_id = Some("r".repeat(129))),
+                "robot_id: 129 bytes long; at most 128".into(),
+            ),
+            (
+                with(|r| r.key = Some(format!("{}/{{bag}}/{{file}}", "k".repeat(600)))),
+                "key: keys would be up to 1112 bytes long for 255-byte bag and file names; S3 \
                  allows 1024"
                     .into(),
             ),
