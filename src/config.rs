@@ -1518,6 +1518,22 @@ mod tests {
     }
 
     #[test]
+    fn a_dotted_bucket_with_virtual_host_style_over_https_is_warned_about() {
+        let dotted = GOOD.replace("\"fleet\"", "\"fleet.bags\"");
+        let c = check_upload(&dotted, &KEYS_ENV).unwrap();
+        assert_eq!(
+            c.warnings,
+            [
+                "upload.bucket: `fleet.bags` holds a '.': with virtual-host style addressing its \
+              host name does not match a wildcard certificate; set path_style = true if TLS \
+              fails"
+            ]
+        );
+        let c = check_upload(&format!("{dotted}path_style = true\n"), &KEYS_ENV).unwrap();
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    }
+
+    #[test]
     fn a_part_size_too_small_for_a_split_is_refused() {
         let text = format!(
             "source = \"synthetic\"\noutput_root = \"/tmp/ringbag-cfg-test\"\n\

@@ -763,6 +763,8 @@ pub fn parse_credentials(text: &str) -> Result<Credentials, String> {
     let mut token = None;
     let mut in_default = true;
     let mut others = 0usize;
+    // Editors on Windows start a file with a byte-order mark and end lines with CRLF.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     for (n, line) in text.lines().enumerate() {
         let n = n + 1;
         let line = line.trim();
@@ -1405,6 +1407,14 @@ mod tests {
         assert_eq!(
             (c.access_key_id.as_str(), c.secret_access_key.as_str()),
             ("D", "DS")
+        );
+        let c = parse_credentials(
+            "\u{feff}[default]\r\naws_access_key_id = W\r\naws_secret_access_key = WS\r\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (c.access_key_id, c.secret_access_key),
+            ("W".into(), "WS".into())
         );
         for (text, want) in [
             (
