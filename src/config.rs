@@ -145,6 +145,8 @@ pub const DEFAULT_OUTPUT_ROOT: &str = "/var/lib/ringbag/bags";
 pub const DEFAULT_STATUS_FILE: &str = "/run/ringbag/status.json";
 /// rosbag2's smallest split size (21 pages of 4 KiB).
 pub const MIN_MAX_BAG_SIZE: u64 = 86016;
+/// Above this, `[upload]`'s memory (part_size × concurrency) is warned about.
+pub const UPLOAD_MEMORY_WARNING: u64 = 1 << 30;
 /// Default `max_cache_size`, as on the command line.
 pub const DEFAULT_MAX_CACHE_SIZE: u64 = 100 << 20;
 
@@ -626,6 +628,18 @@ impl ServiceConfig {
                              max_bag_size ({} bytes): a full split could not be uploaded",
                             settings.tuning.part_size, budgets.max_bag_size
                         ),
+                    ));
+                }
+                // Each part in flight is held in memory (the uploader's budget is
+                // part_size × concurrency + 8 MiB): say so when that is a lot for a robot.
+                let held = settings
+                    .tuning
+                    .part_size
+                    .saturating_mul(settings.tuning.concurrency as u64);
+                if held > UPLOAD_MEMORY_WARNING {
+                    warnings.push(format!(
+                        "upload: part_size × concurrency = {} MiB held in memory while uploading",
+                        held >> 20
                     ));
                 }
                 if settings.bucket.contains('.')
@@ -1531,6 +1545,21 @@ mod tests {
         );
         let c = check_upload(&format!("{dotted}path_style = true\n"), &KEYS_ENV).unwrap();
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    }
+
+    #[test]
+    fn more_than_a_gibibyte_of_parts_in_flight_is_warned_about() {
+        let c = check_upload(&format!("{GOOD}part_size = \"512MiB\"\n"), &KEYS_ENV).unwrap();
+        assert!(c.warnings.is_empty(), "exactly 1 GiB: {:?}", c.warnings);
+        let c = check_upload(
+            &format!("{GOOD}part_size = \"1GiB\"\nconcurrency = 4\n"),
+            &KEYS_ENV,
+        )
+        .unwrap();
+        assert_eq!(
+            c.warnings,
+            ["upload: part_size × concurrency = 4096 MiB held in memory while uploading"]
+        );
     }
 
     #[test]

@@ -226,26 +226,12 @@ impl RawUpload {
                 Some(p.clone())
             }
         };
-        let max_rate =
-            match &self.max_rate {
-                None => None,
-                Some(q) => {
-                    let q = match q {
-                        // "2MiB/s" reads as what it means.
-                        Quantity::Text(t) => Quantity::Text(
-                            t.trim().strip_suffix("/s").unwrap_or(t.trim()).to_string(),
-                        ),
-                        n => n.clone(),
-                    };
-                    match q.bytes().map_err(|m| refuse("max_rate", m))? {
-                        0 => return Err(refuse(
-                            "max_rate",
-                            "0 bytes/s would never send anything; leave max_rate out for no limit",
-                        )),
-                        n => Some(n),
-                    }
-                }
-            };
+        let max_rate = self
+            .max_rate
+            .as_ref()
+            .map(rate)
+            .transpose()
+            .map_err(|m| refuse("max_rate", m))?;
         let part_size = match &self.part_size {
             None => super::DEFAULT_PART_SIZE,
             Some(q) => q.bytes().map_err(|m| refuse("part_size", m))?,
@@ -292,6 +278,22 @@ impl RawUpload {
             },
             credentials_file: self.credentials_file.clone(),
         })
+    }
+}
+
+/// `max_rate` in bytes per second: a size, with `/s` allowed ("2MiB/s" reads as what it
+/// means); 0 is refused (it would never send anything).
+fn rate(q: &Quantity) -> Result<u64, String> {
+    let q = match q {
+        Quantity::Text(t) => {
+            let t = t.trim();
+            Quantity::Text(t.strip_suffix("/s").unwrap_or(t).to_string())
+        }
+        n => n.clone(),
+    };
+    match q.bytes()? {
+        0 => Err("0 bytes/s would never send anything; leave max_rate out for no limit".into()),
+        n => Ok(n),
     }
 }
 
