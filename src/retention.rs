@@ -1083,10 +1083,7 @@ impl Retention {
     }
 
     /// Delete one split because the budget needs room ([`Retention::victim`]).
-    fn delete_for_room<B: CurrentBag + ?Sized>(
-        &mut self,
-        w: &mut B,
-    ) -> Result<(), RetentionError> {
+    fn delete_for_room<B: CurrentBag + ?Sized>(&mut self, w: &mut B) -> Result<(), RetentionError> {
         let i = self.victim();
         self.delete_at(w, i)
     }
@@ -1841,5 +1838,121 @@ mod tests {
         assert_eq!(default_min_free_space(21 * GIB), GIB);
         assert_eq!(default_min_free_space(4 << 40), GIB);
         assert_eq!(default_min_free_space(0), 0);
+    }
+
+    /// A ledger that says which FakeBag splits (by index) are uploaded, and records calls.
+    #[derive(Debug, Default)]
+    struct Ledger {
+        uploaded: Mutex<Vec<PathBuf>>,
+        calls: Mutex<Vec<String>>,
+    }
+    impl UploadLedger for Ledger {
+        fn state(&self, file: &Path) -> UploadState {
+            if self.uploaded.lock().unwrap().iter().any(|p| p == file) {
+                UploadState::Uploaded
+            } else {
+                UploadState::Pending
+            }
+        }
+        fn abort(&self, file: &Path) {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("abort {}", file.display()));
+        }
+        fn deleted_before_upload(&self, file: &Path, bytes: u64) {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("lost {} {bytes}", file.display()));
+        }
+        fn generation(&self) -> u64 {
+            0
+        }
+    }
+
+    #[test]
+    fn with_a_ledger_room_beside_and_the_size_budget_take_uploaded_splits_first() {
+        let mut bag = FakeBag::new((MB, 0));
+        let ledger = Arc::new(Ledger::default());
+        let mut r = Retention::new(size_policy(8 * MB)).with_upload_ledger(ledger.clone());
+        for i in 0..6 {
+            bag.close(MB, i * S, i * S + S / 2);
+        }
+        // Splits 3 and 5 are out; 0, 1, 2 and 4 are not.
+        for i in [3, 5] {
+            ledger
+                .uploaded
+                .lock()
+                .unwrap()
+                .push(bag.dir.join(format!("b_{i}.db3")));
+        }
+        // 3 MiB beside the recording needs 3 deletions: both uploaded, then the oldest.
+        assert!(r
+            .room_beside(&mut bag, 3 * MB, 0, MB + MB / 2)
+            .unwrap()
+            .is_ok());
+        assert_eq!(bag.deleted, vec![3, 5, 0]);
+        assert_eq!(
+            r.deleted_before_upload(),
+            DeletedBeforeUpload {
+                files: 1,
+                bytes: MB
+            }
+        );
+        assert_eq!(
+            *ledger.calls.lock().unwrap(),
+            vec![
+                "abort /fake/bag/b_0.db3".to_string(),
+                format!("lost /fake/bag/b_0.db3 {MB}")
+            ]
+        );
+        assert_eq!(
+            r.deleted_before_upload_per_bag()
+                .get(Path::new("/fake/bag")),
+            Some(&DeletedBeforeUpload {
+                files: 1,
+                bytes: MB
+            })
+        );
+        assert_eq!(r.closed_bytes(), 3 * MB);
+        assert_eq!(r.closed_splits(), 3);
+    }
+
+    #[test]
+    fn the_duration_limit_deletes_the_oldest_split_even_when_newer_ones_are_uploaded() {
+        // Only the oldest split's going shortens the span: it is forced, and counted.
+        let mut bag = FakeBag::new((0, S));
+        let ledger = Arc::new(Ledger::default());
+        let mut r = Retention::new(RetentionPolicy {
+            max_record_duration_ns: Some(3 * S),
+            ..Default::default()
+        })
+        .with_upload_ledger(ledger.clone());
+        for i in 0..4 {
+            bag.close(MB, i * S, (i + 1) * S);
+        }
+        ledger
+            .uploaded
+            .lock()
+            .unwrap()
+            .push(bag.dir.join("b_3.db3"));
+        bag.open_span = Some((4 * S, 4 * S + S / 2));
+        r.after_batch(&mut bag).unwrap();
+        assert_eq!(bag.deleted, vec![0, 1]);
+        assert_eq!(r.deleted_before_upload().files, 2);
+    }
+
+    #[test]
+    fn without_a_ledger_nothing_counts_as_deleted_before_upload() {
+        let mut bag = FakeBag::new((MB, 0));
+        let mut r = Retention::new(size_policy(4 * MB));
+        for i in 0..10 {
+            bag.close(MB, i * S, i * S + S / 2);
+            r.before_batch(&mut bag, 1024, i * S + S).unwrap();
+        }
+        assert!(r.deleted() > 0);
+        assert_eq!(r.deleted_before_upload(), DeletedBeforeUpload::default());
+        assert!(!r.has_upload_ledger());
     }
 }

@@ -27,3 +27,4 @@ mod signals;
 mod snapshot;
 mod start_paths;
 mod triggers;
+mod upload_retention;
