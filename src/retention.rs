@@ -233,15 +233,18 @@ pub enum UploadState {
     Pending,
 }
 
-/// What retention asks the uploader about a closed file (by absolute path: the bag directory
-/// joined with the split's name, as retention and the writer spell it). Implemented by the
-/// uploader, which holds the real state; the writer thread only asks, when it needs room and
-/// once per turn, so every answer must be cheap: no I/O, and no lock held across network
-/// calls.
+/// What retention asks the uploader about a closed file. Files are named as retention and the
+/// writer spell them, not canonicalized: the recording root as configured (absolute in the
+/// service), joined with the bag directory's name and the split's; the uploader keys its
+/// state the same way. Implemented by the uploader, which holds the real state; the writer
+/// thread only asks, when it needs room and once per turn, so every answer must be cheap: no
+/// I/O, and no lock held across network calls.
 pub trait UploadLedger: Send + Sync + std::fmt::Debug {
     fn state(&self, file: &Path) -> UploadState;
     /// Stop any transfer of `file` and keep it from starting again; returns once nothing
-    /// reads it (retention deletes it next).
+    /// reads it (retention deletes it next). Called before every forced deletion of a file
+    /// not uploaded, pending ones included, so none can start between the answer and the
+    /// unlink.
     fn abort(&self, file: &Path);
     /// `file` (`bytes` on disk) was deleted before it got out, forced by the budget: record it
     /// in the bag's upload journal. Called after the file is gone.
