@@ -38,6 +38,9 @@ pub struct RecordSettings {
     pub default_free_floor: Option<u64>,
     /// The snapshot ring, triggers and per-topic policy.
     pub snapshot: crate::snapshot::SnapshotSettings,
+    /// The uploader's ledger for retention (uploaded files deleted first), and
+    /// `delete_after_upload`; the default (none) deletes oldest first.
+    pub upload_retention: crate::retention::UploadRetention,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -259,6 +262,7 @@ pub fn run_with(
     };
     let retention = if settings.recover {
         let opened = Retention::open_root(&root, &settings.output, settings.retention.clone())
+            .map(|r| r.with_upload(&settings.upload_retention))
             .and_then(|mut r| {
                 // The older bags may already exceed the budget (a smaller budget after a
                 // restart or reload): make room before the new bag appears, not after.
@@ -272,7 +276,7 @@ pub fn run_with(
             }
         }
     } else {
-        Retention::new(settings.retention.clone())
+        Retention::new(settings.retention.clone()).with_upload(&settings.upload_retention)
     };
     let writer = match BagWriter::create(&settings.output, settings.writer.clone()) {
         Ok(w) => w,
@@ -619,6 +623,7 @@ fn start_snapshots(
                 writer: settings.writer.clone(),
                 retention: settings.retention.clone(),
                 whole_root: settings.recover,
+                upload_retention: settings.upload_retention.clone(),
                 now_ns: clock.now_ns(),
             };
             if let Err(e) = snapshotter::recover(&path, root, recover) {

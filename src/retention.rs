@@ -9,10 +9,17 @@
 //!
 //! `ringbag record` budgets its own bag only (`Retention::new`); the service passes the
 //! recording root (`Retention::open_root`) so the budget spans one bag per boot.
+//!
+//! With fleet offload, the uploader answers "is this file out?" through an [`UploadLedger`]
+//! ([`Retention::with_upload_ledger`]): when the budget needs room, uploaded files go first,
+//! oldest uploaded first, whichever bag holds them; a file not uploaded goes only when no
+//! uploaded one is left and the budget still forces it, and is then counted
+//! ([`Retention::deleted_before_upload`]). Without a ledger, the oldest split goes, as before.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::bag::lock::{self, BagLock, LockState, LOCK_FILE};
 use crate::bag::metadata::{
@@ -215,6 +222,57 @@ impl FreeSpace for Statvfs {
     }
 }
 
+/// Where a closed file stands with the uploader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadState {
+    /// Verified in the bucket (HEAD showed the expected size and ETag): may be deleted.
+    Uploaded,
+    /// Being transferred now: [`UploadLedger::abort`] it before deleting it.
+    InFlight,
+    /// Not out yet, nothing reads it (queued, waiting for a retry, or unknown to the uploader).
+    Pending,
+}
+
+/// What retention asks the uploader about a closed file. Files are named as retention and the
+/// writer spell them, not canonicalized: the recording root as configured (absolute in the
+/// service), joined with the bag directory's name and the split's; the uploader keys its
+/// state the same way. Implemented by the uploader, which holds the real state; the writer
+/// thread only asks, when it needs room and once per turn, so every answer must be cheap: no
+/// I/O, and no lock held across network calls.
+pub trait UploadLedger: Send + Sync + std::fmt::Debug {
+    fn state(&self, file: &Path) -> UploadState;
+    /// Stop any transfer of `file` and keep it from starting again; returns once nothing
+    /// reads it (retention deletes it next). Called before every forced deletion of a file
+    /// not uploaded, pending ones included, so none can start between the answer and the
+    /// unlink.
+    fn abort(&self, file: &Path);
+    /// `file` (`bytes` on disk) was deleted before it got out, forced by the budget: record it
+    /// in the bag's upload journal. Called after the file is gone.
+    fn deleted_before_upload(&self, file: &Path, bytes: u64);
+    /// A number that changes whenever a file becomes [`UploadState::Uploaded`] (a counter of
+    /// files verified will do). With `delete_after_upload`, retention looks for uploaded files
+    /// only when it changed, so a turn without news costs one atomic load, not a pass over
+    /// every file on the budget.
+    fn generation(&self) -> u64;
+}
+
+/// How a budget works with the uploader, carried by the settings that build a [`Retention`]
+/// (`RecordSettings`, the crash recovery's options). The default (no ledger) is retention as
+/// it was before offload: oldest first.
+#[derive(Debug, Clone, Default)]
+pub struct UploadRetention {
+    pub ledger: Option<Arc<dyn UploadLedger>>,
+    /// `[upload] delete_after_upload`: delete a file once it is verified in the bucket.
+    pub delete_after_upload: bool,
+}
+
+/// Files and bytes deleted before they got out (forced by the budget).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeletedBeforeUpload {
+    pub files: u64,
+    pub bytes: u64,
+}
+
 /// What retention needs from the bag being recorded. `BagWriter` is the real one; unit tests
 /// use a fake.
 pub trait CurrentBag {
@@ -245,7 +303,9 @@ pub trait CurrentBag {
         4096
     }
     fn take_newly_closed(&mut self) -> Vec<ClosedSplit>;
-    fn delete_oldest_closed(&mut self) -> Result<Option<ClosedSplit>, BagError>;
+    /// Delete the closed split at `path` (as given by `take_newly_closed`), keeping
+    /// metadata.yaml true; `None` when no closed split is there.
+    fn delete_closed(&mut self, path: &Path) -> Result<Option<ClosedSplit>, BagError>;
     fn set_split_limit(&mut self, n: u32);
     fn split_limit_reached(&self) -> bool;
 }
@@ -279,8 +339,8 @@ impl CurrentBag for BagWriter {
     fn take_newly_closed(&mut self) -> Vec<ClosedSplit> {
         BagWriter::take_newly_closed(self)
     }
-    fn delete_oldest_closed(&mut self) -> Result<Option<ClosedSplit>, BagError> {
-        BagWriter::delete_oldest_closed(self)
+    fn delete_closed(&mut self, path: &Path) -> Result<Option<ClosedSplit>, BagError> {
+        BagWriter::delete_closed(self, path)
     }
     fn set_split_limit(&mut self, n: u32) {
         BagWriter::set_split_limit(self, n)
@@ -351,7 +411,7 @@ impl CurrentBag for NoBagYet<'_> {
     fn take_newly_closed(&mut self) -> Vec<ClosedSplit> {
         Vec::new()
     }
-    fn delete_oldest_closed(&mut self) -> Result<Option<ClosedSplit>, BagError> {
+    fn delete_closed(&mut self, _path: &Path) -> Result<Option<ClosedSplit>, BagError> {
         Ok(None)
     }
     fn set_split_limit(&mut self, _n: u32) {}
@@ -363,18 +423,21 @@ impl CurrentBag for NoBagYet<'_> {
 /// Whose split a FIFO entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Owner {
-    /// The front split of the front older bag.
-    Old,
-    /// The oldest closed split of the bag being recorded.
+    /// A split of the older bag with this [`OldBag::id`]. Without a ledger it is always the
+    /// front split of the front older bag when it reaches the FIFO's front.
+    Old(u64),
+    /// A closed split of the bag being recorded.
     Current,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Entry {
     owner: Owner,
     size: u64,
     /// `NO_START` when the split has no (readable) messages.
     start_ns: i64,
+    /// The split file: what the ledger is asked about and what is deleted.
+    path: PathBuf,
 }
 
 /// A split of an older bag.
@@ -388,6 +451,8 @@ struct OldSplit {
 /// A finished (or interrupted) bag under the recording root.
 #[derive(Debug)]
 struct OldBag {
+    /// Ascending in the order bags join the budget (`Retention::old` stays sorted by it).
+    id: u64,
     dir: PathBuf,
     meta: BagMetadata,
     splits: VecDeque<OldSplit>,
@@ -422,6 +487,22 @@ pub struct Retention {
     /// ([`Retention::room_beside`]), counted against `max_record_size` until it is finished
     /// and adopted ([`Retention::adopt_bag`]).
     in_progress_bytes: u64,
+    /// The uploader's answers; `None` keeps the plain oldest-first order.
+    ledger: Option<Arc<dyn UploadLedger>>,
+    /// Delete every uploaded file at each turn, room needed or not.
+    delete_after_upload: bool,
+    /// The ledger's generation at the last sweep for `delete_after_upload`.
+    swept_generation: Option<u64>,
+    /// Next [`OldBag::id`].
+    next_bag_id: u64,
+    /// Largest metadata.yaml of an older bag (an upper bound: it only grows, and is recomputed
+    /// when a bag leaves): with a ledger any older bag, not only the front one, may be
+    /// rewritten to lose a split.
+    max_old_meta_bytes: u64,
+    before_upload: DeletedBeforeUpload,
+    /// Per bag directory, for bags still on the budget (an older bag that leaves takes its
+    /// entry with it, so this stays bounded; the total above keeps everything).
+    before_upload_per_bag: BTreeMap<PathBuf, DeletedBeforeUpload>,
 }
 
 impl Retention {
@@ -438,7 +519,51 @@ impl Retention {
             empty_split_learned: false,
             deleted_total: 0,
             in_progress_bytes: 0,
+            ledger: None,
+            delete_after_upload: false,
+            swept_generation: None,
+            next_bag_id: 0,
+            max_old_meta_bytes: 0,
+            before_upload: DeletedBeforeUpload::default(),
+            before_upload_per_bag: BTreeMap::new(),
         }
+    }
+
+    /// Ask `ledger` which closed files are out before deleting any (see the module doc).
+    pub fn with_upload_ledger(mut self, ledger: Arc<dyn UploadLedger>) -> Self {
+        self.ledger = Some(ledger);
+        self
+    }
+
+    /// With a ledger: delete every closed file the ledger says is uploaded at each turn
+    /// ([`Retention::after_batch`]), even when the budget does not need the room.
+    pub fn with_delete_after_upload(mut self, on: bool) -> Self {
+        self.delete_after_upload = on;
+        self
+    }
+
+    /// Apply `u`: its ledger if any, and `delete_after_upload`.
+    pub fn with_upload(self, u: &UploadRetention) -> Self {
+        let r = match &u.ledger {
+            Some(l) => self.with_upload_ledger(l.clone()),
+            None => self,
+        };
+        r.with_delete_after_upload(u.delete_after_upload)
+    }
+
+    /// Whether a ledger is attached ([`Retention::with_upload_ledger`]).
+    pub fn has_upload_ledger(&self) -> bool {
+        self.ledger.is_some()
+    }
+
+    /// Files and bytes deleted before they got out, since this budget was opened.
+    pub fn deleted_before_upload(&self) -> DeletedBeforeUpload {
+        self.before_upload
+    }
+
+    /// The same per bag directory, for the bags still on the budget that lost any.
+    pub fn deleted_before_upload_per_bag(&self) -> &BTreeMap<PathBuf, DeletedBeforeUpload> {
+        &self.before_upload_per_bag
     }
 
     /// A budget over every bag under `root` plus the one being recorded in `current` (which
@@ -489,7 +614,9 @@ impl Retention {
         Ok(r)
     }
 
-    fn push_old_bag(&mut self, b: OldBag) {
+    fn push_old_bag(&mut self, mut b: OldBag) {
+        b.id = self.next_bag_id;
+        self.next_bag_id += 1;
         for s in &b.splits {
             let path = b.dir.join(&s.rel);
             let start = b
@@ -499,12 +626,14 @@ impl Retention {
                 .find(|f| f.path == s.rel && f.message_count > 0)
                 .map_or(NO_START, |f| f.starting_time_ns);
             self.push(Entry {
-                owner: Owner::Old,
+                owner: Owner::Old(b.id),
                 size: split_size_on_disk(&path),
                 start_ns: start,
+                path,
             });
         }
         self.old_meta_bytes += b.meta_bytes + BAG_DIR_RESERVE_BYTES;
+        self.max_old_meta_bytes = self.max_old_meta_bytes.max(b.meta_bytes);
         self.old.push_back(b);
     }
 
@@ -648,9 +777,42 @@ impl Retention {
         if self.policy.max_splits > 0 && w.split_limit_reached() {
             return Ok((Verdict::StopMaxSplits(self.policy.max_splits), 0));
         }
+        let swept = self.sweep_uploaded(w)?;
+        self.deleted_total += swept;
         let newest = w.open_split_span().map_or(NO_START, |(_, e)| e);
         let n = self.enforce(w, 0, newest)?;
-        Ok((Verdict::Continue, n))
+        Ok((Verdict::Continue, n + swept))
+    }
+
+    /// `delete_after_upload`: delete every closed file the ledger says is uploaded, when the
+    /// ledger's generation moved since the last sweep (else nothing to look at: O(1)). A
+    /// sweep asks about every file on the budget once: O(files kept), once per upload news.
+    fn sweep_uploaded<B: CurrentBag + ?Sized>(&mut self, w: &mut B) -> Result<u64, RetentionError> {
+        let Some(ledger) = self.ledger.clone().filter(|_| self.delete_after_upload) else {
+            return Ok(0);
+        };
+        // Read before looking: a file verified during the sweep moves it again.
+        let generation = ledger.generation();
+        if self.swept_generation == Some(generation) {
+            return Ok(0);
+        }
+        self.swept_generation = Some(generation);
+        let mut deleted = 0;
+        let mut i = 0;
+        while i < self.fifo.len() {
+            if ledger.state(&self.fifo[i].path) != UploadState::Uploaded {
+                i += 1;
+                continue;
+            }
+            let before = self.fifo.len();
+            self.delete_at(w, i)?;
+            deleted += 1;
+            if self.fifo.len() + 1 < before {
+                // An older bag was abandoned with it: entries before `i` may have gone too.
+                i = 0;
+            }
+        }
+        Ok(deleted)
     }
 
     fn push(&mut self, e: Entry) {
@@ -671,6 +833,7 @@ impl Retention {
                 } else {
                     c.file.starting_time_ns
                 },
+                path: c.path,
             });
         }
         if w.has_open_split() && w.open_split_span().is_none() {
@@ -714,8 +877,17 @@ impl Retention {
             + BAG_DIR_RESERVE_BYTES
             + self.in_progress_bytes
             + self.old_meta_bytes
-            // The front older bag's metadata.yaml is rewritten when it loses a split.
-            + self.old.front().map_or(0, |b| b.meta_bytes)
+            + self.old_meta_rewrite_reserve()
+    }
+
+    /// An older bag's metadata.yaml is rewritten when it loses a split (old and new side by
+    /// side for a moment): without a ledger only the front bag loses splits, with one any.
+    fn old_meta_rewrite_reserve(&self) -> u64 {
+        if self.ledger.is_some() {
+            self.max_old_meta_bytes
+        } else {
+            self.old.front().map_or(0, |b| b.meta_bytes)
+        }
     }
 
     /// Room for a bag written beside the recording (a snapshot) to occupy `bytes`, of which
@@ -739,7 +911,7 @@ impl Retention {
         if let Some(max) = self.policy.max_record_size {
             let fixed = self.size_fixed(w, headroom);
             while !self.fifo.is_empty() && self.fifo_bytes + fixed > max {
-                self.delete_oldest(w)?;
+                self.delete_for_room(w)?;
                 deleted += 1;
             }
             if self.fifo_bytes + fixed > max {
@@ -790,7 +962,7 @@ impl Retention {
         if let Some(max) = self.policy.max_record_size {
             let fixed = self.size_fixed(w, need);
             while !self.fifo.is_empty() && self.fifo_bytes + fixed > max {
-                self.delete_oldest(w)?;
+                self.delete_for_room(w)?;
                 deleted += 1;
             }
         }
@@ -806,7 +978,9 @@ impl Retention {
                     {
                         break;
                     }
-                    self.delete_oldest(w)?;
+                    // Only the oldest split's going shortens the span: uploaded or not, it is
+                    // the one the duration limit forces.
+                    self.delete_at(w, 0)?;
                     deleted += 1;
                 }
             }
@@ -815,7 +989,7 @@ impl Retention {
             // One place is always the open split's (or, before it is created, the next one's).
             let allowed = u64::from(n).saturating_sub(1);
             while !self.fifo.is_empty() && self.fifo.len() as u64 > allowed {
-                self.delete_oldest(w)?;
+                self.delete_for_room(w)?;
                 deleted += 1;
             }
         }
@@ -859,74 +1033,166 @@ impl Retention {
                     batch,
                 });
             }
-            self.delete_oldest(w)?;
+            self.delete_for_room(w)?;
             deleted += 1;
         }
     }
 
-    /// Leave the front older bag alone from now on: its remaining splits (each with its FIFO
-    /// entry at the front) leave the budget, with a warning; recording goes on.
-    fn abandon_front_old_bag(&mut self, why: &BagError) {
-        let Some(bag) = self.old.pop_front() else {
+    /// Leave the older bag at `pos` in `old` alone from now on: its remaining splits leave the
+    /// budget (and the FIFO), with a warning; recording goes on. O(files on the budget), and
+    /// only when an older bag fails.
+    fn abandon_old_bag(&mut self, pos: usize, why: &BagError) {
+        let Some(bag) = self.old.remove(pos) else {
             return;
         };
         log::warn!(
             "retention: leaving {} alone from now on: {why}",
             bag.dir.display()
         );
-        for _ in 0..bag.splits.len() {
-            if let Some(e) = self.fifo.pop_front() {
-                self.fifo_bytes -= e.size;
+        let owner = Owner::Old(bag.id);
+        let mut freed = 0;
+        self.fifo.retain(|e| {
+            let keep = e.owner != owner;
+            if !keep {
+                freed += e.size;
             }
-        }
+            keep
+        });
+        self.fifo_bytes -= freed;
         self.old_meta_bytes -= bag.meta_bytes;
+        self.forget_bag(&bag);
     }
 
-    /// Delete the oldest closed split on the budget, whichever bag holds it.
-    fn delete_oldest<B: CurrentBag + ?Sized>(&mut self, w: &mut B) -> Result<(), RetentionError> {
-        let Some(e) = self.fifo.pop_front() else {
+    /// An older bag left the budget: its per-bag count goes, the metadata reserve shrinks.
+    /// O(older bags), once per bag.
+    fn forget_bag(&mut self, bag: &OldBag) {
+        self.before_upload_per_bag.remove(&bag.dir);
+        self.max_old_meta_bytes = self.old.iter().map(|b| b.meta_bytes).max().unwrap_or(0);
+    }
+
+    /// FIFO index of the split to delete when the budget needs room: without a ledger the
+    /// oldest; with one the oldest uploaded, else (nothing uploaded is left) the oldest.
+    /// Cost: O(1) ledger lookups when the oldest file is uploaded (uploads keep up, the
+    /// common case); worst case (nothing on the budget uploaded, say after a long time
+    /// offline) one lookup per file on the budget for each deletion.
+    fn victim(&self) -> usize {
+        let Some(ledger) = self.ledger.as_ref() else {
+            return 0;
+        };
+        self.fifo
+            .iter()
+            .position(|e| ledger.state(&e.path) == UploadState::Uploaded)
+            .unwrap_or(0)
+    }
+
+    /// Delete one split because the budget needs room ([`Retention::victim`]).
+    fn delete_for_room<B: CurrentBag + ?Sized>(&mut self, w: &mut B) -> Result<(), RetentionError> {
+        let i = self.victim();
+        self.delete_at(w, i)
+    }
+
+    /// Delete the split of FIFO entry `i`, whichever bag holds it. With a ledger, a split not
+    /// uploaded has its transfer aborted first (also when the ledger said pending: it must
+    /// not start between the answer and the unlink), and once it is gone it is counted,
+    /// logged and reported to the ledger as deleted before upload.
+    fn delete_at<B: CurrentBag + ?Sized>(
+        &mut self,
+        w: &mut B,
+        i: usize,
+    ) -> Result<(), RetentionError> {
+        let Some(e) = self.fifo.remove(i) else {
             return Ok(());
         };
         self.fifo_bytes -= e.size;
-        match e.owner {
-            Owner::Current => {
-                w.delete_oldest_closed()?;
+        let forced = match self.ledger.as_ref() {
+            Some(l) if l.state(&e.path) != UploadState::Uploaded => {
+                l.abort(&e.path);
+                true
             }
-            Owner::Old => {
-                if let Some(bag) = self.old.front_mut() {
-                    // Hold the older bag's lock while changing it, so a reindex or another
-                    // recorder's retention never works on it at the same moment.
-                    let guard = match OldBagLock::acquire(&bag.dir) {
-                        Ok(g) => g,
-                        Err(e) => {
-                            // Taken by someone else since the scan, removed by another
-                            // recorder sharing the root, or not ours to change (permissions).
-                            bag.splits.pop_front(); // its FIFO entry is already gone
-                            self.abandon_front_old_bag(&e);
-                            return Ok(());
-                        }
-                    };
-                    let before = bag.meta_bytes;
-                    let emptied = match bag.delete_oldest() {
-                        Ok(emptied) => emptied,
-                        Err(e) => {
-                            // An older bag is not worth the recording: stop counting it.
-                            // Dropping the guard keeps its marker: a reindex will look at it.
-                            drop(guard);
-                            self.abandon_front_old_bag(&e);
-                            return Ok(());
-                        }
-                    };
-                    guard.release()?;
-                    self.old_meta_bytes = self.old_meta_bytes - before + bag.meta_bytes;
-                    if emptied {
-                        self.old_meta_bytes -= bag.meta_bytes + BAG_DIR_RESERVE_BYTES;
-                        self.old.pop_front();
-                    }
-                }
-            }
+            _ => false,
+        };
+        let gone = match e.owner {
+            Owner::Current => w.delete_closed(&e.path)?.is_some(),
+            Owner::Old(id) => self.delete_old_split(id, &e.path)?,
+        };
+        if forced && gone {
+            self.count_before_upload(&e);
         }
         Ok(())
+    }
+
+    fn count_before_upload(&mut self, e: &Entry) {
+        self.before_upload.files += 1;
+        self.before_upload.bytes += e.size;
+        let still_here = match e.owner {
+            Owner::Current => true,
+            Owner::Old(id) => self.old.binary_search_by_key(&id, |b| b.id).is_ok(),
+        };
+        if let (true, Some(bag)) = (still_here, e.path.parent()) {
+            let c = self
+                .before_upload_per_bag
+                .entry(bag.to_path_buf())
+                .or_default();
+            c.files += 1;
+            c.bytes += e.size;
+        }
+        log::warn!(
+            "retention: deleted {} ({} bytes) before it was uploaded: the budget needed the \
+             room and no uploaded file was left to delete",
+            e.path.display(),
+            e.size
+        );
+        if let Some(l) = self.ledger.as_ref() {
+            l.deleted_before_upload(&e.path, e.size);
+        }
+    }
+
+    /// Delete `path`, a split of the older bag `id`; true when this call deleted it.
+    fn delete_old_split(&mut self, id: u64, path: &Path) -> Result<bool, RetentionError> {
+        let Ok(pos) = self.old.binary_search_by_key(&id, |b| b.id) else {
+            return Ok(false);
+        };
+        let bag = &mut self.old[pos];
+        let Some(rel) = path
+            .strip_prefix(&bag.dir)
+            .ok()
+            .and_then(|r| r.to_str())
+            .map(str::to_string)
+        else {
+            return Ok(false);
+        };
+        // Hold the older bag's lock while changing it, so a reindex or another recorder's
+        // retention never works on it at the same moment.
+        let guard = match OldBagLock::acquire(&bag.dir) {
+            Ok(g) => g,
+            Err(e) => {
+                // Taken by someone else since the scan, removed by another recorder sharing
+                // the root, or not ours to change (permissions).
+                self.abandon_old_bag(pos, &e);
+                return Ok(false);
+            }
+        };
+        let before = bag.meta_bytes;
+        let emptied = match bag.delete_split(&rel) {
+            Ok(emptied) => emptied,
+            Err(e) => {
+                // An older bag is not worth the recording: stop counting it. Dropping the
+                // guard keeps its marker: a reindex will look at it.
+                drop(guard);
+                self.abandon_old_bag(pos, &e);
+                return Ok(false);
+            }
+        };
+        guard.release()?;
+        self.old_meta_bytes = self.old_meta_bytes - before + bag.meta_bytes;
+        self.max_old_meta_bytes = self.max_old_meta_bytes.max(bag.meta_bytes);
+        if emptied {
+            self.old_meta_bytes -= bag.meta_bytes + BAG_DIR_RESERVE_BYTES;
+            if let Some(b) = self.old.remove(pos) {
+                self.forget_bag(&b);
+            }
+        }
+        Ok(true)
     }
 }
 
@@ -1032,6 +1298,7 @@ impl OldBag {
             }
         }
         let mut bag = OldBag {
+            id: 0,
             dir: dir.to_path_buf(),
             meta,
             splits,
@@ -1074,10 +1341,16 @@ impl OldBag {
         Ok(())
     }
 
-    /// Delete the oldest split; returns true when the bag is now empty and was removed.
-    fn delete_oldest(&mut self) -> Result<bool, BagError> {
-        let Some(split) = self.splits.pop_front() else {
-            return Ok(true);
+    /// Delete the split `rel` (the oldest one, without a ledger); returns true when the bag
+    /// is now empty and was removed.
+    fn delete_split(&mut self, rel: &str) -> Result<bool, BagError> {
+        let Some(split) = self
+            .splits
+            .iter()
+            .position(|s| s.rel == rel)
+            .and_then(|i| self.splits.remove(i))
+        else {
+            return Ok(self.splits.is_empty());
         };
         let path = self.dir.join(&split.rel);
         if self.splits.is_empty() {
@@ -1222,8 +1495,12 @@ mod tests {
         fn take_newly_closed(&mut self) -> Vec<ClosedSplit> {
             std::mem::take(&mut self.newly)
         }
-        fn delete_oldest_closed(&mut self) -> Result<Option<ClosedSplit>, BagError> {
-            let c = self.closed.pop_front();
+        fn delete_closed(&mut self, path: &Path) -> Result<Option<ClosedSplit>, BagError> {
+            let c = self
+                .closed
+                .iter()
+                .position(|c| c.path == path)
+                .and_then(|i| self.closed.remove(i));
             if let Some(c) = &c {
                 self.deleted.push(c.index);
                 if let Some(f) = &self.freed {
@@ -1564,5 +1841,121 @@ mod tests {
         assert_eq!(default_min_free_space(21 * GIB), GIB);
         assert_eq!(default_min_free_space(4 << 40), GIB);
         assert_eq!(default_min_free_space(0), 0);
+    }
+
+    /// A ledger that says which FakeBag splits (by index) are uploaded, and records calls.
+    #[derive(Debug, Default)]
+    struct Ledger {
+        uploaded: Mutex<Vec<PathBuf>>,
+        calls: Mutex<Vec<String>>,
+    }
+    impl UploadLedger for Ledger {
+        fn state(&self, file: &Path) -> UploadState {
+            if self.uploaded.lock().unwrap().iter().any(|p| p == file) {
+                UploadState::Uploaded
+            } else {
+                UploadState::Pending
+            }
+        }
+        fn abort(&self, file: &Path) {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("abort {}", file.display()));
+        }
+        fn deleted_before_upload(&self, file: &Path, bytes: u64) {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("lost {} {bytes}", file.display()));
+        }
+        fn generation(&self) -> u64 {
+            0
+        }
+    }
+
+    #[test]
+    fn with_a_ledger_room_beside_and_the_size_budget_take_uploaded_splits_first() {
+        let mut bag = FakeBag::new((MB, 0));
+        let ledger = Arc::new(Ledger::default());
+        let mut r = Retention::new(size_policy(8 * MB)).with_upload_ledger(ledger.clone());
+        for i in 0..6 {
+            bag.close(MB, i * S, i * S + S / 2);
+        }
+        // Splits 3 and 5 are out; 0, 1, 2 and 4 are not.
+        for i in [3, 5] {
+            ledger
+                .uploaded
+                .lock()
+                .unwrap()
+                .push(bag.dir.join(format!("b_{i}.db3")));
+        }
+        // 3 MiB beside the recording needs 3 deletions: both uploaded, then the oldest.
+        assert!(r
+            .room_beside(&mut bag, 3 * MB, 0, MB + MB / 2)
+            .unwrap()
+            .is_ok());
+        assert_eq!(bag.deleted, vec![3, 5, 0]);
+        assert_eq!(
+            r.deleted_before_upload(),
+            DeletedBeforeUpload {
+                files: 1,
+                bytes: MB
+            }
+        );
+        assert_eq!(
+            *ledger.calls.lock().unwrap(),
+            vec![
+                "abort /fake/bag/b_0.db3".to_string(),
+                format!("lost /fake/bag/b_0.db3 {MB}")
+            ]
+        );
+        assert_eq!(
+            r.deleted_before_upload_per_bag()
+                .get(Path::new("/fake/bag")),
+            Some(&DeletedBeforeUpload {
+                files: 1,
+                bytes: MB
+            })
+        );
+        assert_eq!(r.closed_bytes(), 3 * MB);
+        assert_eq!(r.closed_splits(), 3);
+    }
+
+    #[test]
+    fn the_duration_limit_deletes_the_oldest_split_even_when_newer_ones_are_uploaded() {
+        // Only the oldest split's going shortens the span: it is forced, and counted.
+        let mut bag = FakeBag::new((0, S));
+        let ledger = Arc::new(Ledger::default());
+        let mut r = Retention::new(RetentionPolicy {
+            max_record_duration_ns: Some(3 * S),
+            ..Default::default()
+        })
+        .with_upload_ledger(ledger.clone());
+        for i in 0..4 {
+            bag.close(MB, i * S, (i + 1) * S);
+        }
+        ledger
+            .uploaded
+            .lock()
+            .unwrap()
+            .push(bag.dir.join("b_3.db3"));
+        bag.open_span = Some((4 * S, 4 * S + S / 2));
+        r.after_batch(&mut bag).unwrap();
+        assert_eq!(bag.deleted, vec![0, 1]);
+        assert_eq!(r.deleted_before_upload().files, 2);
+    }
+
+    #[test]
+    fn without_a_ledger_nothing_counts_as_deleted_before_upload() {
+        let mut bag = FakeBag::new((MB, 0));
+        let mut r = Retention::new(size_policy(4 * MB));
+        for i in 0..10 {
+            bag.close(MB, i * S, i * S + S / 2);
+            r.before_batch(&mut bag, 1024, i * S + S).unwrap();
+        }
+        assert!(r.deleted() > 0);
+        assert_eq!(r.deleted_before_upload(), DeletedBeforeUpload::default());
+        assert!(!r.has_upload_ledger());
     }
 }

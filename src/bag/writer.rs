@@ -661,8 +661,26 @@ impl BagWriter {
     /// Delete the oldest closed split (never the open one) and rewrite metadata.yaml so it
     /// lists exactly what remains. Returns what was deleted.
     pub fn delete_oldest_closed(&mut self) -> Result<Option<ClosedSplit>, BagError> {
+        self.delete_closed_at(0)
+    }
+
+    /// Delete the closed split at `path` (any of them, never the open one) and rewrite
+    /// metadata.yaml so it lists exactly what remains, per-topic counts, start and duration
+    /// included; `None` when no closed split is at `path`. Retention deletes a split that is
+    /// out (uploaded) this way even when older ones are not. O(closed splits) to find it.
+    pub fn delete_closed(&mut self, path: &Path) -> Result<Option<ClosedSplit>, BagError> {
+        match self.closed.iter().position(|c| c.path == path) {
+            Some(i) => self.delete_closed_at(i),
+            None => {
+                self.check_ok()?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn delete_closed_at(&mut self, i: usize) -> Result<Option<ClosedSplit>, BagError> {
         self.check_ok()?;
-        let Some(old) = self.closed.pop_front() else {
+        let Some(old) = self.closed.remove(i) else {
             return Ok(None);
         };
         for (t, n) in self.topics.iter_mut().zip(&old.per_topic) {

@@ -154,6 +154,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         status_file: a.status_file.clone(),
         default_free_floor,
         snapshot,
+        upload_retention: Default::default(),
     })
 }
 

@@ -170,6 +170,14 @@ pub struct Progress {
     pub budget_bytes: std::sync::atomic::AtomicU64,
     pub budget_files: std::sync::atomic::AtomicU64,
     pub budget_oldest_ns: std::sync::atomic::AtomicI64,
+    /// Files and bytes retention deleted before the uploader got them out (forced by the
+    /// budget), published after each batch; 0 without an upload ledger.
+    pub deleted_before_upload_files: std::sync::atomic::AtomicU64,
+    pub deleted_before_upload_bytes: std::sync::atomic::AtomicU64,
+    /// The same per bag still on the budget; rewritten only when the files count above moves
+    /// (rare: only forced deletions), so the writer takes this lock almost never.
+    pub deleted_before_upload_per_bag:
+        Mutex<Vec<(std::path::PathBuf, crate::retention::DeletedBeforeUpload)>>,
     /// Longest time the writer spent away from the queue in one go (writing a batch with its
     /// retention and rotations), ns: how long producers had to be absorbed by the queue.
     pub longest_stall_ns: std::sync::atomic::AtomicU64,
@@ -1089,6 +1097,20 @@ impl WriterCtx {
         p.budget_files.store(usage.files, Relaxed);
         p.budget_oldest_ns
             .store(usage.oldest_start_ns.unwrap_or(-1), Relaxed);
+        let lost = ret.deleted_before_upload();
+        if lost.files != p.deleted_before_upload_files.load(Relaxed) {
+            // Per bag first: a reader that sees the new total finds the bags that make it.
+            let per_bag = ret
+                .deleted_before_upload_per_bag()
+                .iter()
+                .map(|(d, n)| (d.clone(), *n))
+                .collect();
+            *p.deleted_before_upload_per_bag
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = per_bag;
+            p.deleted_before_upload_bytes.store(lost.bytes, Relaxed);
+            p.deleted_before_upload_files.store(lost.files, Relaxed);
+        }
         Ok(match verdict {
             Verdict::Continue => None,
             Verdict::StopMaxSplits(n) => Some(StopReason::MaxSplits(n)),

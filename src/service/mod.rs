@@ -158,6 +158,8 @@ pub fn record_settings(c: &Checked, bag: PathBuf) -> RecordSettings {
         // The service's floor is its config's (`min_free_space`, off by default).
         default_free_floor: None,
         snapshot: c.snapshot.clone(),
+        // The daemon's uploader passes its ledger here once it runs.
+        upload_retention: Default::default(),
     }
 }
 

@@ -56,6 +56,25 @@ pub struct BudgetStatus {
     pub min_free_space_percent: Option<f64>,
 }
 
+/// Closed files retention deleted before they were uploaded: the budget forced it and no
+/// uploaded file was left to delete.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct DeletedBeforeUploadStatus {
+    pub files: u64,
+    pub bytes: u64,
+    /// The same per bag still under the root (a bag deleted whole leaves this list; the
+    /// totals keep it).
+    #[serde(default)]
+    pub bags: Vec<BagDeletedBeforeUpload>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct BagDeletedBeforeUpload {
+    pub bag: PathBuf,
+    pub files: u64,
+    pub bytes: u64,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ClockStatus {
     /// "ptp" or "system": what stamps.
@@ -191,6 +210,10 @@ pub struct Status {
     /// recording), ms.
     #[serde(default)]
     pub reload_gap_ms: u64,
+    /// Files deleted before they were uploaded; null when retention has no upload ledger
+    /// (no offload), absent in files of older versions (read as null).
+    #[serde(default)]
+    pub deleted_before_upload: Option<DeletedBeforeUploadStatus>,
 }
 
 impl Status {
@@ -234,6 +257,13 @@ impl Status {
             parts.push(format!(
                 "{} reloads, {} ms unrecorded",
                 self.reloads, self.reload_gap_ms
+            ));
+        }
+        if let Some(d) = self.deleted_before_upload.as_ref().filter(|d| d.files > 0) {
+            parts.push(format!(
+                "{} files ({}) deleted before upload",
+                d.files,
+                mib(d.bytes)
             ));
         }
         if let Some(r) = &self.ring {
@@ -292,6 +322,25 @@ impl Status {
                     .map(|p| format!(", {p}%"))
                     .unwrap_or_default()
             );
+        }
+        if let Some(d) = &self.deleted_before_upload {
+            let _ = write!(
+                s,
+                "deleted before upload: {} files, {}",
+                d.files,
+                mib(d.bytes)
+            );
+            for b in &d.bags {
+                let name = b.bag.file_name().unwrap_or(b.bag.as_os_str());
+                let _ = write!(
+                    s,
+                    "; {}: {} files, {}",
+                    name.to_string_lossy(),
+                    b.files,
+                    mib(b.bytes)
+                );
+            }
+            s.push('\n');
         }
         let c = &self.clock;
         let _ = writeln!(
@@ -572,6 +621,24 @@ impl Collector {
             stopped: progress.failure.get().cloned(),
             reloads: self.reloads,
             reload_gap_ms: self.reload_gap_ms,
+            deleted_before_upload: s.upload_retention.ledger.as_ref().map(|_| {
+                let bags = progress
+                    .deleted_before_upload_per_bag
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .map(|(bag, n)| BagDeletedBeforeUpload {
+                        bag: bag.clone(),
+                        files: n.files,
+                        bytes: n.bytes,
+                    })
+                    .collect();
+                DeletedBeforeUploadStatus {
+                    files: progress.deleted_before_upload_files.load(Relaxed),
+                    bytes: progress.deleted_before_upload_bytes.load(Relaxed),
+                    bags,
+                }
+            }),
         }
     }
 }
@@ -667,5 +734,47 @@ mod tests {
         v.as_object_mut().unwrap().remove("ring");
         let back: Status = serde_json::from_value(v).unwrap();
         assert_eq!(back.ring, None);
+    }
+
+    #[test]
+    fn deleted_before_upload_shows_in_the_line_the_human_report_and_the_json_and_old_files_read() {
+        let mut st = Status::default();
+        st.clock.source = "system".into();
+        // A ledger, nothing lost: no word in STATUS=, a zero in the report.
+        st.deleted_before_upload = Some(DeletedBeforeUploadStatus::default());
+        assert!(!st.line().contains("before upload"), "{}", st.line());
+        assert!(st
+            .human(Duration::ZERO)
+            .contains("deleted before upload: 0 files, 0.0 MiB"));
+        st.deleted_before_upload = Some(DeletedBeforeUploadStatus {
+            files: 3,
+            bytes: 3 << 20,
+            bags: vec![BagDeletedBeforeUpload {
+                bag: "/var/lib/ringbag/boot_7".into(),
+                files: 3,
+                bytes: 3 << 20,
+            }],
+        });
+        let line = st.line();
+        assert!(!line.contains('\n'));
+        assert!(
+            line.contains("; 3 files (3.0 MiB) deleted before upload"),
+            "{line}"
+        );
+        let human = st.human(Duration::ZERO);
+        assert!(
+            human.contains("deleted before upload: 3 files, 3.0 MiB; boot_7: 3 files, 3.0 MiB\n"),
+            "{human}"
+        );
+        let v = serde_json::to_value(&st).unwrap();
+        assert_eq!(v["deleted_before_upload"]["files"], 3);
+        assert_eq!(v["deleted_before_upload"]["bags"][0]["bytes"], 3 << 20);
+        let back: Status = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(back, st);
+        // Status files of earlier versions (no such field) still read, as "no offload".
+        let mut old = v;
+        old.as_object_mut().unwrap().remove("deleted_before_upload");
+        let back: Status = serde_json::from_value(old).unwrap();
+        assert_eq!(back.deleted_before_upload, None);
     }
 }

@@ -1072,6 +1072,8 @@ pub struct RecoverOptions {
     /// The root is a recording root (`--recover`, the service): its other bags are on the
     /// budget too, oldest first. Otherwise the crash bag alone must fit.
     pub whole_root: bool,
+    /// The uploader's ledger, so the crash bag's room goes from uploaded files first.
+    pub upload_retention: crate::retention::UploadRetention,
     /// Now, on the recorder's clock.
     pub now_ns: i64,
 }
@@ -1236,8 +1238,9 @@ pub fn recover(
         let mut ret = if opts.whole_root {
             Retention::open_root(root, &dir, p.clone())
                 .map_err(|e| BagError::invalid(root, e.to_string()))?
+                .with_upload(&opts.upload_retention)
         } else {
-            Retention::new(p.clone())
+            Retention::new(p.clone()).with_upload(&opts.upload_retention)
         };
         // As for any new bag: room first, so the bound also holds while it appears.
         if let Err(e) = ret.before_new_bag(root) {
@@ -1820,6 +1823,7 @@ mod tests {
                 writer: WriterOptions::new(Flavour::Jazzy),
                 retention: RetentionPolicy::default(),
                 whole_root: true,
+                upload_retention: Default::default(),
                 now_ns: base + 300 * MS,
             },
         )
@@ -1845,6 +1849,7 @@ mod tests {
                 writer: WriterOptions::new(Flavour::Jazzy),
                 retention: RetentionPolicy::default(),
                 whole_root: true,
+                upload_retention: Default::default(),
                 now_ns: base,
             },
         )

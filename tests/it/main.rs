@@ -28,3 +28,4 @@ mod snapshot;
 mod start_paths;
 mod triggers;
 mod upload_config;
+mod upload_retention;

@@ -19,7 +19,7 @@ const MIB: u64 = 1 << 20;
 
 /// Total bytes of every file in `dir` (splits, sidecars, metadata.yaml and its temp file).
 /// Files that vanish between listing and stat are skipped.
-fn dir_bytes(dir: &Path) -> u64 {
+pub(crate) fn dir_bytes(dir: &Path) -> u64 {
     let Ok(rd) = fs::read_dir(dir) else { return 0 };
     rd.filter_map(|e| e.ok())
         .filter_map(|e| e.metadata().ok())
@@ -51,7 +51,7 @@ fn sample_while_running(mut child: Child, mut sample: impl FnMut()) -> (std::pro
 
 /// metadata.yaml lists exactly the split files on disk, its counts match the rows, and every
 /// message reads back. Returns (metadata, messages as (topic, timestamp)).
-fn assert_true_and_readable(dir: &Path) -> (BagMetadata, Vec<(usize, i64)>) {
+pub(crate) fn assert_true_and_readable(dir: &Path) -> (BagMetadata, Vec<(usize, i64)>) {
     let meta = BagMetadata::read(dir).expect("metadata.yaml reads");
     let on_disk: BTreeSet<String> = find_split_files(dir).unwrap().into_iter().collect();
     let listed: BTreeSet<String> = meta.relative_file_paths.iter().cloned().collect();
@@ -320,11 +320,11 @@ fn free_space_shortfall_with_nothing_to_delete_stops_cleanly_with_exit_1() {
 
 // ---- across bags (the service's recording root) ----------------------------------------
 
-const T0: i64 = 1_700_000_000_000_000_000;
+pub(crate) const T0: i64 = 1_700_000_000_000_000_000;
 
 /// A finished bag with `splits` splits of `per_split` 1 KiB messages on two topics, starting
 /// at `t0`, one message per millisecond.
-fn old_bag(dir: &Path, t0: i64, splits: usize, per_split: usize) {
+pub(crate) fn old_bag(dir: &Path, t0: i64, splits: usize, per_split: usize) {
     let mut w = BagWriter::create(dir, WriterOptions::new(Flavour::Jazzy)).unwrap();
     let a = w
         .add_topic(topic("/a", "std_msgs/msg/String"), None)
