@@ -14,6 +14,11 @@
 #
 # Respects CARGO_TARGET_DIR (default: target/). Cargo runs under `nice` because build machines
 # are usually shared; set RINGBAG_NICE=0 to not lower the priority.
+#
+# The upload tests need Garage (scripts/garage.sh): ../shared/garage next to the repository, or
+# a build cached in ~/.cache/ringbag-garage. Without either they skip with the reason, unless
+# RINGBAG_BUILD_GARAGE=1 (build it first, ~20 min on 2 cores) or RINGBAG_UPLOAD_REQUIRED=1
+# (fail instead). RINGBAG_GARAGE_BIN=PATH uses that garage 2.5.0 binary.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,7 +51,7 @@ while [[ $# -gt 0 ]]; do
             if [[ "$want" == ros ]]; then ONLY+=(ros-humble ros-jazzy); else ONLY+=("$want"); fi
             ;;
         -h | --help)
-            sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)
@@ -60,9 +65,10 @@ done
 TARGET_AARCH64=aarch64-unknown-linux-gnu
 # binutils: readelf and objcopy (release checks); binutils-aarch64-linux-gnu: the aarch64 objcopy
 # (release stripping); systemd: systemctl, systemd-sysusers and systemd-tmpfiles for the install
-# test, which enables the unit in an image root (installing it does not make it PID 1).
+# test, which enables the unit in an image root (installing it does not make it PID 1); curl and
+# zstd: scripts/garage.sh (waiting for the S3 API; unpacking the shared Garage).
 APT_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static binutils
-    binutils-aarch64-linux-gnu systemd)
+    binutils-aarch64-linux-gnu systemd curl zstd)
 VENV="$ROOT/.venv"
 # rosbags and pytest (interop), oelint-adv (the Yocto layer's lint).
 REQUIREMENTS=("$ROOT/tests/interop/requirements.txt" "$ROOT/yocto/requirements.txt")
@@ -77,6 +83,9 @@ STAGE_SECS=()
 CURRENT_STAGE=""
 T0=$SECONDS
 LOGS="$(mktemp -d)"
+# Every Garage node scripts/garage.sh starts during this run, as "PID DIR" lines: the ones a
+# failed test left running are killed at exit (see stop_garages).
+export RINGBAG_GARAGE_REGISTRY="$LOGS/garage-nodes"
 # Per-suite test counts, "suite passed failed skipped", for the closing summary.
 COUNTS=()
 
@@ -109,8 +118,23 @@ pytest_counts() {
     echo "$p $f $s"
 }
 
+# Kill the Garage nodes of this run still alive: a test that panicked or was killed before its
+# cleanup must not leave a server running past the CI job. The command line naming the node's
+# config tells a live node from a reused pid.
+stop_garages() {
+    [[ -f "$RINGBAG_GARAGE_REGISTRY" ]] || return 0
+    local pid dir n=0
+    while read -r pid dir; do
+        if [[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$dir/garage.toml"; then
+            kill -9 "$pid" 2>/dev/null && n=$((n + 1))
+        fi
+    done <"$RINGBAG_GARAGE_REGISTRY"
+    if [[ $n -gt 0 ]]; then echo "test.sh: killed $n Garage node(s) left running by the tests" >&2; fi
+}
+
 summary() {
     local rc=$?
+    stop_garages
     # Left mid-stage (e.g. killed by a signal): never report success.
     [[ -n "$CURRENT_STAGE" && $rc -eq 0 ]] && rc=1
     echo
@@ -260,13 +284,44 @@ install_venv() {
     echo "$want" >"$VENV/.requirements.sha256"
 }
 
+# Garage for the upload tests. Found (../shared, a cached build, RINGBAG_GARAGE_BIN): the tests
+# get RINGBAG_GARAGE_SH and RINGBAG_UPLOAD_REQUIRED=1, so a test that cannot use it fails
+# rather than skips. Not found: building it takes ~20 min on 2 cores, too much for CI's 45-min
+# budget on top of the stages, so only with RINGBAG_BUILD_GARAGE=1; otherwise the upload tests
+# skip and say why (they find no Garage), unless RINGBAG_UPLOAD_REQUIRED=1 was set by the caller.
+install_garage() {
+    local bin
+    if ! bin="$(bash scripts/garage.sh bin 2>"$LOGS/garage.err")"; then
+        if [[ "${RINGBAG_BUILD_GARAGE:-0}" == 1 ]]; then
+            [[ $INSTALL -eq 1 ]] || { cat "$LOGS/garage.err" >&2; return 1; }
+            echo "garage: building Garage 2.5.0 (RINGBAG_BUILD_GARAGE=1; ~20 min on 2 cores)"
+            bash scripts/garage.sh build
+            bin="$(bash scripts/garage.sh bin)"
+        elif [[ "${RINGBAG_UPLOAD_REQUIRED:-0}" == 1 ]]; then
+            cat "$LOGS/garage.err" >&2
+            echo "test.sh: RINGBAG_UPLOAD_REQUIRED=1 but no Garage (RINGBAG_BUILD_GARAGE=1 builds it)" >&2
+            return 1
+        else
+            echo "garage: none, the upload tests will skip: $(cat "$LOGS/garage.err")"
+            echo "        (RINGBAG_BUILD_GARAGE=1 builds it, ~20 min)"
+            unset RINGBAG_GARAGE_SH
+            return 0
+        fi
+    fi
+    echo "garage: $bin"
+    export RINGBAG_GARAGE_SH="$ROOT/scripts/garage.sh" RINGBAG_UPLOAD_REQUIRED=1
+}
+
 # What the selected stages need (the ROS 2 distros are installed by their own stages).
 install_all() {
     # apt: the cross toolchain and qemu (release, cross-aarch64), systemd's tools (the install
-    # test in `test`), python3-venv (yocto, interop).
-    if selected test yocto interop release cross-aarch64; then install_apt; fi
+    # test in `test`), python3-venv (yocto, interop), curl and zstd (Garage).
+    if selected test yocto interop powercut systemd release cross-aarch64; then install_apt; fi
     install_rust
     if selected yocto interop; then install_venv; fi
+    # Every stage that may run the upload tests (the host and aarch64 suites, interop's boto3
+    # read-back, uploads across power cuts, the unit uploading under systemd).
+    if selected test cross-aarch64 interop powercut systemd; then install_garage; fi
 }
 
 # ---------------------------------------------------------------- stages
