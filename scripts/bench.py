@@ -344,7 +344,12 @@ def upload_runs(work: Path, quick: bool, robot_secs: int, env: dict, res: dict) 
         res["notes"].append("ringbag upload: not built (its rows and the robot rows are skipped)")
         return res
     rb_root = link_copy(root, work / "upload_root_rb")
-    rb = run_child(ringbag_upload_cmd(env, "bench/{bag}/{file}", rb_root), env=env)
+    try:
+        rb = run_child(ringbag_upload_cmd(env, "bench/{bag}/{file}", rb_root), env=env)
+    except SystemExit as e:
+        # A failing uploader is a finding of this run, not a reason to lose the reference.
+        res["notes"].append(f"ringbag upload failed, its rows are skipped: {e}")
+        return res
     row = upload_row("ringbag upload", rb, nbytes)
     row["verified"] = verify(env, root, "bench")
     res["rows"].append(row)
