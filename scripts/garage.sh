@@ -185,25 +185,35 @@ else
 fi
 pid="$(cat "$pidfile")"
 
-if [[ ! -f "$dir/key.env" ]]; then
+# The one-time setup, in steps that each know whether they are done, so that a start
+# interrupted half way (a test killed, a full disk) is finished by the next start.
+if [[ ! -f "$dir/layout.done" ]]; then
     node="$(garage node id -q 2>/dev/null)"
     node="${node%%@*}"
     [[ -n "$node" ]] || { echo "garage.sh: no node id; see $dir/server.log" >&2; exit 1; }
+    # One zone, one node; the capacity is a weight between nodes, not a quota.
     garage layout assign -z dc1 -c 1G "$node" >/dev/null
     garage layout apply --version 1 >/dev/null
-    garage bucket create ringbag >/dev/null
-    # The key is chosen here and imported, rather than parsed out of `key create`'s prose:
-    # Garage's ids are "GK" + 12 bytes of hex, its secrets 32 bytes of hex.
-    id="GK$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
-    key="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
-    garage key import --yes -n ringbag-test "$id" "$key" >/dev/null
-    garage bucket allow --read --write --owner ringbag --key ringbag-test >/dev/null
-    (
-        umask 077
-        printf 'AWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\n' "$id" "$key" >"$dir/key.env.tmp"
-    )
-    # Written last and atomically: a DIR with key.env is fully set up.
-    mv "$dir/key.env.tmp" "$dir/key.env"
+    touch "$dir/layout.done"
+fi
+if [[ ! -f "$dir/key.env" ]]; then
+    if [[ ! -f "$dir/key.env.new" ]]; then
+        # The key is chosen here and imported, rather than parsed out of `key create`'s prose:
+        # Garage's ids are "GK" + 12 bytes of hex, its secrets 32 bytes of hex.
+        (
+            umask 077
+            printf 'AWS_ACCESS_KEY_ID=GK%s\nAWS_SECRET_ACCESS_KEY=%s\n' \
+                "$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')" \
+                "$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')" >"$dir/key.env.new"
+        )
+    fi
+    id="$(sed -n 's/^AWS_ACCESS_KEY_ID=//p' "$dir/key.env.new")"
+    key="$(sed -n 's/^AWS_SECRET_ACCESS_KEY=//p' "$dir/key.env.new")"
+    garage bucket info ringbag >/dev/null 2>&1 || garage bucket create ringbag >/dev/null
+    garage key info "$id" >/dev/null 2>&1 || garage key import --yes -n ringbag-test "$id" "$key" >/dev/null
+    garage bucket allow --read --write --owner ringbag --key "$id" >/dev/null
+    # Renamed last: a DIR with key.env is fully set up.
+    mv "$dir/key.env.new" "$dir/key.env"
 fi
 
 # The S3 API answers a little after the layout settles; any HTTP status means it listens.
