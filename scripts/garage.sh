@@ -44,8 +44,10 @@ else
 fi
 
 register() { # PID DIR
+    # Best effort: a registry that cannot be written (e.g. inside a container that does not see
+    # it) must not fail the start; the tests still stop their own nodes.
     if [[ -n "${RINGBAG_GARAGE_REGISTRY:-}" ]]; then
-        echo "$1 $2" >>"$RINGBAG_GARAGE_REGISTRY"
+        { echo "$1 $2" >>"$RINGBAG_GARAGE_REGISTRY"; } 2>/dev/null || true
     fi
 }
 
