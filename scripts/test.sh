@@ -65,10 +65,9 @@ done
 TARGET_AARCH64=aarch64-unknown-linux-gnu
 # binutils: readelf and objcopy (release checks); binutils-aarch64-linux-gnu: the aarch64 objcopy
 # (release stripping); systemd: systemctl, systemd-sysusers and systemd-tmpfiles for the install
-# test, which enables the unit in an image root (installing it does not make it PID 1); curl and
-# zstd: scripts/garage.sh (waiting for the S3 API; unpacking the shared Garage).
+# test, which enables the unit in an image root (installing it does not make it PID 1).
 APT_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static binutils
-    binutils-aarch64-linux-gnu systemd curl zstd)
+    binutils-aarch64-linux-gnu systemd)
 VENV="$ROOT/.venv"
 # rosbags and pytest (interop), oelint-adv (the Yocto layer's lint).
 REQUIREMENTS=("$ROOT/tests/interop/requirements.txt" "$ROOT/yocto/requirements.txt")
@@ -290,13 +289,27 @@ install_venv() {
 # budget on top of the stages, so only with RINGBAG_BUILD_GARAGE=1; otherwise the upload tests
 # skip and say why (they find no Garage), unless RINGBAG_UPLOAD_REQUIRED=1 was set by the caller.
 install_garage() {
-    local bin
-    if ! bin="$(bash scripts/garage.sh bin 2>"$LOGS/garage.err")"; then
+    # curl (garage.sh waits for the S3 API with it) and zstd (the shared Garage is compressed).
+    local missing=() p
+    for p in curl zstd; do
+        command -v "$p" >/dev/null || missing+=("$p")
+    done
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        [[ $INSTALL -eq 1 ]] || { echo "missing for Garage: ${missing[*]}" >&2; return 1; }
+        echo "apt: installing ${missing[*]}"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+            { as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+                as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; }
+    fi
+    # A caller's RINGBAG_GARAGE_SH (e.g. the shared script itself) is used as given.
+    local sh="${RINGBAG_GARAGE_SH:-$ROOT/scripts/garage.sh}" bin
+    if ! bin="$(bash "$sh" bin 2>"$LOGS/garage.err")"; then
         if [[ "${RINGBAG_BUILD_GARAGE:-0}" == 1 ]]; then
             [[ $INSTALL -eq 1 ]] || { cat "$LOGS/garage.err" >&2; return 1; }
             echo "garage: building Garage 2.5.0 (RINGBAG_BUILD_GARAGE=1; ~20 min on 2 cores)"
-            bash scripts/garage.sh build
-            bin="$(bash scripts/garage.sh bin)"
+            bash "$ROOT/scripts/garage.sh" build
+            sh="$ROOT/scripts/garage.sh"
+            bin="$(bash "$sh" bin)"
         elif [[ "${RINGBAG_UPLOAD_REQUIRED:-0}" == 1 ]]; then
             cat "$LOGS/garage.err" >&2
             echo "test.sh: RINGBAG_UPLOAD_REQUIRED=1 but no Garage (RINGBAG_BUILD_GARAGE=1 builds it)" >&2
@@ -309,14 +322,14 @@ install_garage() {
         fi
     fi
     echo "garage: $bin"
-    export RINGBAG_GARAGE_SH="$ROOT/scripts/garage.sh" RINGBAG_UPLOAD_REQUIRED=1
+    export RINGBAG_GARAGE_SH="$sh" RINGBAG_UPLOAD_REQUIRED=1
 }
 
 # What the selected stages need (the ROS 2 distros are installed by their own stages).
 install_all() {
     # apt: the cross toolchain and qemu (release, cross-aarch64), systemd's tools (the install
-    # test in `test`), python3-venv (yocto, interop), curl and zstd (Garage).
-    if selected test yocto interop powercut systemd release cross-aarch64; then install_apt; fi
+    # test in `test`), python3-venv (yocto, interop).
+    if selected test yocto interop release cross-aarch64; then install_apt; fi
     install_rust
     if selected yocto interop; then install_venv; fi
     # Every stage that may run the upload tests (the host and aarch64 suites, interop's boto3
