@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Recording throughput against this machine's own limits, measured in one run on the same
 # filesystem, and playback timing.
-#   Usage: scripts/bench.sh [--json] [--dir DIR] [--quick] [--only write|large|robot]
+#   Usage: scripts/bench.sh [--json] [--dir DIR] [--quick] [--only write|large|robot|upload]
 #                           [--rounds N] [--robot-rounds N] [--ringbag BIN] [--play-only]
 # Prints messages/s, MB/s, CPU s per GB, drops and peak RSS for ringbag, beside `dd` and a bare
 # SQLite insert loop with the same rows, pragmas and batch size, and the ratios; then 100 B,
@@ -13,6 +13,10 @@
 # went back to the host during the run (fresh memory is slow there). Playback: the error of each
 # message's send time against its schedule (p50/p99/max) at rate 1 and 10 beside a bare sleep
 # loop, time to the first message in the middle of a >= 5 GB bag, peak RSS, CPU.
+# Upload (--only upload; needs Garage, see scripts/garage.sh, and boto3 in .venv): 2 GiB of
+# 256 MiB splits to Garage on loopback by `ringbag upload` and by boto3's upload_file (the
+# reference: same part size and parts in flight), MB/s, CPU s per GB and peak RSS of each, both
+# read back byte for byte; then the robot mix in real time without and with uploads running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin ringbag --example bare_sqlite --example bare_queue --example sleep_jitter --example insert_probe

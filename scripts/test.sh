@@ -14,6 +14,11 @@
 #
 # Respects CARGO_TARGET_DIR (default: target/). Cargo runs under `nice` because build machines
 # are usually shared; set RINGBAG_NICE=0 to not lower the priority.
+#
+# The upload tests need Garage (scripts/garage.sh): ../shared/garage next to the repository, or
+# a build cached in ~/.cache/ringbag-garage. Without either they skip with the reason, unless
+# RINGBAG_BUILD_GARAGE=1 (build it first, ~20 min on 2 cores) or RINGBAG_UPLOAD_REQUIRED=1
+# (fail instead). RINGBAG_GARAGE_BIN=PATH uses that garage 2.5.0 binary.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,7 +51,7 @@ while [[ $# -gt 0 ]]; do
             if [[ "$want" == ros ]]; then ONLY+=(ros-humble ros-jazzy); else ONLY+=("$want"); fi
             ;;
         -h | --help)
-            sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)
@@ -77,6 +82,9 @@ STAGE_SECS=()
 CURRENT_STAGE=""
 T0=$SECONDS
 LOGS="$(mktemp -d)"
+# Every Garage node scripts/garage.sh starts during this run, as "PID DIR" lines: the ones a
+# failed test left running are killed at exit (see stop_garages).
+export RINGBAG_GARAGE_REGISTRY="$LOGS/garage-nodes"
 # Per-suite test counts, "suite passed failed skipped", for the closing summary.
 COUNTS=()
 
@@ -109,8 +117,23 @@ pytest_counts() {
     echo "$p $f $s"
 }
 
+# Kill the Garage nodes of this run still alive: a test that panicked or was killed before its
+# cleanup must not leave a server running past the CI job. The command line naming the node's
+# config tells a live node from a reused pid.
+stop_garages() {
+    [[ -f "$RINGBAG_GARAGE_REGISTRY" ]] || return 0
+    local pid dir n=0
+    while read -r pid dir; do
+        if [[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$dir/garage.toml"; then
+            kill -9 "$pid" 2>/dev/null && n=$((n + 1))
+        fi
+    done <"$RINGBAG_GARAGE_REGISTRY"
+    if [[ $n -gt 0 ]]; then echo "test.sh: killed $n Garage node(s) left running by the tests" >&2; fi
+}
+
 summary() {
     local rc=$?
+    stop_garages
     # Left mid-stage (e.g. killed by a signal): never report success.
     [[ -n "$CURRENT_STAGE" && $rc -eq 0 ]] && rc=1
     echo
@@ -260,6 +283,48 @@ install_venv() {
     echo "$want" >"$VENV/.requirements.sha256"
 }
 
+# Garage for the upload tests. Found (../shared, a cached build, RINGBAG_GARAGE_BIN): the tests
+# get RINGBAG_GARAGE_SH and RINGBAG_UPLOAD_REQUIRED=1, so a test that cannot use it fails
+# rather than skips. Not found: building it takes ~20 min on 2 cores, too much for CI's 45-min
+# budget on top of the stages, so only with RINGBAG_BUILD_GARAGE=1; otherwise the upload tests
+# skip and say why (they find no Garage), unless RINGBAG_UPLOAD_REQUIRED=1 was set by the caller.
+install_garage() {
+    # curl (garage.sh waits for the S3 API with it) and zstd (the shared Garage is compressed).
+    local missing=() p
+    for p in curl zstd; do
+        command -v "$p" >/dev/null || missing+=("$p")
+    done
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        [[ $INSTALL -eq 1 ]] || { echo "missing for Garage: ${missing[*]}" >&2; return 1; }
+        echo "apt: installing ${missing[*]}"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+            { as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+                as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; }
+    fi
+    # A caller's RINGBAG_GARAGE_SH (e.g. the shared script itself) is used as given.
+    local sh="${RINGBAG_GARAGE_SH:-$ROOT/scripts/garage.sh}" bin
+    if ! bin="$(bash "$sh" bin 2>"$LOGS/garage.err")"; then
+        if [[ "${RINGBAG_BUILD_GARAGE:-0}" == 1 ]]; then
+            [[ $INSTALL -eq 1 ]] || { cat "$LOGS/garage.err" >&2; return 1; }
+            echo "garage: building Garage 2.5.0 (RINGBAG_BUILD_GARAGE=1; ~20 min on 2 cores)"
+            bash "$ROOT/scripts/garage.sh" build
+            sh="$ROOT/scripts/garage.sh"
+            bin="$(bash "$sh" bin)"
+        elif [[ "${RINGBAG_UPLOAD_REQUIRED:-0}" == 1 ]]; then
+            cat "$LOGS/garage.err" >&2
+            echo "test.sh: RINGBAG_UPLOAD_REQUIRED=1 but no Garage (RINGBAG_BUILD_GARAGE=1 builds it)" >&2
+            return 1
+        else
+            echo "garage: none, the upload tests will skip: $(cat "$LOGS/garage.err")"
+            echo "        (RINGBAG_BUILD_GARAGE=1 builds it, ~20 min)"
+            unset RINGBAG_GARAGE_SH
+            return 0
+        fi
+    fi
+    echo "garage: $bin"
+    export RINGBAG_GARAGE_SH="$sh" RINGBAG_UPLOAD_REQUIRED=1
+}
+
 # What the selected stages need (the ROS 2 distros are installed by their own stages).
 install_all() {
     # apt: the cross toolchain and qemu (release, cross-aarch64), systemd's tools (the install
@@ -267,6 +332,9 @@ install_all() {
     if selected test yocto interop release cross-aarch64; then install_apt; fi
     install_rust
     if selected yocto interop; then install_venv; fi
+    # Every stage that may run the upload tests (the host and aarch64 suites, interop's boto3
+    # read-back, uploads across power cuts, the unit uploading under systemd).
+    if selected test cross-aarch64 interop powercut systemd; then install_garage; fi
 }
 
 # ---------------------------------------------------------------- stages

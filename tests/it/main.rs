@@ -13,6 +13,7 @@ mod free_floor;
 mod fuzz;
 mod hostile_bags;
 mod install;
+mod netproxy;
 mod play;
 mod play_keys;
 mod reader;
