@@ -494,9 +494,11 @@ pub fn upload_settings(
     match url.scheme() {
         "https" => {}
         "http" if loopback || a.allow_http => {}
-        "http" => return Err(format!(
+        "http" => {
+            return Err(format!(
             "--endpoint {endpoint}: plain http is accepted only on loopback, or with --allow-http"
-        )),
+        ))
+        }
         other => {
             return Err(format!(
                 "--endpoint {endpoint}: scheme {other}: use https://"

@@ -425,7 +425,7 @@ impl Uploader {
             Ok(i) => i,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if let Some(entry) = journal.files.remove(name) {
-                    if let Some(id) = &entry.upload_id {
+                    if let Some(id) = entry.upload_id.as_ref().filter(|_| !entry.done) {
                         self.client.abort(&entry.key, id)?;
                     }
                     journal.save(bag)?;
@@ -459,7 +459,7 @@ impl Uploader {
                 };
             if !same {
                 // Another file now (rewritten, or the key template changed): start over.
-                if let Some(id) = &entry.upload_id {
+                if let Some(id) = entry.upload_id.as_ref().filter(|_| !entry.done) {
                     self.client.abort(&entry.key, id)?;
                 }
                 journal.files.remove(name);
@@ -551,7 +551,8 @@ impl Uploader {
             });
         }
         if let Some(e) = journal.files.get_mut(name) {
-            e.upload_id = None;
+            // The upload id stays (completed, no longer abortable): it shows which upload
+            // made the object, and a resume after a kill can be checked against it.
             e.parts.clear();
             e.etag = Some(etag);
             e.done = true;
@@ -880,7 +881,7 @@ impl Uploader {
                 let Some(entry) = journal.files.get(&name) else {
                     continue;
                 };
-                let Some(id) = entry.upload_id.clone() else {
+                let Some(id) = entry.upload_id.clone().filter(|_| !entry.done) else {
                     continue;
                 };
                 if bag.join(&name).exists() {
