@@ -249,7 +249,19 @@ fn a_root_uploads_snapshot_bags_first_then_continuous_bags_oldest_first() {
 
 #[test]
 fn kill_9_mid_multipart_then_the_rerun_resumes_the_same_upload_and_sends_only_missing_parts() {
-    let Some(g) = Garage::start("kill_9_mid_multipart") else {
+    killed_mid_multipart("kill_9_mid_multipart", false);
+}
+
+#[test]
+fn kill_9_mid_multipart_with_a_corrupt_journal_adopts_the_upload_from_the_server() {
+    killed_mid_multipart("kill_9_mid_multipart_with_a_corrupt_journal", true);
+}
+
+/// kill -9 of `ringbag upload` after at least 2 parts were journaled, then a rerun; with
+/// `corrupt`, the journal is torn in between, so the rerun must find the upload on the
+/// server (ListMultipartUploads) and its parts (ListParts, matched by MD5).
+fn killed_mid_multipart(test: &str, corrupt: bool) {
+    let Some(g) = Garage::start(test) else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -288,12 +300,17 @@ fn kill_9_mid_multipart_then_the_rerun_resumes_the_same_upload_and_sends_only_mi
     let before = journal(&bag).files["killed_0.db3"].clone();
     let upload_id = before.upload_id.clone().expect("an upload id");
     let had = before.parts.len() as u64;
-    assert!(had >= 2 && had < 9, "{before:?}");
+    assert!((2..9).contains(&had), "{before:?}");
     // The server holds that upload, unfinished.
     let ours = g.client().list_uploads("ringbag/r1/killed/").unwrap();
     assert_eq!(ours.len(), 1, "{ours:?}");
     assert_eq!(ours[0].upload_id, upload_id);
 
+    if corrupt {
+        let p = bag.join(JOURNAL_FILE);
+        let text = fs::read(&p).unwrap();
+        fs::write(&p, &text[..text.len() / 2]).unwrap();
+    }
     let o = g
         .upload_cmd()
         .args(["--part-size", "5MiB", "--concurrency", "2"])
@@ -305,6 +322,9 @@ fn kill_9_mid_multipart_then_the_rerun_resumes_the_same_upload_and_sends_only_mi
     // The same upload id was completed, and the parts it had were not sent again: a part
     // that reached the server just before the kill (not yet journaled) is adopted from
     // ListParts, so at least `had` parts were reused.
+    if corrupt {
+        assert!(err.contains("unreadable upload journal"), "{err}");
+    }
     let after = journal(&bag).files["killed_0.db3"].clone();
     assert_eq!(after.upload_id.as_deref(), Some(upload_id.as_str()));
     assert!(after.done);
@@ -493,7 +513,7 @@ fn abandoned_multipart_uploads_of_ours_are_aborted() {
     let r = u
         .abort_stale(&[root], Duration::from_secs(3600), SystemTime::now())
         .unwrap();
-    assert_eq!(r.file_gone, [gone_key.clone()]);
+    assert_eq!(r.file_gone, [gone_key]);
     assert!(r.unreferenced.is_empty(), "too young to abort: {r:?}");
     assert!(!journal(&bag).files.contains_key("shed_7.db3"));
     let left: Vec<String> = client
