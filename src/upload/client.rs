@@ -61,6 +61,8 @@ pub struct Body<'a> {
     pub bucket: Option<&'a TokenBucket>,
     pub cancel: &'a AtomicBool,
     pub sent: &'a AtomicU64,
+    /// Also counted as bytes go (the uploader's running total).
+    pub total: Option<&'a AtomicU64>,
 }
 
 pub struct S3Client {
@@ -267,6 +269,7 @@ impl S3Client {
                         bucket: b.bucket,
                         cancel: b.cancel,
                         sent: b.sent,
+                        total: b.total,
                     };
                     self.agent
                         .put(url)

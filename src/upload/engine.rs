@@ -530,6 +530,7 @@ impl Uploader {
             bucket: self.bucket.as_ref(),
             cancel: &self.cancel,
             sent,
+            total: Some(&self.counters.bytes_sent),
         }
     }
 
@@ -578,11 +579,7 @@ impl Uploader {
             .map_err(UploadError::io(path))?;
         let md5 = md5_of(&buf);
         let sent = AtomicU64::new(0);
-        let r = self.client.put_object(key, &self.body(&buf, md5, &sent));
-        self.counters
-            .bytes_sent
-            .fetch_add(sent.load(Ordering::Relaxed), Ordering::Relaxed);
-        r?;
+        self.client.put_object(key, &self.body(&buf, md5, &sent))?;
         drop_cache(&file, 0, identity.size);
         let expected = hex(&md5);
         if !self.verify(key, identity.size, &expected)? {
@@ -830,9 +827,7 @@ impl Uploader {
             let r = self
                 .client
                 .upload_part(key, upload_id, n, &self.body(&buf, md5, &part_sent));
-            let bytes = part_sent.load(Ordering::Relaxed);
-            sent.fetch_add(bytes, Ordering::Relaxed);
-            self.counters.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+            sent.fetch_add(part_sent.load(Ordering::Relaxed), Ordering::Relaxed);
             let etag = r?;
             drop_cache(&file, off, len);
             let mut st = state.lock().unwrap_or_else(|p| p.into_inner());

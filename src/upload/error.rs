@@ -107,16 +107,18 @@ impl UploadError {
             | Tls { .. }
             | Dns { .. }
             | Setup { .. } => ErrorClass::Configuration,
-            Network { .. }
-            | Server { .. }
-            | BadResponse { .. }
-            | VerifyFailed { .. }
-            | MetadataWithheld { .. } => ErrorClass::Transient,
+            Network { .. } | Server { .. } | BadResponse { .. } | VerifyFailed { .. } => {
+                ErrorClass::Transient
+            }
             // A journal that cannot be written is a full or failing disk: it may pass.
             Journal { .. } => ErrorClass::Transient,
-            Refused { .. } | Io { .. } | FileChanged { .. } | FileGone { .. } | TooLarge { .. } => {
-                ErrorClass::Permanent
-            }
+            Refused { .. }
+            | Io { .. }
+            | FileChanged { .. }
+            | FileGone { .. }
+            | TooLarge { .. }
+            // Follows a split's failure, which is reported (and retried) on its own.
+            | MetadataWithheld { .. } => ErrorClass::Permanent,
             Cancelled => ErrorClass::Cancelled,
         }
     }

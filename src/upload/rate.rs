@@ -115,6 +115,8 @@ pub struct BodyReader<'a, R> {
     pub bucket: Option<&'a TokenBucket>,
     pub cancel: &'a AtomicBool,
     pub sent: &'a std::sync::atomic::AtomicU64,
+    /// A second counter (the uploader's total), also counted as bytes go.
+    pub total: Option<&'a std::sync::atomic::AtomicU64>,
 }
 
 /// The message of the io error a cancelled body read returns.
@@ -137,6 +139,9 @@ impl<R: Read> Read for BodyReader<'_, R> {
             }
         }
         self.sent.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(t) = self.total {
+            t.fetch_add(n as u64, Ordering::Relaxed);
+        }
         Ok(n)
     }
 }
@@ -197,6 +202,7 @@ mod tests {
             bucket: Some(&b),
             cancel: &cancel,
             sent: &sent,
+            total: None,
         };
         let mut out = Vec::new();
         r.read_to_end(&mut out).unwrap();
@@ -219,6 +225,7 @@ mod tests {
             bucket: Some(&b),
             cancel: &cancel,
             sent: &sent,
+            total: None,
         };
         let e = r.read(&mut [0u8; 10]).unwrap_err();
         assert_eq!(e.to_string(), CANCELLED);

@@ -541,3 +541,50 @@ fn abandoned_multipart_uploads_of_ours_are_aborted() {
         .collect();
     assert_eq!(left, [foreign]);
 }
+
+#[test]
+fn the_bandwidth_cap_holds_over_concurrent_parts() {
+    let Some(g) = Garage::start("the_bandwidth_cap_holds") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("capped");
+    fs::create_dir(&bag).unwrap();
+    fs::write(bag.join("capped_0.db3"), noise((40 * MIB) as usize, 11)).unwrap();
+    let rate = 4 * MIB;
+    let tuning = Tuning {
+        part_size: 5 * MIB,
+        concurrency: 3,
+        max_rate: Some(rate),
+        delete_after_upload: false,
+    };
+    let keys = KeyTemplate::new(ringbag::upload::DEFAULT_KEY_TEMPLATE, "r1").unwrap();
+    let uploader = Arc::new(Uploader::new(&g.target(), tuning, keys).unwrap());
+    let counters = uploader.counters();
+    let worker = {
+        let (u, bag) = (uploader.clone(), bag.clone());
+        std::thread::spawn(move || u.upload_bag(&bag, &mut |_, _, _| false, &mut |_| {}))
+    };
+    let start = Instant::now();
+    let at = |secs: f64| {
+        wait_for(Duration::from_secs(30), || {
+            start.elapsed().as_secs_f64() >= secs
+        });
+        (
+            start.elapsed().as_secs_f64(),
+            counters.snapshot().bytes_sent,
+        )
+    };
+    // Three parts in flight share one bucket: the first second's burst, then the rate.
+    let (t0, b0) = at(1.5);
+    assert!(b0 <= 2 * rate, "a burst of {b0} bytes");
+    let (t1, b1) = at(7.5);
+    let measured = (b1 - b0) as f64 / (t1 - t0);
+    assert!(
+        (measured - rate as f64).abs() <= 0.1 * rate as f64,
+        "{measured:.0} B/s for a cap of {rate}"
+    );
+    let out = worker.join().unwrap();
+    assert!(out.all_uploaded(), "{out:?}");
+    assert_identical_in_bucket(&g, &bag);
+}
