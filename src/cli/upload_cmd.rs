@@ -102,7 +102,10 @@ pub fn run(a: &UploadArgs) -> i32 {
             true
         };
         let mut show = |r: &FileReport| match &r.result {
-            Ok(FileOutcome::AlreadyThere) => present += 1,
+            Ok(FileOutcome::AlreadyThere) => {
+                present += 1;
+                eprintln!("ringbag: {} {} bytes: already in the bucket", r.key, r.size);
+            }
             Ok(FileOutcome::Uploaded {
                 bytes_sent,
                 parts_reused,

@@ -571,8 +571,15 @@ impl Uploader {
         path: &Path,
         key: &str,
         identity: FileIdentity,
-        journal: Journal,
+        mut journal: Journal,
     ) -> Result<FileOutcome, UploadError> {
+        // Journaled as multipart under a smaller part size: that upload would bill forever.
+        if let Some(e) = journal.files.get_mut(name) {
+            if let Some(id) = e.upload_id.take() {
+                self.client.abort(key, &id)?;
+                e.parts.clear();
+            }
+        }
         let file = open_for_upload(path)?;
         let mut buf = vec![0u8; identity.size as usize];
         file.read_exact_at(&mut buf, 0)
