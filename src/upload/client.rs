@@ -96,8 +96,13 @@ impl S3Client {
         };
         let bucket = Bucket::new(url, style, target.bucket.clone(), target.region.clone())
             .map_err(|e| {
+                let hint = if target.path_style {
+                    ""
+                } else {
+                    " (virtual-host addressing puts the bucket in a DNS name: use path-style for an IP address)"
+                };
                 setup(format!(
-                    "endpoint {} with bucket {}: {e}",
+                    "endpoint {} with bucket {}: {e}{hint}",
                     target.endpoint, target.bucket
                 ))
             })?;
@@ -112,36 +117,38 @@ impl S3Client {
                 rusty_s3::Credentials::new(c.access_key_id.clone(), c.secret_access_key.clone())
             }
         };
-        let roots = match &target.ca_file {
-            None => RootCerts::WebPki,
-            Some(path) => {
-                let pem = std::fs::read(path)
-                    .map_err(|e| setup(format!("ca_file {}: {e}", path.display())))?;
-                // Mozilla's roots plus the file's: a private CA must not cut off public ones.
-                let mut certs: Vec<Certificate<'static>> = webpki_root_certs::TLS_SERVER_ROOT_CERTS
-                    .iter()
-                    .map(|c| Certificate::from_der(c.as_ref()))
-                    .collect();
-                let before = certs.len();
-                for item in ureq::tls::parse_pem(&pem) {
-                    match item {
-                        Ok(PemItem::Certificate(c)) => certs.push(c.to_owned()),
-                        Ok(_) => {}
-                        Err(e) => return Err(setup(format!("ca_file {}: {e}", path.display()))),
-                    }
+        // Mozilla's roots, plus the CA file's: a private CA must not cut off public ones.
+        let mut certs: Vec<Certificate<'static>> = webpki_root_certs::TLS_SERVER_ROOT_CERTS
+            .iter()
+            .map(|c| Certificate::from_der(c.as_ref()))
+            .collect();
+        if let Some(path) = &target.ca_file {
+            let pem = std::fs::read(path)
+                .map_err(|e| setup(format!("ca_file {}: {e}", path.display())))?;
+            let before = certs.len();
+            for item in ureq::tls::parse_pem(&pem) {
+                match item {
+                    Ok(PemItem::Certificate(c)) => certs.push(c.to_owned()),
+                    Ok(_) => {}
+                    Err(e) => return Err(setup(format!("ca_file {}: {e}", path.display()))),
                 }
-                if certs.len() == before {
-                    return Err(setup(format!(
-                        "ca_file {}: no PEM certificate in it",
-                        path.display()
-                    )));
-                }
-                RootCerts::new_with_certs(&certs)
             }
-        };
+            if certs.len() == before {
+                return Err(setup(format!(
+                    "ca_file {}: no PEM certificate in it",
+                    path.display()
+                )));
+            }
+        }
+        let tls = TlsConfig::builder()
+            .root_certs(RootCerts::new_with_certs(&certs))
+            .unversioned_rustls_crypto_provider(std::sync::Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .build();
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .tls_config(TlsConfig::builder().root_certs(roots).build())
+            .tls_config(tls)
             .timeout_resolve(Some(CONNECT_TIMEOUT))
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .timeout_send_request(Some(IDLE_TIMEOUT))
@@ -189,6 +196,16 @@ impl S3Client {
         };
         match e {
             ureq::Error::HostNotFound => UploadError::Dns { endpoint },
+            ureq::Error::Io(io)
+                if io
+                    .get_ref()
+                    .is_some_and(|inner| inner.is::<rustls::Error>()) =>
+            {
+                UploadError::Tls {
+                    endpoint,
+                    detail: io.to_string(),
+                }
+            }
             ureq::Error::Io(io) => {
                 use std::io::ErrorKind as K;
                 let what = match io.kind() {
