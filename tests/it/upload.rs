@@ -590,3 +590,111 @@ fn the_bandwidth_cap_holds_over_concurrent_parts() {
     assert!(out.all_uploaded(), "{out:?}");
     assert_identical_in_bucket(&g, &bag);
 }
+
+/// A TLS endpoint whose certificate is signed by a private CA (made with the openssl tool),
+/// answering every request with S3's NoSuchBucket. Returns its port and the CA file; `None`
+/// (after saying so) without openssl.
+fn private_ca_endpoint(dir: &Path) -> Option<(u16, std::path::PathBuf)> {
+    use std::io::{Read, Write};
+    let sh = |script: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", script])
+            .current_dir(dir)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let made = sh("openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=ringbag-test-ca \
+          && openssl req -newkey rsa:2048 -nodes -keyout leaf.key -out leaf.csr -subj /CN=localhost \
+          && printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\n' > ext.cnf \
+          && openssl x509 -req -in leaf.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out leaf.pem -days 2 -extfile ext.cnf");
+    if !made {
+        eprintln!("private_ca_endpoint: skipped: no openssl to make certificates");
+        return None;
+    }
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("leaf.pem"))
+        .unwrap()
+        .map(|c| c.unwrap())
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(dir.join("leaf.key")).unwrap();
+    let config = Arc::new(
+        rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap(),
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut tcp) = stream else { continue };
+            let config = config.clone();
+            std::thread::spawn(move || {
+                let Ok(mut conn) = rustls::ServerConnection::new(config) else {
+                    return;
+                };
+                let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+                let mut req = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = "<Error><Code>NoSuchBucket</Code><Message>none here</Message></Error>";
+                let _ = write!(
+                    tls,
+                    "HTTP/1.1 404 Not Found\r\ncontent-type: application/xml\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.flush();
+            });
+        }
+    });
+    Some((port, dir.join("ca.pem")))
+}
+
+#[test]
+fn tls_is_verified_and_a_ca_file_adds_a_private_root() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((port, ca)) = private_ca_endpoint(tmp.path()) else {
+        return;
+    };
+    let bag = tmp.path().join("b");
+    make_bag(&bag, 1_700_000_000_000_000_000, 1, &[]);
+    let endpoint = format!("https://127.0.0.1:{port}");
+    let run = |extra: &[&std::ffi::OsStr]| {
+        common::ringbag()
+            .args(["upload", "--endpoint", &endpoint, "--bucket", "fleet"])
+            .args(["--path-style", "--robot-id", "r1"])
+            .args(extra)
+            .arg(&bag)
+            .env("AWS_ACCESS_KEY_ID", "k")
+            .env("AWS_SECRET_ACCESS_KEY", "s")
+            .env_remove("RINGBAG_LOG")
+            .run_output()
+            .unwrap()
+    };
+    // Not trusted: refused at the handshake, named as TLS, once (no retries of it).
+    let o = run(&[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        format!("ringbag: error: {endpoint}: TLS failed: invalid peer certificate: UnknownIssuer")
+    );
+    // With the private CA: the handshake passes and the server's own answer comes through.
+    let o = run(&["--ca-file".as_ref(), ca.as_os_str()]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        format!("ringbag: error: bucket fleet does not exist at {endpoint}")
+    );
+}
