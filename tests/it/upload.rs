@@ -698,3 +698,50 @@ fn tls_is_verified_and_a_ca_file_adds_a_private_root() {
         format!("ringbag: error: bucket fleet does not exist at {endpoint}")
     );
 }
+
+#[test]
+fn cancelling_stops_a_transfer_within_a_moment_and_the_next_attempt_resumes() {
+    let Some(g) = Garage::start("cancelling_stops_a_transfer") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("cancelled");
+    fs::create_dir(&bag).unwrap();
+    let size = 20 * MIB + 1;
+    fs::write(bag.join("cancelled_0.db3"), noise(size as usize, 13)).unwrap();
+    let tuning = Tuning {
+        part_size: 5 * MIB,
+        concurrency: 2,
+        max_rate: Some(2 * MIB),
+        delete_after_upload: false,
+    };
+    let keys = KeyTemplate::new(ringbag::upload::DEFAULT_KEY_TEMPLATE, "r1").unwrap();
+    let uploader = Arc::new(Uploader::new(&g.target(), tuning, keys).unwrap());
+    let cancel = uploader.cancel_flag();
+    let counters = uploader.counters();
+    let worker = {
+        let (u, bag) = (uploader.clone(), bag.clone());
+        std::thread::spawn(move || u.upload_file(&bag, "cancelled_0.db3"))
+    };
+    // Mid-part (the first second's burst is spent, no part is complete yet).
+    assert!(wait_for(Duration::from_secs(30), || {
+        counters.snapshot().bytes_sent > 3 * MIB
+    }));
+    cancel.store(true, Ordering::Relaxed);
+    let asked = Instant::now();
+    assert!(wait_for(Duration::from_secs(2), || worker.is_finished()));
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        asked.elapsed()
+    );
+    let r = worker.join().unwrap();
+    assert!(
+        matches!(r, Err(ringbag::upload::UploadError::Cancelled)),
+        "{r:?}"
+    );
+    cancel.store(false, Ordering::Relaxed);
+    let r = uploader.upload_file(&bag, "cancelled_0.db3");
+    assert!(r.is_ok(), "{r:?}");
+    assert_identical_in_bucket(&g, &bag);
+}
