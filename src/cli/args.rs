@@ -64,6 +64,55 @@ pub enum Command {
     Status(StatusArgs),
     /// Ask a running recorder for a snapshot bag of its memory ring (`record --snapshot-size`).
     Trigger(TriggerArgs),
+    /// Upload bags (or every bag of a recording root) to S3-compatible object storage, once.
+    Upload(Box<UploadArgs>),
+}
+
+/// `ringbag upload`: credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+/// (and AWS_SESSION_TOKEN), never from a flag.
+#[derive(Debug, Args)]
+pub struct UploadArgs {
+    /// A bag directory, or a recording root (every bag under it).
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// S3 endpoint, `https://host[:port]` (http:// only for loopback, or with --allow-http).
+    #[arg(long, value_name = "URL")]
+    pub endpoint: String,
+    /// Bucket to upload into.
+    #[arg(long, value_name = "B")]
+    pub bucket: String,
+    /// Region the requests are signed for.
+    #[arg(long, value_name = "R", default_value = "us-east-1")]
+    pub region: String,
+    /// Object key template over {robot}, {bag} and {file}.
+    #[arg(long = "key", value_name = "TEMPLATE", default_value = crate::upload::DEFAULT_KEY_TEMPLATE)]
+    pub key_template: String,
+    /// The {robot} of the key [default: /etc/machine-id].
+    #[arg(long, value_name = "ID")]
+    pub robot_id: Option<String>,
+    /// Path-style addressing (endpoint/bucket/key): MinIO, Garage, Ceph on an IP address.
+    #[arg(long)]
+    pub path_style: bool,
+    /// Extra CA certificates (PEM) to trust beside Mozilla's roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Multipart part size (files up to this size go as one PUT). Bytes or with units; 5MiB..5GiB.
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value = "16MiB",
+        allow_negative_numbers = true
+    )]
+    pub part_size: String,
+    /// Parts in flight at once (1..64).
+    #[arg(long, value_name = "N", default_value_t = crate::upload::DEFAULT_CONCURRENCY, allow_negative_numbers = true)]
+    pub concurrency: usize,
+    /// Bandwidth cap over all transfers, bytes per second (or with units: 2MiB = 2 MiB/s). [default: unlimited]
+    #[arg(long, value_name = "BYTES_PER_S", allow_negative_numbers = true)]
+    pub max_rate: Option<String>,
+    /// Accept a plain http:// endpoint that is not on loopback (sends data unencrypted).
+    #[arg(long)]
+    pub allow_http: bool,
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,7 @@
 pub mod args;
 mod logger;
 pub mod resolve;
+mod upload_cmd;
 /// Sizes and durations live below both the CLI and the config; re-exported for old paths.
 pub use crate::units;
 
@@ -51,6 +52,7 @@ pub fn main_entry() -> i32 {
         Command::Daemon(a) => cmd_daemon(&a),
         Command::Status(a) => cmd_status(&a),
         Command::Trigger(a) => cmd_trigger(&a),
+        Command::Upload(a) => upload_cmd::run(&a),
     }
 }
 
@@ -188,7 +190,7 @@ fn clap_failure(e: &clap::Error) -> i32 {
         }
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => fail(
             EXIT_BAD_INPUT,
-            "a command is required: record, info, play, clock, reindex, daemon, status or trigger (see `ringbag --help`)",
+            "a command is required: record, info, play, clock, reindex, daemon, status, trigger or upload (see `ringbag --help`)",
         ),
         _ => fail(
             EXIT_BAD_INPUT,

@@ -463,3 +463,111 @@ fn parse_signed_seconds(s: &str) -> Result<i64, String> {
         None => parse_duration_ns(t),
     }
 }
+
+/// The upload target, tuning and key template of `ringbag upload`'s flags: the one place
+/// flags become these (the `[upload]` config and credential files resolve elsewhere).
+/// Credentials come from `env` (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN);
+/// the robot id from --robot-id, else `machine_id`.
+pub fn upload_settings(
+    a: &super::args::UploadArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+    machine_id: &dyn Fn() -> Option<String>,
+) -> Result<
+    (
+        crate::upload::Target,
+        crate::upload::Tuning,
+        crate::upload::KeyTemplate,
+    ),
+    String,
+> {
+    use crate::upload::parts::{MAX_PART_SIZE, MIN_PART_SIZE};
+    use crate::upload::{Credentials, KeyTemplate, Target, Tuning};
+    let endpoint = a.endpoint.trim_end_matches('/').to_string();
+    let url: url::Url = endpoint
+        .parse()
+        .map_err(|e| format!("--endpoint {endpoint}: not a URL ({e})"))?;
+    let loopback = match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d == "localhost",
+        None => return Err(format!("--endpoint {endpoint}: no host")),
+    };
+    match url.scheme() {
+        "https" => {}
+        "http" if loopback || a.allow_http => {}
+        "http" => {
+            return Err(format!(
+            "--endpoint {endpoint}: plain http is accepted only on loopback, or with --allow-http"
+        ))
+        }
+        other => {
+            return Err(format!(
+                "--endpoint {endpoint}: scheme {other}: use https://"
+            ))
+        }
+    }
+    if url.path() != "/" || url.query().is_some() || !url.username().is_empty() {
+        return Err(format!(
+            "--endpoint {endpoint}: give scheme, host and port only (no path, query or user)"
+        ));
+    }
+    if a.bucket.is_empty() {
+        return Err("--bucket: empty".into());
+    }
+    let part_size = parse_bytes(&a.part_size).map_err(|e| format!("--part-size {e}"))?;
+    if !(MIN_PART_SIZE..=MAX_PART_SIZE).contains(&part_size) {
+        return Err(format!(
+            "--part-size {}: must be 5MiB..5GiB (S3's part limits)",
+            a.part_size
+        ));
+    }
+    if !(1..=64).contains(&a.concurrency) {
+        return Err(format!("--concurrency {}: must be 1..64", a.concurrency));
+    }
+    let max_rate = match &a.max_rate {
+        None => None,
+        Some(r) => match parse_bytes(r).map_err(|e| format!("--max-rate {e}"))? {
+            0 => return Err("--max-rate 0: would never send; leave it out for no cap".into()),
+            n => Some(n),
+        },
+    };
+    let var = |n: &str| env(n).filter(|v| !v.is_empty());
+    let (Some(access_key_id), Some(secret_access_key)) =
+        (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY"))
+    else {
+        return Err("no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY".into());
+    };
+    let robot = match &a.robot_id {
+        Some(r) => r.clone(),
+        None => machine_id()
+            .ok_or("no robot id: /etc/machine-id is missing or empty; pass --robot-id")?,
+    };
+    let keys = KeyTemplate::new(&a.key_template, &robot).map_err(|e| match e {
+        crate::upload::KeyTemplateError::BadRobot(_) => format!("--robot-id: {e}"),
+        _ => format!("--key {}: {e}", a.key_template),
+    })?;
+    if let Some(ca) = &a.ca_file {
+        if !ca.is_file() {
+            return Err(format!("--ca-file {}: no such file", ca.display()));
+        }
+    }
+    let target = Target {
+        endpoint,
+        region: a.region.clone(),
+        bucket: a.bucket.clone(),
+        path_style: a.path_style,
+        ca_file: a.ca_file.clone(),
+        credentials: Credentials {
+            access_key_id,
+            secret_access_key,
+            session_token: var("AWS_SESSION_TOKEN"),
+        },
+    };
+    let tuning = Tuning {
+        part_size,
+        concurrency: a.concurrency,
+        max_rate,
+        delete_after_upload: false,
+    };
+    Ok((target, tuning, keys))
+}

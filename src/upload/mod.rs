@@ -9,6 +9,18 @@ pub mod settings;
 use std::fmt;
 use std::path::PathBuf;
 
+pub mod backoff;
+pub mod client;
+pub mod engine;
+pub mod error;
+pub mod journal;
+pub mod parts;
+pub mod rate;
+mod xml;
+
+pub use engine::{plan_root, BagOutcome, FileOutcome, PlannedBag, Uploader};
+pub use error::{ErrorClass, UploadError};
+
 /// The default object key template.
 pub const DEFAULT_KEY_TEMPLATE: &str = "ringbag/{robot}/{bag}/{file}";
 /// The default multipart part size: 16 MiB.
@@ -167,6 +179,17 @@ impl KeyTemplate {
             return Err(KeyTemplateError::TooLong(n));
         }
         Ok(t)
+    }
+
+    /// The fixed start of every key (robot filled in, up to the first `{bag}` or `{file}`):
+    /// the prefix under which all of this robot's uploads live.
+    pub fn prefix(&self) -> String {
+        let cut = [self.template.find("{bag}"), self.template.find("{file}")]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(self.template.len());
+        self.template[..cut].replace("{robot}", &self.robot)
     }
 
     /// The object key of `file` in the bag directory named `bag`. One pass over the template:

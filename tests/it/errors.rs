@@ -229,7 +229,7 @@ fn flag_parser_errors_are_one_prefixed_line_with_exit_two() {
         ),
         (
             &[],
-            "ringbag: error: a command is required: record, info, play, clock, reindex, daemon, status or trigger (see `ringbag --help`)",
+            "ringbag: error: a command is required: record, info, play, clock, reindex, daemon, status, trigger or upload (see `ringbag --help`)",
         ),
         (
             &["bogus"],

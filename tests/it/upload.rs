@@ -1,0 +1,747 @@
+//! Fleet offload against a real S3 store (Garage on loopback): `ringbag upload` and the
+//! engine the daemon drives. Skipped (with a line saying so) where Garage is not available.
+
+use std::fs;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use ringbag::bag::writer::{BagWriter, WriterOptions};
+use ringbag::bag::Flavour;
+use ringbag::upload::backoff::Backoff;
+use ringbag::upload::journal::{FileEntry, FileIdentity, Journal, JOURNAL_FILE};
+use ringbag::upload::{KeyTemplate, Tuning, Uploader};
+
+use super::common::{self, stderr, wait_for, RunOutput};
+use super::garage::Garage;
+
+const MIB: u64 = 1 << 20;
+
+/// A bag of `splits` splits with messages from `t0` (ns), written by the bag writer.
+fn make_bag(dir: &Path, t0: i64, splits: usize, custom: &[(&str, &str)]) {
+    make_bag_of(dir, t0, splits, custom, 300)
+}
+
+/// As [`make_bag`], with messages of about `payload` bytes.
+fn make_bag_of(dir: &Path, t0: i64, splits: usize, custom: &[(&str, &str)], payload: usize) {
+    let mut opts = WriterOptions::new(Flavour::Jazzy);
+    for (k, v) in custom {
+        opts.custom_data.insert(k.to_string(), v.to_string());
+    }
+    let mut w = BagWriter::create(dir, opts).expect("create bag");
+    let t = w
+        .add_topic(common::topic("/chatter", "std_msgs/msg/String"), None)
+        .expect("topic");
+    for s in 0..splits {
+        for i in 0..200 {
+            let ts = t0 + ((s * 200 + i) as i64) * 1_000_000;
+            let data = common::cdr_string(&format!("message {s}/{i} {}", "x".repeat(payload)));
+            w.write_batch([(t, ts, data.as_slice())]).expect("write");
+        }
+        if s + 1 < splits {
+            w.split().expect("split");
+        }
+    }
+    w.finish().expect("finish");
+}
+
+/// Pseudo-random bytes (incompressible enough; deterministic per seed).
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn journal(bag: &Path) -> Journal {
+    Journal::load(bag).expect("journal").journal
+}
+
+/// Every file of `bag` is in the bucket under `ringbag/r1/<bag>/<file>`, byte for byte.
+fn assert_identical_in_bucket(g: &Garage, bag: &Path) {
+    let client = g.client();
+    let name = bag.file_name().unwrap().to_str().unwrap();
+    for f in ringbag::upload::engine::bag_files(bag) {
+        let key = format!("ringbag/r1/{name}/{f}");
+        let got = client
+            .get(&key)
+            .unwrap_or_else(|e| panic!("GET {key}: {e}"));
+        let want = fs::read(bag.join(&f)).expect("read");
+        assert!(
+            got == want,
+            "{key}: the object differs from the file ({} vs {} bytes)",
+            got.len(),
+            want.len()
+        );
+    }
+}
+
+/// "… N bytes sent in all" from the summary line.
+fn bytes_sent_in_all(err: &str) -> u64 {
+    let line = err
+        .lines()
+        .find(|l| l.contains("bytes sent in all"))
+        .unwrap_or_else(|| panic!("no summary: {err}"));
+    let before = line.trim_end_matches(" bytes sent in all");
+    before.rsplit(' ').next().unwrap().parse().expect("a count")
+}
+
+#[test]
+fn a_bag_uploaded_by_ringbag_upload_is_byte_identical_and_metadata_goes_last() {
+    let Some(g) = Garage::start("a_bag_uploaded_by_ringbag_upload_is_byte_identical") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("field_bag");
+    // Splits of ~6 MB: larger than the 5 MiB part size, so each goes multipart (2 parts).
+    make_bag_of(&bag, 1_700_000_000_000_000_000, 3, &[], 30_000);
+
+    let o = g
+        .upload_cmd()
+        .args(["--part-size", "5MiB"])
+        .arg(&bag)
+        .run_output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_identical_in_bucket(&g, &bag);
+    // metadata.yaml went after every split: its line is last, and so is its journal time.
+    let done_lines: Vec<&str> = err.lines().filter(|l| l.ends_with(": done")).collect();
+    assert_eq!(done_lines.len(), 4, "{err}");
+    assert!(done_lines[3].contains("/metadata.yaml "), "{err}");
+    let j = journal(&bag);
+    let meta_t = j.files["metadata.yaml"].done_unix_ms.unwrap();
+    for (name, e) in &j.files {
+        assert!(e.done, "{name} not done");
+        assert!(
+            e.done_unix_ms.unwrap() <= meta_t,
+            "{name} after metadata.yaml"
+        );
+    }
+    // The multipart object's ETag is the one computed locally.
+    let big = &j.files["field_bag_0.db3"];
+    assert!(big.etag.as_deref().unwrap().ends_with("-2"), "{big:?}");
+    // The journal does not disturb the bag's readers.
+    let info = common::run(&["info", bag.to_str().unwrap()]);
+    assert!(info.status.success(), "{}", stderr(&info));
+
+    // A second run sends nothing and says so.
+    let o = g.upload_cmd().arg(&bag).run_output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("uploaded 0 files") && err.contains("4 files already in the bucket"),
+        "{err}"
+    );
+    assert_eq!(bytes_sent_in_all(&err), 0, "{err}");
+
+    // Exit 1: a bucket that does not exist, in one line.
+    let o = g
+        .upload_cmd_to(&g.endpoint, "no-such-bucket")
+        .arg(&bag)
+        .run_output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.contains("error:"))
+            .collect::<Vec<_>>(),
+        [format!(
+            "ringbag: error: bucket no-such-bucket does not exist at {}",
+            g.endpoint
+        )]
+    );
+    // Exit 2: bad input, one line each.
+    for (flags, says) in [
+        (
+            vec!["--part-size", "1MiB"],
+            "--part-size 1MiB: must be 5MiB..5GiB",
+        ),
+        (vec!["--concurrency", "0"], "--concurrency 0"),
+        (vec!["--key", "x/{file}"], "must contain {bag}"),
+        (vec!["--max-rate", "fast"], "--max-rate"),
+    ] {
+        let o = g.upload_cmd().args(&flags).arg(&bag).run_output().unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{flags:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with("ringbag: error: ") && err.contains(says),
+            "{err}"
+        );
+    }
+    let o = g
+        .upload_cmd()
+        .arg(tmp.path().join("absent"))
+        .run_output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = common::ringbag()
+        .args([
+            "upload",
+            "--endpoint",
+            "http://192.0.2.1:9000",
+            "--bucket",
+            "b",
+        ])
+        .arg(&bag)
+        .env("AWS_ACCESS_KEY_ID", "k")
+        .env("AWS_SECRET_ACCESS_KEY", "s")
+        .run_output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("plain http is accepted only on loopback"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_root_uploads_snapshot_bags_first_then_continuous_bags_oldest_first() {
+    let Some(g) = Garage::start("a_root_uploads_snapshot_bags_first") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let t = 1_700_000_000_000_000_000i64;
+    // Names that sort against the times: the order must come from the metadata.
+    make_bag(&root.join("a_newer"), t + 2_000_000_000_000, 1, &[]);
+    make_bag(&root.join("z_older"), t, 2, &[]);
+    make_bag(
+        &root.join("2026-12-04T09-00-00Z_snapshot_estop"),
+        t + 5_000_000_000_000,
+        1,
+        &[("ringbag.snapshot.reason", "estop")],
+    );
+    let o = g.upload_cmd().arg(root).run_output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let order: Vec<&str> = err
+        .lines()
+        .filter(|l| l.ends_with(": done"))
+        .filter_map(|l| l.split('/').nth(2))
+        .collect();
+    let mut bags: Vec<&str> = Vec::new();
+    for b in order {
+        if bags.last() != Some(&b) {
+            bags.push(b);
+        }
+    }
+    assert_eq!(
+        bags,
+        ["2026-12-04T09-00-00Z_snapshot_estop", "z_older", "a_newer"],
+        "{err}"
+    );
+    for b in ["a_newer", "z_older", "2026-12-04T09-00-00Z_snapshot_estop"] {
+        assert_identical_in_bucket(&g, &root.join(b));
+    }
+}
+
+#[test]
+fn kill_9_mid_multipart_then_the_rerun_resumes_the_same_upload_and_sends_only_missing_parts() {
+    killed_mid_multipart("kill_9_mid_multipart", false);
+}
+
+#[test]
+fn kill_9_mid_multipart_with_a_corrupt_journal_adopts_the_upload_from_the_server() {
+    killed_mid_multipart("kill_9_mid_multipart_with_a_corrupt_journal", true);
+}
+
+/// kill -9 of `ringbag upload` after at least 2 parts were journaled, then a rerun; with
+/// `corrupt`, the journal is torn in between, so the rerun must find the upload on the
+/// server (ListMultipartUploads) and its parts (ListParts, matched by MD5).
+fn killed_mid_multipart(test: &str, corrupt: bool) {
+    let Some(g) = Garage::start(test) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("killed");
+    fs::create_dir(&bag).unwrap();
+    let size = 40 * MIB + 12_345;
+    fs::write(bag.join("killed_0.db3"), noise(size as usize, 3)).unwrap();
+    // 9 parts of 5 MiB at 4 MiB/s, one at a time: slow enough to kill between parts.
+    let mut child = g
+        .upload_cmd()
+        .args([
+            "--part-size",
+            "5MiB",
+            "--concurrency",
+            "1",
+            "--max-rate",
+            "4MiB",
+        ])
+        .arg(&bag)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let parts_done = |bag: &Path| {
+        Journal::load(bag)
+            .ok()
+            .and_then(|l| l.journal.files.get("killed_0.db3").map(|e| e.parts.len()))
+            .unwrap_or(0)
+    };
+    assert!(
+        wait_for(Duration::from_secs(60), || parts_done(&bag) >= 2),
+        "the journal never showed 2 parts"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = journal(&bag).files["killed_0.db3"].clone();
+    let upload_id = before.upload_id.clone().expect("an upload id");
+    let had = before.parts.len() as u64;
+    assert!((2..9).contains(&had), "{before:?}");
+    // The server holds that upload, unfinished.
+    let ours = g.client().list_uploads("ringbag/r1/killed/").unwrap();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    assert_eq!(ours[0].upload_id, upload_id);
+
+    if corrupt {
+        let p = bag.join(JOURNAL_FILE);
+        let text = fs::read(&p).unwrap();
+        fs::write(&p, &text[..text.len() / 2]).unwrap();
+    }
+    let o = g
+        .upload_cmd()
+        .args(["--part-size", "5MiB", "--concurrency", "2"])
+        .arg(&bag)
+        .run_output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    // The same upload id was completed, and the parts it had were not sent again: a part
+    // that reached the server just before the kill (not yet journaled) is adopted from
+    // ListParts, so at least `had` parts were reused.
+    if corrupt {
+        assert!(err.contains("unreadable upload journal"), "{err}");
+    }
+    let after = journal(&bag).files["killed_0.db3"].clone();
+    assert_eq!(after.upload_id.as_deref(), Some(upload_id.as_str()));
+    assert!(after.done);
+    let sent = bytes_sent_in_all(&err);
+    let reused: u64 = err
+        .split("resumed (")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no resumed line: {err}"));
+    assert!(reused >= had, "{reused} < {had}: {err}");
+    assert_eq!(sent, size - reused * 5 * MIB, "{err}");
+    assert_identical_in_bucket(&g, &bag);
+    assert!(g.client().list_uploads("ringbag/").unwrap().is_empty());
+}
+
+#[test]
+fn kill_9_of_the_store_mid_upload_backs_off_and_resumes_without_duplicates() {
+    let Some(mut g) = Garage::start("kill_9_of_the_store_mid_upload") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("outage");
+    fs::create_dir(&bag).unwrap();
+    let size = 40 * MIB + 77;
+    fs::write(bag.join("outage_0.db3"), noise(size as usize, 5)).unwrap();
+    let tuning = Tuning {
+        part_size: 5 * MIB,
+        concurrency: 2,
+        max_rate: Some(4 * MIB),
+        delete_after_upload: false,
+    };
+    let keys = KeyTemplate::new(ringbag::upload::DEFAULT_KEY_TEMPLATE, "r1").unwrap();
+    let uploader = Arc::new(Uploader::new(&g.target(), tuning, keys).unwrap());
+    let failures = Arc::new(AtomicU32::new(0));
+    let worker = {
+        let (u, bag, failures) = (uploader.clone(), bag.clone(), failures.clone());
+        std::thread::spawn(move || {
+            // The daemon's policy: retry forever (here with a short cap, for the test).
+            let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(2), 9);
+            let mut retry = |_: &str, _: &ringbag::upload::UploadError, _: u32| {
+                failures.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(backoff.next_delay());
+                true
+            };
+            u.upload_bag(&bag, &mut retry, &mut |_| {})
+        })
+    };
+    let parts_done = || {
+        Journal::load(&bag)
+            .ok()
+            .and_then(|l| l.journal.files.get("outage_0.db3").map(|e| e.parts.len()))
+            .unwrap_or(0)
+    };
+    assert!(wait_for(Duration::from_secs(60), || parts_done() >= 1));
+    g.kill9();
+    let down = Instant::now();
+    // It keeps failing and backing off while the store is down…
+    assert!(wait_for(Duration::from_secs(30), || failures
+        .load(Ordering::Relaxed)
+        >= 2));
+    assert!(!worker.is_finished(), "gave up while the store was down");
+    // …and the store comes back ~10 s later.
+    wait_for(Duration::from_secs(10), || {
+        down.elapsed() >= Duration::from_secs(10)
+    });
+    g.launch();
+    let out = worker.join().unwrap();
+    assert!(out.all_uploaded(), "{out:?}");
+    assert_identical_in_bucket(&g, &bag);
+    assert!(
+        g.client().list_uploads("ringbag/").unwrap().is_empty(),
+        "an unfinished upload was left behind"
+    );
+    // Everything sent at most once, plus what was in flight when the store died.
+    let sent = uploader.counters().snapshot().bytes_sent;
+    assert!(
+        sent >= size && sent <= size + 2 * 5 * MIB,
+        "{sent} bytes sent for {size}"
+    );
+}
+
+#[test]
+fn wrong_credentials_a_missing_bucket_and_an_unreachable_endpoint_are_one_clear_line_each() {
+    let Some(g) = Garage::start("wrong_credentials_a_missing_bucket") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("b");
+    make_bag(&bag, 1_700_000_000_000_000_000, 1, &[]);
+    let secret = "Wr0ngSecretThatMustNeverBeShown";
+    let cases: Vec<(std::process::Command, String)> = vec![
+        (
+            {
+                let mut c = g.upload_cmd();
+                c.env("AWS_SECRET_ACCESS_KEY", secret).arg(&bag);
+                c
+            },
+            format!("ringbag: error: {}: credentials refused (", g.endpoint),
+        ),
+        (
+            {
+                let mut c = g.upload_cmd();
+                c.env("AWS_ACCESS_KEY_ID", "GK0000000000000000000000")
+                    .arg(&bag);
+                c
+            },
+            format!("ringbag: error: {}: credentials refused (", g.endpoint),
+        ),
+        (
+            {
+                let mut c = g.upload_cmd_to(&g.endpoint, "nope");
+                c.arg(&bag);
+                c
+            },
+            format!(
+                "ringbag: error: bucket nope does not exist at {}",
+                g.endpoint
+            ),
+        ),
+        (
+            {
+                let mut c = g.upload_cmd_to("http://127.0.0.1:1", &g.bucket);
+                c.arg(&bag);
+                c
+            },
+            "ringbag: error: http://127.0.0.1:1: connection refused".to_string(),
+        ),
+    ];
+    for (mut c, want) in cases {
+        let o = c.run_output().unwrap();
+        let err = stderr(&o);
+        let all = format!("{err}{}", common::stdout(&o));
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        let errors: Vec<&str> = err.lines().filter(|l| l.contains("error:")).collect();
+        assert_eq!(errors.len(), 1, "{err}");
+        assert!(errors[0].starts_with(&want), "{err}");
+        for hidden in [
+            secret,
+            g.secret.as_str(),
+            "X-Amz-Signature",
+            "X-Amz-Credential",
+        ] {
+            assert!(!all.contains(hidden), "{hidden} shown: {all}");
+        }
+    }
+    // Nothing was recorded as uploaded.
+    assert!(!bag.join(JOURNAL_FILE).exists() || journal(&bag).files.values().all(|e| !e.done));
+}
+
+#[test]
+fn abandoned_multipart_uploads_of_ours_are_aborted() {
+    let Some(g) = Garage::start("abandoned_multipart_uploads") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let bag = root.join("shed");
+    make_bag(&bag, 1_700_000_000_000_000_000, 1, &[]);
+    let keys = KeyTemplate::new(ringbag::upload::DEFAULT_KEY_TEMPLATE, "r1").unwrap();
+    let u = Uploader::new(&g.target(), Tuning::default(), keys).unwrap();
+    let client = g.client();
+    // A journaled upload whose file was deleted (retention shed it).
+    let gone_key = "ringbag/r1/shed/shed_7.db3".to_string();
+    let gone_id = client.create_multipart(&gone_key).unwrap();
+    let mut j = Journal::default();
+    let mut e = FileEntry::new(
+        gone_key.clone(),
+        FileIdentity {
+            size: 1,
+            mtime_ns: 1,
+            inode: 1,
+        },
+    );
+    e.upload_id = Some(gone_id);
+    e.part_size = 16 * MIB;
+    j.files.insert("shed_7.db3".into(), e);
+    j.save(&bag).unwrap();
+    // An upload of ours that no journal knows (a journal lost with its bag).
+    let orphan_key = "ringbag/r1/lost/lost_0.db3".to_string();
+    client.create_multipart(&orphan_key).unwrap();
+    // Someone else's upload, outside our prefix: never touched.
+    let foreign = "other-robot/x/y.db3".to_string();
+    client.create_multipart(&foreign).unwrap();
+
+    let r = u
+        .abort_stale(&[root], Duration::from_secs(3600), SystemTime::now())
+        .unwrap();
+    assert_eq!(r.file_gone, [gone_key]);
+    assert!(r.unreferenced.is_empty(), "too young to abort: {r:?}");
+    assert!(!journal(&bag).files.contains_key("shed_7.db3"));
+    let left: Vec<String> = client
+        .list_uploads("")
+        .unwrap()
+        .into_iter()
+        .map(|u| u.key)
+        .collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+
+    // Past the threshold (injected: zero), the orphan goes too; the foreign one stays.
+    let r = u
+        .abort_stale(
+            &[root],
+            Duration::ZERO,
+            SystemTime::now() + Duration::from_secs(5),
+        )
+        .unwrap();
+    assert_eq!(r.unreferenced, [orphan_key]);
+    let left: Vec<String> = client
+        .list_uploads("")
+        .unwrap()
+        .into_iter()
+        .map(|u| u.key)
+        .collect();
+    assert_eq!(left, [foreign]);
+}
+
+#[test]
+fn the_bandwidth_cap_holds_over_concurrent_parts() {
+    let Some(g) = Garage::start("the_bandwidth_cap_holds") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("capped");
+    fs::create_dir(&bag).unwrap();
+    fs::write(bag.join("capped_0.db3"), noise((40 * MIB) as usize, 11)).unwrap();
+    let rate = 4 * MIB;
+    let tuning = Tuning {
+        part_size: 5 * MIB,
+        concurrency: 3,
+        max_rate: Some(rate),
+        delete_after_upload: false,
+    };
+    let keys = KeyTemplate::new(ringbag::upload::DEFAULT_KEY_TEMPLATE, "r1").unwrap();
+    let uploader = Arc::new(Uploader::new(&g.target(), tuning, keys).unwrap());
+    let counters = uploader.counters();
+    let worker = {
+        let (u, bag) = (uploader.clone(), bag.clone());
+        std::thread::spawn(move || u.upload_bag(&bag, &mut |_, _, _| false, &mut |_| {}))
+    };
+    let start = Instant::now();
+    let at = |secs: f64| {
+        wait_for(Duration::from_secs(30), || {
+            start.elapsed().as_secs_f64() >= secs
+        });
+        (
+            start.elapsed().as_secs_f64(),
+            counters.snapshot().bytes_sent,
+        )
+    };
+    // Three parts in flight share one bucket: the first second's burst, then the rate.
+    let (t0, b0) = at(1.5);
+    // At most one second's burst on top of the rate (and one 64 KiB chunk per part).
+    let bound = (1.0 + t0) * rate as f64 + 3.0 * 65536.0;
+    assert!(b0 as f64 <= bound, "{b0} bytes after {t0:.2} s");
+    let (t1, b1) = at(7.5);
+    let measured = (b1 - b0) as f64 / (t1 - t0);
+    assert!(
+        (measured - rate as f64).abs() <= 0.1 * rate as f64,
+        "{measured:.0} B/s for a cap of {rate}"
+    );
+    let out = worker.join().unwrap();
+    assert!(out.all_uploaded(), "{out:?}");
+    assert_identical_in_bucket(&g, &bag);
+}
+
+/// A TLS endpoint whose certificate is signed by a private CA (made with the openssl tool),
+/// answering every request with S3's NoSuchBucket. Returns its port and the CA file; `None`
+/// (after saying so) without openssl.
+fn private_ca_endpoint(dir: &Path) -> Option<(u16, std::path::PathBuf)> {
+    use std::io::{Read, Write};
+    let sh = |script: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", script])
+            .current_dir(dir)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let made = sh("openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=ringbag-test-ca \
+          && openssl req -newkey rsa:2048 -nodes -keyout leaf.key -out leaf.csr -subj /CN=localhost \
+          && printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\n' > ext.cnf \
+          && openssl x509 -req -in leaf.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out leaf.pem -days 2 -extfile ext.cnf");
+    if !made {
+        eprintln!("private_ca_endpoint: skipped: no openssl to make certificates");
+        return None;
+    }
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("leaf.pem"))
+        .unwrap()
+        .map(|c| c.unwrap())
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(dir.join("leaf.key")).unwrap();
+    let config = Arc::new(
+        rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap(),
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut tcp) = stream else { continue };
+            let config = config.clone();
+            std::thread::spawn(move || {
+                let Ok(mut conn) = rustls::ServerConnection::new(config) else {
+                    return;
+                };
+                let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+                let mut req = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = "<Error><Code>NoSuchBucket</Code><Message>none here</Message></Error>";
+                let _ = write!(
+                    tls,
+                    "HTTP/1.1 404 Not Found\r\ncontent-type: application/xml\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.flush();
+            });
+        }
+    });
+    Some((port, dir.join("ca.pem")))
+}
+
+#[test]
+fn tls_is_verified_and_a_ca_file_adds_a_private_root() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((port, ca)) = private_ca_endpoint(tmp.path()) else {
+        return;
+    };
+    let bag = tmp.path().join("b");
+    make_bag(&bag, 1_700_000_000_000_000_000, 1, &[]);
+    let endpoint = format!("https://127.0.0.1:{port}");
+    let run = |extra: &[&std::ffi::OsStr]| {
+        common::ringbag()
+            .args(["upload", "--endpoint", &endpoint, "--bucket", "fleet"])
+            .args(["--path-style", "--robot-id", "r1"])
+            .args(extra)
+            .arg(&bag)
+            .env("AWS_ACCESS_KEY_ID", "k")
+            .env("AWS_SECRET_ACCESS_KEY", "s")
+            .env_remove("RINGBAG_LOG")
+            .run_output()
+            .unwrap()
+    };
+    // Not trusted: refused at the handshake, named as TLS, once (no retries of it).
+    let o = run(&[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        format!("ringbag: error: {endpoint}: TLS failed: invalid peer certificate: UnknownIssuer")
+    );
+    // With the private CA: the handshake passes and the server's own answer comes through.
+    let o = run(&["--ca-file".as_ref(), ca.as_os_str()]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        format!("ringbag: error: bucket fleet does not exist at {endpoint}")
+    );
+}
+
+#[test]
+fn cancelling_stops_a_transfer_within_a_moment_and_the_next_attempt_resumes() {
+    let Some(g) = Garage::start("cancelling_stops_a_transfer") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("cancelled");
+    fs::create_dir(&bag).unwrap();
+    let size = 20 * MIB + 1;
+    fs::write(bag.join("cancelled_0.db3"), noise(size as usize, 13)).unwrap();
+    let tuning = Tuning {
+        part_size: 5 * MIB,
+        concurrency: 2,
+        max_rate: Some(2 * MIB),
+        delete_after_upload: false,
+    };
+    let keys = KeyTemplate::new(ringbag::upload::DEFAULT_KEY_TEMPLATE, "r1").unwrap();
+    let uploader = Arc::new(Uploader::new(&g.target(), tuning, keys).unwrap());
+    let cancel = uploader.cancel_flag();
+    let counters = uploader.counters();
+    let worker = {
+        let (u, bag) = (uploader.clone(), bag.clone());
+        std::thread::spawn(move || u.upload_file(&bag, "cancelled_0.db3"))
+    };
+    // Mid-part (the first second's burst is spent, no part is complete yet).
+    assert!(wait_for(Duration::from_secs(30), || {
+        counters.snapshot().bytes_sent > 3 * MIB
+    }));
+    cancel.store(true, Ordering::Relaxed);
+    let asked = Instant::now();
+    assert!(wait_for(Duration::from_secs(2), || worker.is_finished()));
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        asked.elapsed()
+    );
+    let r = worker.join().unwrap();
+    assert!(
+        matches!(r, Err(ringbag::upload::UploadError::Cancelled)),
+        "{r:?}"
+    );
+    cancel.store(false, Ordering::Relaxed);
+    let r = uploader.upload_file(&bag, "cancelled_0.db3");
+    assert!(r.is_ok(), "{r:?}");
+    assert_identical_in_bucket(&g, &bag);
+}
