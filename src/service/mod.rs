@@ -26,6 +26,7 @@ use crate::pipeline::PipelineConfig;
 use crate::record::{self, RecordError, RecordSettings, Running, SourceSettings, Supervisor};
 use crate::signals;
 use crate::source::generator::{GeneratorConfig, Pace};
+use crate::upload::agent::UploadAgent;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -106,7 +107,11 @@ fn bag_sequence(name: &str) -> Option<u64> {
 }
 
 /// The recording settings for one bag of a checked config.
-pub fn record_settings(c: &Checked, bag: PathBuf) -> RecordSettings {
+pub fn record_settings(
+    c: &Checked,
+    bag: PathBuf,
+    upload: Option<&crate::upload::agent::UploadAgent>,
+) -> RecordSettings {
     let source = match c.source {
         SourceChoice::Synthetic => SourceSettings::Synthetic(GeneratorConfig {
             profile: c.synthetic_profile,
@@ -158,8 +163,11 @@ pub fn record_settings(c: &Checked, bag: PathBuf) -> RecordSettings {
         // The service's floor is its config's (`min_free_space`, off by default).
         default_free_floor: None,
         snapshot: c.snapshot.clone(),
-        // The daemon's uploader passes its ledger here once it runs.
-        upload_retention: Default::default(),
+        // Retention asks the uploader what is out, and deletes that first.
+        upload_retention: crate::retention::UploadRetention {
+            ledger: upload.map(|a| a.ledger()),
+            delete_after_upload: upload.is_some_and(|a| a.delete_after_upload()),
+        },
     }
 }
 
@@ -213,10 +221,14 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
     // before recovery, the ring, a bag or the status file are touched: a second daemon on the
     // same root stops here.
     let mut root_lock = lock_root(&checked.output_root)?;
+    // Started before the recording (and its crash recovery, whose budget asks the uploader
+    // what is out); kept across reloads that change neither the root nor `[upload]`.
+    let mut uploader: Option<UploadAgent> = None;
     loop {
         let root = checked.output_root.clone();
+        keep_uploader(&mut uploader, &checked);
         let bag = root.join(next_bag_name(&root, chrono::Utc::now()));
-        let settings = record_settings(&checked, bag.clone());
+        let settings = record_settings(&checked, bag.clone(), uploader.as_ref());
         collector.reset_rates();
         let mut hooks = Hooks {
             config_path,
@@ -231,6 +243,7 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
             ring: kept_ring.take(),
             reload_began: reload_began.take(),
             reload_lock: None,
+            uploader: uploader.as_ref(),
         };
         let result = record::run_with(settings, &mut hooks);
         let reload = hooks.reload.take();
@@ -270,8 +283,38 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
             _ => break,
         }
     }
+    if let Some(u) = uploader.take() {
+        u.stop();
+    }
     drop(root_lock);
     Ok(())
+}
+
+/// Start, keep, replace or stop the uploader to match `checked`'s `[upload]`. A config whose
+/// credentials cannot be had (logged when it was loaded) or whose target cannot be set up
+/// records without uploading until a reload fixes it.
+fn keep_uploader(uploader: &mut Option<UploadAgent>, checked: &Checked) {
+    let root = &checked.output_root;
+    let wanted = checked
+        .upload
+        .as_ref()
+        .and_then(|p| p.resolved.as_ref().ok());
+    if let (Some(u), Some(r)) = (uploader.as_ref(), wanted) {
+        if u.serves(r, root) {
+            return;
+        }
+    }
+    if let Some(u) = uploader.take() {
+        u.stop();
+    }
+    if let Some(r) = wanted {
+        match UploadAgent::start(r, root) {
+            Ok(u) => *uploader = Some(u),
+            Err(e) => log::error!(
+                "upload: {e}; recording goes on, nothing is uploaded until a reload (SIGHUP) fixes it"
+            ),
+        }
+    }
 }
 
 /// Create the recording root if needed and lock it ([`RootLock`]).
@@ -302,15 +345,18 @@ struct Hooks<'a> {
     reload_began: Option<Instant>,
     /// The new root's lock when the reload moves to another root.
     reload_lock: Option<RootLock>,
+    uploader: Option<&'a UploadAgent>,
 }
 
 impl Hooks<'_> {
     fn publish_status(&mut self, run: &Running<'_>) {
         let st = self.collector.collect(run, last_problem());
-        self.publish(&st);
+        self.publish(st);
     }
 
-    fn publish(&mut self, st: &status::Status) {
+    fn publish(&mut self, mut st: status::Status) {
+        st.upload = self.uploader.map(UploadAgent::status);
+        let st = &st;
         notify::send(&[NotifyState::Status(&st.line())]);
         match (status::write(&self.status_file, st), self.status_failing) {
             (Ok(()), true) => {
@@ -426,7 +472,7 @@ impl Supervisor for Hooks<'_> {
         // The last word: the queue that `finishing` still saw is written (or counted lost)
         // now, and the file left after the service stops must say what the bag holds.
         let st = self.collector.collect_finished(done, last_problem());
-        self.publish(&st);
+        self.publish(st);
     }
 }
 

@@ -214,6 +214,9 @@ pub struct Status {
     /// (no offload), absent in files of older versions (read as null).
     #[serde(default)]
     pub deleted_before_upload: Option<DeletedBeforeUploadStatus>,
+    /// Fleet offload (`[upload]`); null when it is off, absent in files of older versions.
+    #[serde(default)]
+    pub upload: Option<crate::upload::agent::UploadStatus>,
 }
 
 impl Status {
@@ -265,6 +268,9 @@ impl Status {
                 d.files,
                 mib(d.bytes)
             ));
+        }
+        if let Some(u) = &self.upload {
+            parts.push(u.line());
         }
         if let Some(r) = &self.ring {
             parts.push(r.line());
@@ -322,6 +328,9 @@ impl Status {
                     .map(|p| format!(", {p}%"))
                     .unwrap_or_default()
             );
+        }
+        if let Some(u) = &self.upload {
+            let _ = writeln!(s, "{}", u.human());
         }
         if let Some(d) = &self.deleted_before_upload {
             let _ = write!(
@@ -639,6 +648,8 @@ impl Collector {
                     bags,
                 }
             }),
+            // The service fills it in (the uploader is not the recording's).
+            upload: None,
         }
     }
 }

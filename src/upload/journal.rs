@@ -104,6 +104,30 @@ pub struct Journal {
     pub version: u32,
     /// By file name inside the bag.
     pub files: BTreeMap<String, FileEntry>,
+    /// Files retention deleted before they got out (forced by the budget): the bag's own
+    /// record of what is missing from the bucket. Absent in journals of older versions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deleted_before_upload: Vec<DeletedFile>,
+}
+
+/// A file deleted before it was uploaded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedFile {
+    pub file: String,
+    pub bytes: u64,
+    pub unix_ms: u64,
+}
+
+impl Journal {
+    /// Record that `file` (`bytes`) was deleted before it got out. Its entry stays: the
+    /// sweep for abandoned uploads aborts a journaled upload whose file is gone.
+    pub fn note_deleted_before_upload(&mut self, file: &str, bytes: u64, unix_ms: u64) {
+        self.deleted_before_upload.push(DeletedFile {
+            file: file.to_string(),
+            bytes,
+            unix_ms,
+        });
+    }
 }
 
 impl Default for Journal {
@@ -111,6 +135,7 @@ impl Default for Journal {
         Journal {
             version: VERSION,
             files: BTreeMap::new(),
+            deleted_before_upload: Vec::new(),
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod settings;
 use std::fmt;
 use std::path::PathBuf;
 
+pub mod agent;
 pub mod backoff;
 pub mod client;
 pub mod engine;
