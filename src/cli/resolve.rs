@@ -505,9 +505,12 @@ pub fn upload_flags_raw(a: &UploadArgs) -> Result<RawUpload, String> {
         .concurrency
         .as_deref()
         .map(|c| {
-            c.trim()
-                .parse::<u64>()
-                .map_err(|_| format!("--concurrency {c}: not a whole number (1..=16)"))
+            c.trim().parse::<u64>().map_err(|_| {
+                format!(
+                    "--concurrency {c}: not a whole number (1..={})",
+                    crate::upload::settings::MAX_CONCURRENCY
+                )
+            })
         })
         .transpose()?;
     // The service runs in `/` and wants absolute paths; a command runs where its user is,
