@@ -228,6 +228,48 @@ impl Checked {
     }
 }
 
+/// A [`ConfigError::At`] for `key` at `span` of `text` (line 1, column 1 without a span).
+fn located(
+    text: &str,
+    path: &Path,
+    span: Option<std::ops::Range<usize>>,
+    key: &str,
+    message: String,
+) -> ConfigError {
+    let (line, column) = span.map_or((1, 1), |s| line_column(text, s.start));
+    ConfigError::At {
+        path: path.to_path_buf(),
+        line,
+        column,
+        key: key.to_string(),
+        message,
+    }
+}
+
+/// A config file's `[upload]` table as written ([`ServiceConfig::load_upload_table`]), with
+/// where each of its keys is in the file.
+pub struct UploadTable {
+    pub raw: RawUpload,
+    path: PathBuf,
+    text: String,
+    spans: Spans,
+}
+
+impl UploadTable {
+    /// `file:line:col: upload.<key>: message`, at the key's value, or at the table's header
+    /// when the table does not set the key (a required one missing).
+    pub fn locate(&self, key: &str, message: String) -> ConfigError {
+        let key = format!("upload.{key}");
+        let span = self.spans.value(&key).or(self.spans.key("upload"));
+        located(&self.text, &self.path, span, &key, message)
+    }
+
+    /// The config file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 /// 1-based line and column (in characters) of byte `offset` in `text`.
 pub fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let mut at = offset.min(text.len());
@@ -349,6 +391,67 @@ impl ServiceConfig {
         })
     }
 
+    /// Parse `text`: syntax, unknown keys and types, each mistake one [`ConfigError::At`]
+    /// (`file:line:col: key: problem`). A secret or a TLS switch in `[upload]` is told where
+    /// credentials go, or that there is no such switch, before serde's generic "unknown key".
+    fn parse_located(text: &str, path: &Path, spans: &Spans) -> Result<Self, ConfigError> {
+        let at = |span: Option<std::ops::Range<usize>>, key: &str, message: String| {
+            located(text, path, span, key, message)
+        };
+        for k in spans.keys_of("upload") {
+            if crate::upload::settings::KEYS.contains(&k) {
+                continue;
+            }
+            let message = if crate::upload::settings::is_secret_key(k) {
+                crate::upload::settings::WHERE_CREDENTIALS_GO
+            } else if crate::upload::settings::is_insecure_key(k) {
+                crate::upload::settings::TLS_ALWAYS_VERIFIED
+            } else {
+                continue;
+            };
+            let key = format!("upload.{k}");
+            return Err(at(spans.key(&key), &key, message.to_string()));
+        }
+        toml::from_str(text).map_err(|e| {
+            let key = e
+                .span()
+                .and_then(|s| spans.key_at(s.start))
+                .unwrap_or("(file)")
+                .to_string();
+            let first = e.message().lines().next().unwrap_or("invalid TOML");
+            let message = if first.starts_with("unknown field") {
+                "unknown key".to_string()
+            } else {
+                first.to_string()
+            };
+            at(e.span(), &key, message)
+        })
+    }
+
+    /// The `[upload]` table of the ringbag.toml at `path`, for `ringbag upload --config`:
+    /// read and parsed as `--check-config` reads it (the whole file: syntax, unknown keys and
+    /// types anywhere are errors with `file:line:col`), but the rest is not checked against
+    /// this machine (a robot's file on a laptop names a recording root that is not there).
+    /// The table's values are checked by the caller, after its flags override them
+    /// ([`UploadTable::locate`] places a problem).
+    pub fn load_upload_table(path: &Path) -> Result<UploadTable, ConfigError> {
+        let text = read_config_text(path)?;
+        let spans = Spans::of(&text);
+        let config = Self::parse_located(&text, path, &spans)?;
+        let Some(raw) = config.upload else {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: "has no [upload] table".into(),
+            });
+        };
+        Ok(UploadTable {
+            raw,
+            path: path.to_path_buf(),
+            text,
+            spans,
+        })
+    }
+
     /// Read and check `path` from end to end (`ringbag daemon --check-config`).
     pub fn load_checked(path: &Path) -> Result<Checked, ConfigError> {
         let text = read_config_text(path)?;
@@ -376,45 +479,9 @@ impl ServiceConfig {
     ) -> Result<Checked, ConfigError> {
         let spans = Spans::of(text);
         let at = |span: Option<std::ops::Range<usize>>, key: &str, message: String| {
-            let (line, column) = span.map_or((1, 1), |s| line_column(text, s.start));
-            ConfigError::At {
-                path: path.to_path_buf(),
-                line,
-                column,
-                key: key.to_string(),
-                message,
-            }
+            located(text, path, span, key, message)
         };
-        // Before serde's generic "unknown key": a secret or a TLS switch in [upload] is told
-        // where credentials go, or that there is no such switch.
-        for k in spans.keys_of("upload") {
-            if crate::upload::settings::KEYS.contains(&k) {
-                continue;
-            }
-            let message = if crate::upload::settings::is_secret_key(k) {
-                crate::upload::settings::WHERE_CREDENTIALS_GO
-            } else if crate::upload::settings::is_insecure_key(k) {
-                crate::upload::settings::TLS_ALWAYS_VERIFIED
-            } else {
-                continue;
-            };
-            let key = format!("upload.{k}");
-            return Err(at(spans.key(&key), &key, message.to_string()));
-        }
-        let config: ServiceConfig = toml::from_str(text).map_err(|e| {
-            let key = e
-                .span()
-                .and_then(|s| spans.key_at(s.start))
-                .unwrap_or("(file)")
-                .to_string();
-            let first = e.message().lines().next().unwrap_or("invalid TOML");
-            let message = if first.starts_with("unknown field") {
-                "unknown key".to_string()
-            } else {
-                first.to_string()
-            };
-            at(e.span(), &key, message)
-        })?;
+        let config = Self::parse_located(text, path, &spans)?;
         let err = |key: &str, message: String| at(spans.value(key), key, message);
         let bytes = |key: &str, q: &Option<Quantity>| {
             q.as_ref()

@@ -68,25 +68,40 @@ pub enum Command {
     Upload(Box<UploadArgs>),
 }
 
-/// `ringbag upload`: credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
-/// (and AWS_SESSION_TOKEN), never from a flag.
+/// `ringbag upload`: the settings of a ringbag.toml `[upload]` table, as flags or from the
+/// table itself (`--config`), checked by the same rules as the service's. Credentials never
+/// come from a flag's value: `$CREDENTIALS_DIRECTORY/s3`, else `--credentials-file`, else
+/// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN).
+///
+/// Value flags are kept as written (`Option<String>`), defaults included, so that a flag
+/// given overrides the `--config` table's key and one not given leaves it, and so that
+/// every value is refused by `upload::settings` with the flag's name (exit 2), not by the
+/// parser.
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Nothing is ever deleted: `delete_after_upload` in a --config table is \
+    ignored (there is no such flag), so a copy of a bag on a laptop stays where it is."
+)]
 pub struct UploadArgs {
     /// A bag directory, or a recording root (every bag under it).
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
+    /// Take the settings from the [upload] table of this ringbag.toml; a flag given as well
+    /// overrides the table's key. Without it, --endpoint and --bucket are required.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// S3 endpoint, `https://host[:port]` (http:// only for loopback, or with --allow-http).
     #[arg(long, value_name = "URL")]
-    pub endpoint: String,
+    pub endpoint: Option<String>,
     /// Bucket to upload into.
     #[arg(long, value_name = "B")]
-    pub bucket: String,
-    /// Region the requests are signed for.
-    #[arg(long, value_name = "R", default_value = "us-east-1")]
-    pub region: String,
-    /// Object key template over {robot}, {bag} and {file}.
-    #[arg(long = "key", value_name = "TEMPLATE", default_value = crate::upload::DEFAULT_KEY_TEMPLATE)]
-    pub key_template: String,
+    pub bucket: Option<String>,
+    /// Region the requests are signed for [default: us-east-1].
+    #[arg(long, value_name = "R")]
+    pub region: Option<String>,
+    /// Object key template over {robot}, {bag} and {file} [default: ringbag/{robot}/{bag}/{file}].
+    #[arg(long = "key", value_name = "TEMPLATE")]
+    pub key_template: Option<String>,
     /// The {robot} of the key [default: /etc/machine-id].
     #[arg(long, value_name = "ID")]
     pub robot_id: Option<String>,
@@ -96,17 +111,16 @@ pub struct UploadArgs {
     /// Extra CA certificates (PEM) to trust beside Mozilla's roots.
     #[arg(long, value_name = "FILE")]
     pub ca_file: Option<PathBuf>,
-    /// Multipart part size (files up to this size go as one PUT). Bytes or with units; 5MiB..5GiB.
-    #[arg(
-        long,
-        value_name = "SIZE",
-        default_value = "16MiB",
-        allow_negative_numbers = true
-    )]
-    pub part_size: String,
-    /// Parts in flight at once (1..64).
-    #[arg(long, value_name = "N", default_value_t = crate::upload::DEFAULT_CONCURRENCY, allow_negative_numbers = true)]
-    pub concurrency: usize,
+    /// Credentials file (AWS shared-credentials format), mode 0600 or stricter, owned by you
+    /// or root; used when $CREDENTIALS_DIRECTORY has no `s3`, before AWS_* variables.
+    #[arg(long, value_name = "FILE")]
+    pub credentials_file: Option<PathBuf>,
+    /// Multipart part size (files up to this size go as one PUT): 5MiB..=5GiB [default: 16MiB].
+    #[arg(long, value_name = "SIZE", allow_negative_numbers = true)]
+    pub part_size: Option<String>,
+    /// Parts in flight at once, 1..=16 (each holds a part in memory) [default: 2].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub concurrency: Option<String>,
     /// Bandwidth cap over all transfers, bytes per second (or with units: 2MiB = 2 MiB/s). [default: unlimited]
     #[arg(long, value_name = "BYTES_PER_S", allow_negative_numbers = true)]
     pub max_rate: Option<String>,

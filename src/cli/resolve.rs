@@ -4,15 +4,19 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::args::{RecordArgs, SourceKind, SyntheticRate};
+use super::args::{RecordArgs, SourceKind, SyntheticRate, UploadArgs};
 use crate::bag::writer::WriterOptions;
 use crate::bag::Flavour;
+use crate::config::Quantity;
 use crate::pipeline::PipelineConfig;
 use crate::record::{RecordSettings, SourceSettings};
 use crate::retention::RetentionPolicy;
 use crate::snapshot::settings::{snapshot_settings, unrecorded_policy_topics, SnapshotOptions};
 use crate::source::generator::{GeneratorConfig, Pace};
 use crate::units::{parse_bytes, parse_duration_ns};
+use crate::upload::settings::{
+    CredentialSource, CredentialsError, Environment, RawUpload, ResolvedUpload,
+};
 
 /// rosbag2's smallest split size (21 pages of 4 KiB).
 pub const MIN_MAX_BAG_SIZE: u64 = 86016;
@@ -464,110 +468,463 @@ fn parse_signed_seconds(s: &str) -> Result<i64, String> {
     }
 }
 
-/// The upload target, tuning and key template of `ringbag upload`'s flags: the one place
-/// flags become these (the `[upload]` config and credential files resolve elsewhere).
-/// Credentials come from `env` (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN);
-/// the robot id from --robot-id, else `machine_id`.
-pub fn upload_settings(
-    a: &super::args::UploadArgs,
-    env: &dyn Fn(&str) -> Option<String>,
-    machine_id: &dyn Fn() -> Option<String>,
-) -> Result<
-    (
-        crate::upload::Target,
-        crate::upload::Tuning,
-        crate::upload::KeyTemplate,
-    ),
-    String,
-> {
-    use crate::upload::parts::{MAX_PART_SIZE, MIN_PART_SIZE};
-    use crate::upload::{Credentials, KeyTemplate, Target, Tuning};
-    let endpoint = a.endpoint.trim_end_matches('/').to_string();
-    let url: url::Url = endpoint
-        .parse()
-        .map_err(|e| format!("--endpoint {endpoint}: not a URL ({e})"))?;
-    let loopback = match url.host() {
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        Some(url::Host::Domain(d)) => d == "localhost",
-        None => return Err(format!("--endpoint {endpoint}: no host")),
+/// `ringbag upload`'s flag for `[upload]` key `key` (`robot_id` → `--robot-id`): every key
+/// but `enabled` and `delete_after_upload` has one of the same name.
+pub fn upload_flag(key: &str) -> String {
+    format!("--{}", key.replace('_', "-"))
+}
+
+/// What `ringbag upload` was given for `[upload]` key `key`: `None` when the flag is absent,
+/// `Some(None)` for a switch given, `Some(Some(value))` for a value as written.
+fn upload_flag_given(a: &UploadArgs, key: &str) -> Option<Option<String>> {
+    let value = |v: &Option<String>| v.clone().map(Some);
+    let path = |v: &Option<PathBuf>| v.as_ref().map(|p| Some(p.display().to_string()));
+    let switch = |on: bool| on.then_some(None);
+    match key {
+        "endpoint" => value(&a.endpoint),
+        "allow_http" => switch(a.allow_http),
+        "region" => value(&a.region),
+        "bucket" => value(&a.bucket),
+        "key" => value(&a.key_template),
+        "robot_id" => value(&a.robot_id),
+        "path_style" => switch(a.path_style),
+        "ca_file" => path(&a.ca_file),
+        "max_rate" => value(&a.max_rate),
+        "part_size" => value(&a.part_size),
+        "concurrency" => value(&a.concurrency),
+        "credentials_file" => path(&a.credentials_file),
+        _ => None,
+    }
+}
+
+/// `ringbag upload`'s flags as an `[upload]` table: only what was given is set, so that laid
+/// over a `--config` table ([`overlay_upload`]) a flag overrides its key and leaves the rest.
+/// The one place flags become settings; every rule is `RawUpload::check`'s.
+pub fn upload_flags_raw(a: &UploadArgs) -> Result<RawUpload, String> {
+    let concurrency = a
+        .concurrency
+        .as_deref()
+        .map(|c| {
+            c.trim().parse::<u64>().map_err(|_| {
+                format!(
+                    "--concurrency {c}: not a whole number (1..={})",
+                    crate::upload::settings::MAX_CONCURRENCY
+                )
+            })
+        })
+        .transpose()?;
+    // The service runs in `/` and wants absolute paths; a command runs where its user is,
+    // so a relative path means the one under the current directory.
+    let absolute = |flag: &str, p: &Option<PathBuf>| {
+        p.as_deref()
+            .map(|p| std::path::absolute(p).map_err(|e| format!("{flag} {}: {e}", p.display())))
+            .transpose()
     };
-    match url.scheme() {
-        "https" => {}
-        "http" if loopback || a.allow_http => {}
-        "http" => {
-            return Err(format!(
-            "--endpoint {endpoint}: plain http is accepted only on loopback, or with --allow-http"
-        ))
-        }
-        other => {
-            return Err(format!(
-                "--endpoint {endpoint}: scheme {other}: use https://"
-            ))
-        }
-    }
-    if url.path() != "/" || url.query().is_some() || !url.username().is_empty() {
-        return Err(format!(
-            "--endpoint {endpoint}: give scheme, host and port only (no path, query or user)"
-        ));
-    }
-    if a.bucket.is_empty() {
-        return Err("--bucket: empty".into());
-    }
-    let part_size = parse_bytes(&a.part_size).map_err(|e| format!("--part-size {e}"))?;
-    if !(MIN_PART_SIZE..=MAX_PART_SIZE).contains(&part_size) {
-        return Err(format!(
-            "--part-size {}: must be 5MiB..5GiB (S3's part limits)",
-            a.part_size
-        ));
-    }
-    if !(1..=64).contains(&a.concurrency) {
-        return Err(format!("--concurrency {}: must be 1..64", a.concurrency));
-    }
-    let max_rate = match &a.max_rate {
-        None => None,
-        Some(r) => match parse_bytes(r).map_err(|e| format!("--max-rate {e}"))? {
-            0 => return Err("--max-rate 0: would never send; leave it out for no cap".into()),
-            n => Some(n),
-        },
-    };
-    let var = |n: &str| env(n).filter(|v| !v.is_empty());
-    let (Some(access_key_id), Some(secret_access_key)) =
-        (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY"))
-    else {
-        return Err("no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY".into());
-    };
-    let robot = match &a.robot_id {
-        Some(r) => r.clone(),
-        None => machine_id()
-            .ok_or("no robot id: /etc/machine-id is missing or empty; pass --robot-id")?,
-    };
-    let keys = KeyTemplate::new(&a.key_template, &robot).map_err(|e| match e {
-        crate::upload::KeyTemplateError::BadRobot(_) => format!("--robot-id: {e}"),
-        _ => format!("--key {}: {e}", a.key_template),
-    })?;
-    if let Some(ca) = &a.ca_file {
-        if !ca.is_file() {
-            return Err(format!("--ca-file {}: no such file", ca.display()));
-        }
-    }
-    let target = Target {
-        endpoint,
+    Ok(RawUpload {
+        // Running the command is the intent: a table's `enabled = false` does not stop it.
+        enabled: None,
+        endpoint: a.endpoint.clone(),
+        allow_http: a.allow_http.then_some(true),
         region: a.region.clone(),
         bucket: a.bucket.clone(),
-        path_style: a.path_style,
-        ca_file: a.ca_file.clone(),
-        credentials: Credentials {
-            access_key_id,
-            secret_access_key,
-            session_token: var("AWS_SESSION_TOKEN"),
+        key: a.key_template.clone(),
+        robot_id: a.robot_id.clone(),
+        path_style: a.path_style.then_some(true),
+        ca_file: absolute("--ca-file", &a.ca_file)?,
+        max_rate: a.max_rate.clone().map(Quantity::Text),
+        part_size: a.part_size.clone().map(Quantity::Text),
+        concurrency,
+        // Never from the command line: a laptop's copy must never be deleted.
+        delete_after_upload: None,
+        credentials_file: absolute("--credentials-file", &a.credentials_file)?,
+    })
+}
+
+/// `table` with every key `flags` sets replaced by the flag's value.
+pub fn overlay_upload(table: RawUpload, flags: RawUpload) -> RawUpload {
+    RawUpload {
+        enabled: flags.enabled.or(table.enabled),
+        endpoint: flags.endpoint.or(table.endpoint),
+        allow_http: flags.allow_http.or(table.allow_http),
+        region: flags.region.or(table.region),
+        bucket: flags.bucket.or(table.bucket),
+        key: flags.key.or(table.key),
+        robot_id: flags.robot_id.or(table.robot_id),
+        path_style: flags.path_style.or(table.path_style),
+        ca_file: flags.ca_file.or(table.ca_file),
+        max_rate: flags.max_rate.or(table.max_rate),
+        part_size: flags.part_size.or(table.part_size),
+        concurrency: flags.concurrency.or(table.concurrency),
+        delete_after_upload: flags.delete_after_upload.or(table.delete_after_upload),
+        credentials_file: flags.credentials_file.or(table.credentials_file),
+    }
+}
+
+/// A refused setting as `ringbag upload` says it: `--flag VALUE: reason` when the flag was
+/// given, `file:line:col: upload.key: reason` when the value came from the `--config` table,
+/// `--flag: reason` when it is missing or a default.
+fn upload_setting_message(
+    a: &UploadArgs,
+    table: Option<&crate::config::UploadTable>,
+    key: &str,
+    message: &str,
+) -> String {
+    let given = upload_flag_given(a, key);
+    if let (None, Some(t)) = (&given, table) {
+        // From the table, or missing from it: the table is where to fix it.
+        return t.locate(key, message.to_string()).to_string();
+    }
+    // The shared messages name config keys; on the command line the flag is the way.
+    let message = message
+        .replace("set allow_http = true", "pass --allow-http")
+        .replace(": set robot_id", ": pass --robot-id");
+    let flag = upload_flag(key);
+    match given.flatten() {
+        // An endpoint with user info may hold a password: never echoed (as in the config).
+        Some(v) if key == "endpoint" && v.contains('@') => format!("{flag}: {message}"),
+        Some(v) => {
+            // The shared message often starts with the value itself: not said twice.
+            let reason = message
+                .strip_prefix(&format!("`{v}`: "))
+                .or_else(|| message.strip_prefix(&format!("{v}: ")))
+                .unwrap_or(&message);
+            format!("{flag} {v}: {reason}")
+        }
+        None => format!("{flag}: {message}"),
+    }
+}
+
+/// `ringbag upload`'s settings: its flags laid over the `--config` table (if any), checked
+/// by [`RawUpload::check`] and resolved (credentials) exactly as the service's `[upload]`
+/// table is, so that the two never disagree on what is valid. Nothing is ever deleted:
+/// `delete_after_upload` is forced off whatever the table says.
+pub fn upload_settings(a: &UploadArgs, env: &Environment<'_>) -> Result<ResolvedUpload, String> {
+    let flags = upload_flags_raw(a)?;
+    let table = match &a.config {
+        Some(path) => {
+            Some(crate::config::ServiceConfig::load_upload_table(path).map_err(|e| e.to_string())?)
+        }
+        None => {
+            let missing: Vec<&str> = [("--endpoint", &a.endpoint), ("--bucket", &a.bucket)]
+                .into_iter()
+                .filter(|(_, v)| v.is_none())
+                .map(|(f, _)| f)
+                .collect();
+            if !missing.is_empty() {
+                return Err(format!(
+                    "{} {} required (or --config FILE, a ringbag.toml with an [upload] table)",
+                    missing.join(" and "),
+                    if missing.len() == 1 { "is" } else { "are" }
+                ));
+            }
+            None
+        }
+    };
+    let raw = match &table {
+        Some(t) => overlay_upload(t.raw.clone(), flags),
+        None => flags,
+    };
+    let mut settings = raw
+        .check(env)
+        .map_err(|e| upload_setting_message(a, table.as_ref(), e.key, &e.message))?;
+    if settings.tuning.delete_after_upload {
+        if let Some(t) = &table {
+            log::info!(
+                "{}: delete_after_upload is ignored by ringbag upload: nothing is deleted",
+                t.path().display()
+            );
+        }
+    }
+    settings.tuning.delete_after_upload = false;
+    settings.resolve(env).map_err(|e| match e {
+        CredentialsError::Bad {
+            from: CredentialSource::File(_),
+            ref problem,
+        } => match (&a.credentials_file, &table) {
+            (Some(p), _) => format!("--credentials-file {}: {problem}", p.display()),
+            (None, Some(t)) => t.locate("credentials_file", e.to_string()).to_string(),
+            (None, None) => e.to_string(),
         },
-    };
-    let tuning = Tuning {
-        part_size,
-        concurrency: a.concurrency,
-        max_rate,
-        delete_after_upload: false,
-    };
-    Ok((target, tuning, keys))
+        CredentialsError::None { directory } => format!(
+            "no credentials: CREDENTIALS_DIRECTORY {directory}, no --credentials-file{}, and \
+             AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY are not set",
+            if table.is_some() {
+                " or upload.credentials_file"
+            } else {
+                ""
+            }
+        ),
+        other => other.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod upload_tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+    use std::os::unix::fs::PermissionsExt;
+
+    fn args(flags: &[&str]) -> UploadArgs {
+        let mut argv = vec!["ringbag", "upload"];
+        argv.extend_from_slice(flags);
+        argv.push("bag");
+        match super::super::args::Cli::try_parse_from(argv) {
+            Ok(c) => match c.command {
+                super::super::args::Command::Upload(a) => *a,
+                other => panic!("{other:?}"),
+            },
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    const KEYS_ENV: [(&str, &str); 2] = [
+        ("AWS_ACCESS_KEY_ID", "AKIDTEST"),
+        ("AWS_SECRET_ACCESS_KEY", "tEsTsEcReT"),
+    ];
+
+    fn settings(flags: &[&str], vars: &[(&str, &str)]) -> Result<ResolvedUpload, String> {
+        let env = Environment::from_vars(vars, Path::new("/nonexistent/machine-id"));
+        upload_settings(&args(flags), &env)
+    }
+
+    fn table(dir: &Path, body: &str) -> String {
+        let p = dir.join("ringbag.toml");
+        std::fs::write(&p, format!("output_root = \"/nowhere\"\n[upload]\n{body}")).unwrap();
+        p.to_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn every_upload_key_but_enabled_and_delete_after_upload_has_its_flag() {
+        let cmd = super::super::args::Cli::command();
+        let upload = cmd.find_subcommand("upload").expect("upload");
+        let longs: Vec<&str> = upload
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .collect();
+        for key in crate::upload::settings::KEYS {
+            let flag = upload_flag(key);
+            let has = longs.contains(&&flag[2..]);
+            assert_eq!(
+                has,
+                !matches!(*key, "enabled" | "delete_after_upload"),
+                "{key} → {flag}"
+            );
+            if has {
+                // And the flag is read back as that key.
+                assert!(upload_flag_given(&args(&[]), key).is_none(), "{key}");
+            }
+        }
+    }
+
+    #[test]
+    fn flags_alone_go_through_the_shared_rules_and_name_the_flag() {
+        let base = [
+            "--endpoint",
+            "https://s3.example.com",
+            "--bucket",
+            "fleet",
+            "--robot-id",
+            "r1",
+        ];
+        let r = settings(&base, &KEYS_ENV).unwrap();
+        assert_eq!(r.target.endpoint, "https://s3.example.com");
+        assert_eq!(r.target.region, crate::upload::settings::DEFAULT_REGION);
+        assert_eq!(r.tuning, crate::upload::Tuning::default());
+        for (extra, want) in [
+            (
+                vec!["--concurrency", "17"],
+                "--concurrency 17: 17 is outside 1..=16 (parts in flight)",
+            ),
+            (
+                vec!["--concurrency", "two"],
+                "--concurrency two: not a whole number (1..=16)",
+            ),
+            (
+                vec!["--part-size", "1MiB"],
+                "--part-size 1MiB: 1048576 bytes is outside 5 MiB..=5 GiB (S3's part sizes; AWS \
+                 refuses smaller parts with EntityTooSmall)",
+            ),
+            (
+                vec!["--bucket", "Fleet"],
+                "--bucket Fleet: a bucket name has 3 to 63 lowercase letters, digits, '.' and \
+                 '-', starting and ending with a letter or digit",
+            ),
+            (
+                vec!["--endpoint", "http://192.0.2.1:9000"],
+                "--endpoint http://192.0.2.1:9000: plain http:// to 192.0.2.1, which is not \
+                 loopback: data and signatures would cross the network unencrypted; use \
+                 https://, or pass --allow-http",
+            ),
+            (
+                vec!["--endpoint", "https://id:pw@s3.example.com"],
+                "--endpoint: holds a user name or password; credentials never go in \
+                 ringbag.toml: use systemd's LoadCredential=s3:FILE, a file named by \
+                 upload.credentials_file (mode 0600), or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY",
+            ),
+            (
+                vec!["--key", "x/{file}"],
+                "--key x/{file}: must contain {bag}, or files of different bags would \
+                 overwrite each other",
+            ),
+        ] {
+            // `extra`'s flag replaces the same one of `base` (clap refuses one given twice).
+            let mut flags: Vec<&str> = base
+                .chunks(2)
+                .filter(|p| !extra.contains(&p[0]))
+                .flatten()
+                .copied()
+                .collect();
+            flags.extend_from_slice(&extra);
+            let e = settings(&flags, &KEYS_ENV).unwrap_err();
+            assert_eq!(e, want, "{extra:?}");
+        }
+        // No robot id anywhere: named as the flag.
+        let e = settings(&base[..4], &KEYS_ENV).unwrap_err();
+        assert_eq!(
+            e,
+            "--robot-id: not set, and /nonexistent/machine-id is missing, empty or \
+             uninitialized: pass --robot-id"
+        );
+    }
+
+    #[test]
+    fn without_config_endpoint_and_bucket_are_required_and_named() {
+        for (flags, want) in [
+            (vec![], "--endpoint and --bucket are required"),
+            (vec!["--bucket", "fleet"], "--endpoint is required"),
+            (
+                vec!["--endpoint", "https://s3.example.com"],
+                "--bucket is required",
+            ),
+        ] {
+            assert_eq!(
+                settings(&flags, &KEYS_ENV).unwrap_err(),
+                format!("{want} (or --config FILE, a ringbag.toml with an [upload] table)")
+            );
+        }
+        let e = settings(
+            &[
+                "--endpoint",
+                "https://s3.example.com",
+                "--bucket",
+                "fleet",
+                "--robot-id",
+                "r",
+            ],
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "no credentials: CREDENTIALS_DIRECTORY is not set, no --credentials-file, and \
+             AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY are not set"
+        );
+    }
+
+    #[test]
+    fn a_config_table_is_read_flags_override_it_and_it_never_deletes() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = table(
+            dir.path(),
+            "endpoint = \"https://s3.example.com\"\nbucket = \"fleet\"\nrobot_id = \"r1\"\n\
+             concurrency = 4\ndelete_after_upload = true\nenabled = false\n",
+        );
+        let r = settings(&["--config", &cfg], &KEYS_ENV).unwrap();
+        assert_eq!(r.target.bucket, "fleet");
+        assert_eq!(r.tuning.concurrency, 4);
+        assert!(
+            !r.tuning.delete_after_upload,
+            "ringbag upload never deletes"
+        );
+        let r = settings(
+            &["--config", &cfg, "--bucket", "other", "--concurrency", "1"],
+            &KEYS_ENV,
+        )
+        .unwrap();
+        assert_eq!(
+            (r.target.bucket.as_str(), r.tuning.concurrency),
+            ("other", 1)
+        );
+        assert_eq!(r.robot_id, "r1");
+        // A bad value in the table: file:line:col of its value; given as a flag: the flag.
+        let bad = table(
+            dir.path(),
+            "endpoint = \"https://s3.example.com\"\nbucket = \"fleet\"\nrobot_id = \"r1\"\n\
+             concurrency = 40\n",
+        );
+        assert_eq!(
+            settings(&["--config", &bad], &KEYS_ENV).unwrap_err(),
+            format!("{bad}:6:15: upload.concurrency: 40 is outside 1..=16 (parts in flight)")
+        );
+        assert!(settings(&["--config", &bad, "--concurrency", "2"], &KEYS_ENV).is_ok());
+        // Missing from the table and not given: at the table's header.
+        let no_bucket = table(dir.path(), "endpoint = \"https://s3.example.com\"\n");
+        assert_eq!(
+            settings(&["--config", &no_bucket], &KEYS_ENV).unwrap_err(),
+            format!("{no_bucket}:2:2: upload.bucket: is required: the bucket objects go to")
+        );
+        // A file without the table, and an unknown key, as --check-config says them.
+        let p = dir.path().join("none.toml");
+        std::fs::write(&p, "output_root = \"/x\"\n").unwrap();
+        let none = p.to_str().unwrap();
+        assert_eq!(
+            settings(&["--config", none], &KEYS_ENV).unwrap_err(),
+            format!("{none}: has no [upload] table")
+        );
+        let typo = table(dir.path(), "endpiont = \"https://s3.example.com\"\n");
+        assert_eq!(
+            settings(&["--config", &typo], &KEYS_ENV).unwrap_err(),
+            format!("{typo}:3:1: upload.endpiont: unknown key")
+        );
+    }
+
+    #[test]
+    fn a_credentials_file_flag_follows_the_config_keys_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = "wJalrXUtnFEMI/K7MDENG";
+        let file = dir.path().join("s3.credentials");
+        std::fs::write(
+            &file,
+            format!("aws_access_key_id = AKIDFILE\naws_secret_access_key = {secret}\n"),
+        )
+        .unwrap();
+        let base = [
+            "--endpoint",
+            "https://s3.example.com",
+            "--bucket",
+            "fleet",
+            "--robot-id",
+            "r",
+        ];
+        let f = file.to_str().unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let r = settings(&[&base[..], &["--credentials-file", f]].concat(), &KEYS_ENV).unwrap();
+        assert_eq!(r.target.credentials.access_key_id, "AKIDFILE");
+        assert_eq!(r.credentials_from, CredentialSource::File(file.clone()));
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = settings(&[&base[..], &["--credentials-file", f]].concat(), &KEYS_ENV).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "--credentials-file {f}: mode 0644 lets group or others read it; chmod 600 it \
+                 (0600 or stricter)"
+            )
+        );
+        assert!(!e.contains(secret));
+        // From the table: placed at its value.
+        let cfg = table(
+            dir.path(),
+            &format!(
+                "endpoint = \"https://s3.example.com\"\nbucket = \"fleet\"\nrobot_id = \"r\"\n\
+                 credentials_file = \"{f}\"\n"
+            ),
+        );
+        assert_eq!(
+            settings(&["--config", &cfg], &[]).unwrap_err(),
+            format!(
+                "{cfg}:6:20: upload.credentials_file: credentials from credentials_file {f}: \
+                 mode 0644 lets group or others read it; chmod 600 it (0600 or stricter)"
+            )
+        );
+    }
 }

@@ -18,15 +18,11 @@ use crate::upload::{ErrorClass, FileOutcome, PlannedBag, Uploader};
 pub const ATTEMPTS: u32 = 5;
 
 pub fn run(a: &UploadArgs) -> i32 {
-    let env = |n: &str| std::env::var(n).ok();
-    let machine_id = || {
-        std::fs::read_to_string("/etc/machine-id")
-            .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-    };
-    let (target, tuning, keys) = match super::resolve::upload_settings(a, &env, &machine_id) {
-        Ok(s) => s,
+    let resolved = match super::resolve::upload_settings(
+        a,
+        &crate::upload::settings::Environment::process(),
+    ) {
+        Ok(r) => r,
         Err(e) => return fail(EXIT_BAD_INPUT, e),
     };
     let mut bags: Vec<PlannedBag> = Vec::new();
@@ -52,7 +48,7 @@ pub fn run(a: &UploadArgs) -> i32 {
             Err(e) => return fail(EXIT_BAD_INPUT, e),
         }
     }
-    let uploader = match Uploader::new(&target, tuning, keys) {
+    let uploader = match Uploader::new(&resolved.target, resolved.tuning, resolved.key) {
         Ok(u) => u,
         Err(e) => return fail(EXIT_BAD_INPUT, e),
     };

@@ -160,24 +160,31 @@ fn a_bag_uploaded_by_ringbag_upload_is_byte_identical_and_metadata_goes_last() {
             g.endpoint
         )]
     );
-    // Exit 2: bad input, one line each.
+    // Exit 2: bad input, one line each, naming the flag and its value.
     for (flags, says) in [
         (
             vec!["--part-size", "1MiB"],
-            "--part-size 1MiB: must be 5MiB..5GiB",
+            "--part-size 1MiB: 1048576 bytes is outside 5 MiB..=5 GiB (S3's part sizes; AWS \
+             refuses smaller parts with EntityTooSmall)",
         ),
-        (vec!["--concurrency", "0"], "--concurrency 0"),
-        (vec!["--key", "x/{file}"], "must contain {bag}"),
-        (vec!["--max-rate", "fast"], "--max-rate"),
+        (
+            vec!["--concurrency", "0"],
+            "--concurrency 0: 0 is outside 1..=16 (parts in flight)",
+        ),
+        (
+            vec!["--key", "x/{file}"],
+            "--key x/{file}: must contain {bag}, or files of different bags would overwrite \
+             each other",
+        ),
+        (
+            vec!["--max-rate", "fast"],
+            "--max-rate fast: unknown size unit `fast` (use bytes, KiB, MiB, GiB, KB, MB or GB)",
+        ),
     ] {
         let o = g.upload_cmd().args(&flags).arg(&bag).run_output().unwrap();
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{flags:?}: {err}");
-        assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(
-            err.starts_with("ringbag: error: ") && err.contains(says),
-            "{err}"
-        );
+        assert_eq!(err, format!("ringbag: error: {says}\n"));
     }
     let o = g
         .upload_cmd()
@@ -199,11 +206,210 @@ fn a_bag_uploaded_by_ringbag_upload_is_byte_identical_and_metadata_goes_last() {
         .run_output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("plain http is accepted only on loopback"),
-        "{}",
-        stderr(&o)
+    assert_eq!(
+        stderr(&o),
+        "ringbag: error: --endpoint http://192.0.2.1:9000: plain http:// to 192.0.2.1, which is \
+         not loopback: data and signatures would cross the network unencrypted; use https://, \
+         or pass --allow-http\n"
     );
+}
+
+/// Every file under `dir` with its size (what is on disk, to show nothing was deleted).
+fn listing(dir: &Path) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.metadata().unwrap().len(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// `ringbag upload` with none of the credential variables of the caller's environment.
+fn bare_upload() -> std::process::Command {
+    let mut c = common::ringbag();
+    c.arg("upload");
+    for v in [
+        "CREDENTIALS_DIRECTORY",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "RINGBAG_LOG",
+    ] {
+        c.env_remove(v);
+    }
+    c
+}
+
+#[test]
+fn upload_with_config_takes_a_garage_table_flags_override_it_and_nothing_is_deleted() {
+    let Some(g) = Garage::start("upload_with_config_takes_a_garage_table") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("config_bag");
+    make_bag_of(&bag, 1_700_000_000_000_000_000, 2, &[], 30_000);
+    let before = listing(&bag);
+    // A robot's ringbag.toml: the rest of the file names paths this machine lacks (not
+    // checked by `ringbag upload`), the table a wrong bucket, a concurrency out of bounds and
+    // delete_after_upload, which `ringbag upload` must never act on.
+    let cfg = tmp.path().join("ringbag.toml");
+    fs::write(
+        &cfg,
+        format!(
+            "output_root = \"/var/lib/ringbag-absent\"\nsource = \"synthetic\"\n[upload]\n\
+             endpoint = \"{}\"\nregion = \"{}\"\nbucket = \"no-such-bucket\"\n\
+             path_style = true\nrobot_id = \"r1\"\npart_size = \"5MiB\"\nconcurrency = 99\n\
+             delete_after_upload = true\n",
+            g.endpoint, g.region
+        ),
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        bare_upload()
+            .arg("--config")
+            .arg(&cfg)
+            .args(extra)
+            .arg(&bag)
+            .env("AWS_ACCESS_KEY_ID", &g.key_id)
+            .env("AWS_SECRET_ACCESS_KEY", &g.secret)
+            .run_output()
+            .unwrap()
+    };
+    // The table's bad key: file:line:col, exit 2, one line.
+    let o = run(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "ringbag: error: {}:10:15: upload.concurrency: 99 is outside 1..=16 (parts in \
+             flight)\n",
+            cfg.display()
+        )
+    );
+    // A flag overrides that key; the table's bucket is used (and does not exist).
+    let o = run(&["--concurrency", "2"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "ringbag: error: bucket no-such-bucket does not exist at {}",
+            g.endpoint
+        )),
+        "{err}"
+    );
+    // And a flag overrides the bucket: everything arrives, byte for byte.
+    let o = run(&["--concurrency", "2", "--bucket", &g.bucket]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_identical_in_bucket(&g, &bag);
+    assert!(
+        err.contains(&format!(
+            "ringbag: info: {}: delete_after_upload is ignored by ringbag upload: nothing is \
+             deleted",
+            cfg.display()
+        )),
+        "{err}"
+    );
+    // Nothing was deleted: the bag's files are all there, at their sizes (the journal is
+    // the one file added).
+    let after: Vec<(String, u64)> = listing(&bag)
+        .into_iter()
+        .filter(|(n, _)| n != JOURNAL_FILE)
+        .collect();
+    assert_eq!(after, before);
+}
+
+#[test]
+fn upload_credentials_file_0600_works_and_0644_is_refused_without_showing_the_secret() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(g) = Garage::start("upload_credentials_file_0600_works") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("creds_bag");
+    make_bag(&bag, 1_700_000_000_000_000_000, 1, &[]);
+    let creds = tmp.path().join("s3.credentials");
+    fs::write(
+        &creds,
+        format!(
+            "[default]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
+            g.key_id, g.secret
+        ),
+    )
+    .unwrap();
+    let run = || {
+        bare_upload()
+            .args(["--endpoint", &g.endpoint, "--bucket", &g.bucket])
+            .args(["--region", &g.region, "--path-style", "--robot-id", "r1"])
+            .arg("--credentials-file")
+            .arg(&creds)
+            .arg(&bag)
+            .run_output()
+            .unwrap()
+    };
+    fs::set_permissions(&creds, fs::Permissions::from_mode(0o644)).unwrap();
+    let o = run();
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "ringbag: error: --credentials-file {}: mode 0644 lets group or others read it; \
+             chmod 600 it (0600 or stricter)\n",
+            creds.display()
+        )
+    );
+    for shown in [&*out, &*err] {
+        assert!(!shown.contains(&g.secret), "the secret is shown: {shown}");
+    }
+    // Nothing was sent.
+    assert!(matches!(
+        g.client().head("ringbag/r1/creds_bag/metadata.yaml"),
+        Ok(None)
+    ));
+    fs::set_permissions(&creds, fs::Permissions::from_mode(0o600)).unwrap();
+    let o = run();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(!err.contains(&g.secret), "{err}");
+    assert_identical_in_bucket(&g, &bag);
+}
+
+#[test]
+fn upload_without_config_needs_endpoint_and_bucket_and_names_the_missing_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("b");
+    make_bag(&bag, 1_700_000_000_000_000_000, 1, &[]);
+    for (flags, want) in [
+        (vec!["--bucket", "fleet"], "--endpoint is required"),
+        (
+            vec!["--endpoint", "https://s3.example.com"],
+            "--bucket is required",
+        ),
+        (vec![], "--endpoint and --bucket are required"),
+    ] {
+        let o = bare_upload()
+            .args(&flags)
+            .arg(&bag)
+            .env("AWS_ACCESS_KEY_ID", "k")
+            .env("AWS_SECRET_ACCESS_KEY", "s")
+            .run_output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{flags:?}");
+        assert_eq!(
+            stderr(&o),
+            format!(
+                "ringbag: error: {want} (or --config FILE, a ringbag.toml with an [upload] \
+                 table)\n"
+            )
+        );
+    }
 }
 
 #[test]
