@@ -21,7 +21,11 @@
 # open split back every second (pipeline::syncer), so it is about one second; before that
 # write-back existed the whole open split was lost.
 #
-# Environment: POWERCUT_CUTS (default 14), POWERCUT_SEED (default: time), RINGBAG_BIN
+# Then the upload cuts (see "uploads across power cuts" below): the daemon uploading to Garage
+# while the power goes.
+#
+# Environment: POWERCUT_CUTS (default 14), POWERCUT_UPLOAD_CUTS (default 2; Garage from
+# RINGBAG_GARAGE_SH, default scripts/garage.sh), POWERCUT_SEED (default: time), RINGBAG_BIN
 # (default: target/debug/ringbag, built if missing). Skips, with the reason, only where loop
 # devices cannot be used (no root, no /dev/loop-control, mounting refused).
 # Prints one line per cut and closes with `powercut: N passed, M failed`; exit 1 on a failure.
@@ -61,6 +65,7 @@ FAILED=0
 FINISHED=0
 pid=""
 cut=0
+GARAGE_STATE=""
 
 cleanup() {
     local rc=$? i what arg
@@ -69,6 +74,10 @@ cleanup() {
     if [[ -n "$pid" ]]; then
         kill -9 "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
+    fi
+    # The upload cuts' Garage (its state is under $W, removed below).
+    if [[ -n "${GARAGE_STATE:-}" ]]; then
+        bash "$GARAGE_SH" stop "$GARAGE_STATE" >/dev/null 2>&1 || true
     fi
     for ((i = ${#UNDO[@]} - 1; i >= 0; i--)); do
         read -r what arg <<<"${UNDO[$i]}"
@@ -302,6 +311,184 @@ for ((cut = 1; cut <= CUTS; cut++)); do
     # The live filesystem has room for every cut, but keep it small.
     rm -rf "$root"
 done
+
+
+# ---------------------------------------------------------------- uploads across power cuts
+# `ringbag daemon` with [upload] records into the ext4 and uploads to a Garage that lives
+# outside it (its state under $W, on the host's loopback): the cut takes the recording and the
+# bags' upload journals (.ringbag-upload.json) down with it, never the bucket, as on a robot
+# whose power fails while the server stays up. max_rate keeps multipart uploads in flight at
+# the cut. After each cut, on the copy:
+#   1. no file its journal counts as uploaded (`done`) is missing from the bucket or differs
+#      from it: HEAD size and ETag, and SHA-256 against the file (scripts/upload-verify.py, reads
+#      with curl's SigV4, a client independent of ringbag's);
+#   2. a daemon started on the copy (it recovers the cut bag first) resumes: the backlog
+#      reaches 0, then every split of the bags from before the cut is in the bucket and
+#      byte-identical, and the uploads in flight at the cut were resumed.
+# POWERCUT_UPLOAD_CUTS (default 2); skipped without Garage unless RINGBAG_UPLOAD_REQUIRED=1.
+GARAGE_SH="${RINGBAG_GARAGE_SH:-$ROOT/scripts/garage.sh}"
+UPLOAD_CUTS="${POWERCUT_UPLOAD_CUTS:-2}"
+
+# status_upload FILE EXPR: EXPR (Python, over the status file's `upload` object `u`) holds.
+status_upload() {
+    python3 -c 'import json, sys
+try:
+    u = json.load(open(sys.argv[1])).get("upload") or {}
+except (OSError, ValueError):
+    sys.exit(1)
+sys.exit(0 if eval(sys.argv[2]) else 1)' "$1" "$2"
+}
+# wait_status FILE SECONDS EXPR: poll status_upload; false when it did not hold in time, or
+# when the daemon ($pid) is gone.
+wait_status() {
+    local deadline=$((SECONDS + $2))
+    until status_upload "$1" "$3"; do
+        ((SECONDS < deadline)) && kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.1
+    done
+}
+# daemon_config ROOT STATUS PROFILE MAX_BAG_SIZE ROBOT [UPLOAD_EXTRA]: a daemon config text.
+daemon_config() {
+    printf 'output_root = "%s"\nstatus_file = "%s"\nsource = "synthetic"\nsynthetic_profile = "%s"\nsynthetic_rate = "realtime"\nclock = "system"\nmax_bag_size = "%s"\nmax_record_size = "200MiB"\nmin_free_space = \"1MiB\"\n[upload]\nendpoint = "%s"\nregion = "%s"\nbucket = "%s"\npath_style = true\nrobot_id = "%s"\npart_size = "5MiB"\n%s' \
+        "$1" "$2" "$3" "$4" "$S3_ENDPOINT" "$S3_REGION" "$S3_BUCKET" "$5" "${6:-}"
+}
+# in_flight JOURNAL...: "FILE UPLOAD_ID" of each multipart upload started, not done.
+in_flight() {
+    python3 -c 'import json, sys
+for p in sys.argv[1:]:
+    for f, e in json.load(open(p))["files"].items():
+        if e.get("upload_id") and not e.get("done"):
+            print(f, e["upload_id"], len(e.get("parts", {})))' "$@"
+}
+
+upload_cut() {
+    local u="$1" root="$W/live/u$1" log="$W/logs/u$1.log" st="$W/u$1-status.json"
+    local robot="powercut-$SEED-u$1"
+    mkdir -p "$root"
+    # 6 MiB splits of the medium profile (~7 MB/s), uploads capped at 4 MiB/s: the backlog
+    # grows and a multipart upload (5 MiB parts) is nearly always in flight.
+    daemon_config "$root" "$st" medium 6MiB "$robot" 'max_rate = "4MiB"' >"$W/u$u.toml"
+    "$RB" daemon --config "$W/u$u.toml" 2>"$log" >/dev/null &
+    pid=$!
+    wait_status "$st" 30 'u.get("files_uploaded", 0) >= 1' || {
+        echo "upload cut $u/$UPLOAD_CUTS: no file uploaded within 30 s: $(tail -n3 "$log") -> FAIL"
+        kill -9 "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+        pid=""
+        rm -rf "$root"
+        return 1
+    }
+    # The random moment of the cut: 0.5 .. 2.5 s after the first upload.
+    sleep "$((RANDOM % 2000 / 1000)).$(printf '%03d' $((RANDOM % 1000)))"
+    sleep 0.5
+    cp --reflink=always "$W/xfs/ext4.img" "$W/xfs/cut.img"
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    pid=""
+    attach "$W/xfs/cut.img"
+    local dev="$DEV" copy="$W/a/u$u" out rc=0 ok=1
+    mount_at "$dev" "$W/a"
+    local before
+    before="$(ls "$copy" | paste -sd, -)"
+    # 1. what the journals on the cut copy count as uploaded is in the bucket.
+    out="$(python3 "$ROOT/scripts/upload-verify.py" "$copy")" || rc=$?
+    ((rc == 0)) || ok=0
+    local flight
+    flight="$(in_flight "$copy"/*/.ringbag-upload.json 2>/dev/null || true)"
+    # 2. a daemon on the copy: small profile, splits that do not close meanwhile, no cap.
+    daemon_config "$copy" "$W/u$u-rec-status.json" small 64MiB "$robot" >"$W/u$u-rec.toml"
+    local t0=$SECONDS
+    "$RB" daemon --config "$W/u$u-rec.toml" 2>"$log.rec" >/dev/null &
+    pid=$!
+    # Resumed: every split of the bags from before the cut gets `done` in its journal (polled
+    # on the journals alone), then the status's backlog is 0. (Not the backlog alone: a pass
+    # that began while the cut bag was being recovered does not count that bag's last split
+    # yet, so the backlog can read 0 for a moment before that split is seen.)
+    local drained=1 deadline=$((SECONDS + 60))
+    until python3 "$ROOT/scripts/upload-verify.py" "$copy" --all-closed --bags "$before" --journal-only >/dev/null; do
+        ((SECONDS < deadline)) && kill -0 "$pid" 2>/dev/null || { drained=0; break; }
+        sleep 0.2
+    done
+    ((drained)) && { wait_status "$W/u$u-rec-status.json" 10 \
+        'u.get("files_uploaded", 0) >= 1 and u.get("backlog_files") == 0 and not u.get("last_error")' || drained=0; }
+    local drain_s=$((SECONDS - t0))
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    pid=""
+    local out2 rc2=0
+    if ((drained)); then
+        out2="$(python3 "$ROOT/scripts/upload-verify.py" "$copy" --all-closed --bags "$before" --min-content 1)" || rc2=$?
+        ((rc2 == 0)) || ok=0
+    else
+        ok=0
+        out2="$(printf 'uploads did not resume: status %s; daemon: %s\n-' \
+            "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("upload"))' "$W/u$u-rec-status.json" 2>&1)" \
+            "$(grep -i upload "$log.rec" | tail -n4)")"
+    fi
+    # The uploads in flight at the cut: the same upload id completed them (no part sent twice
+    # is the engine's own test, tests/it/upload.rs; here: resumed, not restarted).
+    local resumed=0 n_flight=0 f id parts
+    while read -r f id parts; do
+        [[ -n "$f" ]] || continue
+        n_flight=$((n_flight + 1))
+        if python3 -c 'import json, sys
+e = json.load(open(sys.argv[1]))["files"].get(sys.argv[2], {})
+sys.exit(0 if e.get("done") and e.get("upload_id") == sys.argv[3] else 1)' "$(dirname "$(grep -l "$id" "$copy"/*/.ringbag-upload.json | head -n1)")/.ringbag-upload.json" "$f" "$id" 2>/dev/null; then
+            resumed=$((resumed + 1))
+        fi
+    done <<<"$flight"
+    undo_last "umount $W/a"
+    undo_last "detach $dev"
+    rm -f "$W/xfs/cut.img"
+    rm -rf "$root"
+    local result=PASS
+    ((ok)) || result=FAIL
+    printf 'upload cut %d/%d: at the cut %s; %d multipart uploads in flight | restarted on the copy: backlog 0 after %d s, %d resumed with their upload id; %s -> %s\n' \
+        "$u" "$UPLOAD_CUTS" "$(tail -n1 <<<"$out")" "$n_flight" "$drain_s" "$resumed" "$(tail -n1 <<<"$out2")" "$result"
+    if ((!ok)); then
+        head -n -1 <<<"$out" | sed 's/^/    at the cut: /'
+        head -n -1 <<<"$out2" | sed 's/^/    after the restart: /'
+        return 1
+    fi
+}
+
+if ((UPLOAD_CUTS > 0)); then
+    if ! bash "$GARAGE_SH" bin >/dev/null 2>"$W/garage.err"; then
+        if [[ "${RINGBAG_UPLOAD_REQUIRED:-0}" == 1 ]]; then
+            echo "upload cuts: RINGBAG_UPLOAD_REQUIRED=1 but no Garage: $(cat "$W/garage.err")"
+            FAILED=$((FAILED + 1))
+        else
+            echo "upload cuts: SKIPPED (no Garage: $(cat "$W/garage.err"))"
+        fi
+    else
+        command -v curl >/dev/null || { echo "powercut: missing tool curl" >&2; exit 1; }
+        port="$(python3 -c 'import random, socket
+for _ in range(200):
+    p = random.randrange(20000, 60000)
+    try:
+        for q in (p, p + 1, p + 3):
+            s = socket.socket()
+            s.bind(("127.0.0.1", q))
+            s.close()
+    except OSError:
+        continue
+    print(p)
+    break')"
+        GARAGE_STATE="$W/garage"
+        eval "$(bash "$GARAGE_SH" start "$GARAGE_STATE" "$port")"
+        export AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY S3_ENDPOINT S3_BUCKET S3_REGION
+        for ((u = 1; u <= UPLOAD_CUTS; u++)); do
+            cut=$((CUTS + u))
+            if upload_cut "$u"; then
+                PASSED=$((PASSED + 1))
+            else
+                FAILED=$((FAILED + 1))
+            fi
+        done
+        bash "$GARAGE_SH" stop "$GARAGE_STATE" >/dev/null 2>&1 || true
+        GARAGE_STATE=""
+    fi
+fi
 
 FINISHED=1
 echo "powercut: $PASSED passed, $FAILED failed"

@@ -9,14 +9,17 @@
 # /opt/ringbag-test. Commands run inside through `nsenter -t <container PID 1> -a`. The test
 # installs with scripts/install.sh (--prefix /opt/ringbag: the container's /usr is the host's,
 # read-only), over a site config with the synthetic source and a small budget. The unit is
-# used unchanged except, for the watchdog check alone, WatchdogSec=3 and LimitCORE=0.
+# used unchanged except, for the watchdog check alone, WatchdogSec=3 and LimitCORE=0, and for
+# the upload check alone, LoadCredential=s3:... (uploads to a Garage on the host's loopback).
 #
 # Each check is a function; a check that needs a daemon feature still missing fails with what
 # it did not see. The container is always powered off and the work directory removed (trap).
 #
 # Environment: RINGBAG_BIN (default: target/debug/ringbag, built if missing),
-# SYSTEMD_TEST_KEEP=1 keeps the work directory. Skips, with the reason, only where nspawn is
-# impossible (no root, no systemd-nspawn, or a container that cannot boot here).
+# SYSTEMD_TEST_KEEP=1 keeps the work directory, RINGBAG_GARAGE_SH (default scripts/garage.sh):
+# the Garage of the upload check, which skips without one unless RINGBAG_UPLOAD_REQUIRED=1.
+# Skips, with the reason, only where nspawn is impossible (no root, no systemd-nspawn, or a
+# container that cannot boot here).
 # Prints timings, restart counts and recovered message counts, and closes with
 # `systemd: N passed, M failed`; exit 1 on a failure.
 set -euo pipefail
@@ -67,6 +70,10 @@ cleanup() {
         done
         kill -KILL "$NSPAWN_PID" 2>/dev/null || true
         wait "$NSPAWN_PID" 2>/dev/null || true
+    fi
+    # check_upload's Garage, when the check failed before stopping it.
+    if [[ -d "$WORK/garage" ]]; then
+        bash "${RINGBAG_GARAGE_SH:-$ROOT/scripts/garage.sh}" stop "$WORK/garage" >/dev/null 2>&1 || true
     fi
     if [[ "${SYSTEMD_TEST_KEEP:-0}" == 1 ]]; then
         echo "systemd: kept $WORK"
@@ -547,6 +554,103 @@ check_bad_config() {
     C systemctl reset-failed ringbag
 }
 
+# Fleet offload under the hardened unit: the shipped unit plus one drop-in with
+# LoadCredential=s3:... (the line the unit carries commented out), a config with [upload] to a
+# Garage on the host's loopback. The container has no network namespace of its own
+# (systemd-nspawn without --private-network), so 127.0.0.1 inside is the host's, and the unit's
+# IPAddressAllow= admits `localhost`; an endpoint outside the private ranges needs a drop-in
+# (README, "Fleet offload"). What the bags' journals count as uploaded is read back with curl's
+# SigV4 (scripts/upload-verify.py): HEAD size and ETag, and SHA-256 against the file.
+GARAGE_SH="${RINGBAG_GARAGE_SH:-$ROOT/scripts/garage.sh}"
+check_upload() {
+    if ! bash "$GARAGE_SH" bin >/dev/null 2>"$WORK/garage.err"; then
+        [[ "${RINGBAG_UPLOAD_REQUIRED:-0}" != 1 ]] || die "RINGBAG_UPLOAD_REQUIRED=1 but no Garage: $(cat "$WORK/garage.err")"
+        note "SKIPPED (no Garage: $(cat "$WORK/garage.err"))"
+        return 0
+    fi
+    command -v curl >/dev/null || die "curl missing (upload-verify.py reads the bucket with it)"
+    local port vars
+    port="$(free_port)"
+    vars="$(bash "$GARAGE_SH" start "$WORK/garage" "$port")" || die "garage.sh start failed"
+    eval "$vars"
+    export S3_ENDPOINT S3_BUCKET S3_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
+    [[ "$S3_ENDPOINT" == http://127.0.0.1:* ]] || die "Garage not on loopback: $S3_ENDPOINT"
+    # root's, 0600, in AWS's format; systemd hands the service a copy only it can read.
+    printf 'aws_access_key_id = %s\naws_secret_access_key = %s\n' "$AWS_ACCESS_KEY_ID" "$AWS_SECRET_ACCESS_KEY" |
+        C install -m 0600 /dev/stdin /etc/ringbag/s3.credentials
+    printf '[Service]\nLoadCredential=s3:/etc/ringbag/s3.credentials\n' |
+        C install -D -m 0644 /dev/stdin /etc/systemd/system/ringbag.service.d/30-upload.conf
+    # A larger budget than the other checks' (uploaded splits go first anyway), and splits
+    # above part_size, so that some go multipart.
+    sed 's/^max_bag_size = .*/max_bag_size = "6MiB"/; s/^max_record_size = .*/max_record_size = "48MiB"/' \
+        "$WORK/ringbag.toml" >"$WORK/upload.toml"
+    printf '[upload]\nendpoint = "%s"\nregion = "%s"\nbucket = "%s"\npath_style = true\nrobot_id = "systemd-test"\npart_size = "5MiB"\n' \
+        "$S3_ENDPOINT" "$S3_REGION" "$S3_BUCKET" >>"$WORK/upload.toml"
+    C install -m 0644 "$IN/upload.toml" "$CONFIG"
+    C systemctl daemon-reload
+    # (systemd 252's `show` prints LoadCredential= as [unprintable]: the drop-in's path instead.)
+    [[ "$(prop DropInPaths)" == *30-upload.conf* ]] || die "the drop-in is not in effect: $(prop DropInPaths)"
+    # The exposure with the drop-in, from the live unit (check_exposure scores the file alone).
+    local line score
+    line="$(C systemd-analyze security ringbag.service | tail -n1)"
+    score="$(sed -n 's/.*ringbag.service: \([0-9.]*\).*/\1/p' <<<"$line")"
+    [[ -n "$score" ]] || die "no score in: $line"
+    metric "upload: exposure with the LoadCredential= drop-in $score (at most $MAX_EXPOSURE)"
+    python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) <= float(sys.argv[2]) else 1)' "$score" "$MAX_EXPOSURE" ||
+        die "exposure $score above $MAX_EXPOSURE with the drop-in"
+    local t0 t1
+    t0="$(date +%s)"
+    t1="$(now)"
+    C systemctl start ringbag || die "start with [upload] failed: $(C systemctl status --no-pager ringbag | tail -n5)"
+    journal_since "$t0" -o cat | grep -qF 'credentials from $CREDENTIALS_DIRECTORY/s3' ||
+        die "the daemon does not say its credentials came from \$CREDENTIALS_DIRECTORY/s3: $(journal_since "$t0" -o cat | grep -i upload | head -n3)"
+    wait_for 60 "4 files uploaded with no error (status: $(C cat "$STATUS_FILE" 2>/dev/null | head -c 600))" uploaded_at_least 4
+    local took
+    took="$(elapsed "$t1" "$(now)")"
+    [[ "$(prop StatusText)" == *upload* ]] || die "STATUS= does not mention upload: $(prop StatusText)"
+    note "STATUS=: $(prop StatusText)"
+    C systemctl stop ringbag
+    [[ "$(prop Result)" == success ]] || die "Result=$(prop Result) after stop"
+    # The container's files through its root as the host sees it (same inodes and mtimes).
+    local out rc=0
+    out="$(python3 "$ROOT/scripts/upload-verify.py" "/proc/$CPID/root$BAGS" --min-content 4)" || rc=$?
+    sed 's/^/    verify: /' <<<"$out"
+    [[ $rc -eq 0 ]] || die "what the journals count as uploaded is not all in the bucket"
+    metric "upload: start -> 4 files uploaded ${took} s; $(tail -n1 <<<"$out")"
+    # Neither half of the key pair, as the file holds it, reached the journal (of any unit).
+    local v
+    for v in "$AWS_SECRET_ACCESS_KEY" "$AWS_ACCESS_KEY_ID"; do
+        ! C journalctl -q --no-pager -o cat | grep -qF -- "$v" || die "the credentials file's content appears in the journal"
+        ! C journalctl -q --no-pager -u ringbag -o json | grep -qF -- "$v" || die "the credentials file's content appears in the journal's fields"
+    done
+    note "the key id and the secret appear nowhere in the journal"
+    C rm -f /etc/systemd/system/ringbag.service.d/30-upload.conf /etc/ringbag/s3.credentials
+    C install -m 0644 "$IN/ringbag.toml" "$CONFIG"
+    C systemctl daemon-reload
+    bash "$GARAGE_SH" stop "$WORK/garage" >/dev/null 2>&1 || true
+}
+# uploaded_at_least N: the status file counts N files uploaded, and no upload error.
+uploaded_at_least() {
+    C cat "$STATUS_FILE" 2>/dev/null | python3 -c 'import json, sys
+u = json.load(sys.stdin).get("upload") or {}
+sys.exit(0 if u.get("files_uploaded", 0) >= int(sys.argv[1]) and not u.get("last_error") else 1)' "$1"
+}
+# free_port: a port P on loopback with P, P+1 and P+3 free (Garage's S3, RPC and admin).
+free_port() {
+    python3 -c 'import random, socket
+for _ in range(200):
+    p = random.randrange(20000, 60000)
+    try:
+        for q in (p, p + 1, p + 3):
+            s = socket.socket()
+            s.bind(("127.0.0.1", q))
+            s.close()
+    except OSError:
+        continue
+    print(p)
+    break'
+}
+
 # ---------------------------------------------------------------- boot
 echo "systemd: booting a container (systemd-nspawn --volatile=yes), work dir $WORK"
 # binfmt_misc is not namespaced on this kernel: the container's systemd-binfmt would register
@@ -618,6 +722,7 @@ run_check reload
 run_check watchdog
 run_check stop_clean
 run_check bad_config
+run_check upload
 
 echo
 echo "systemd: summary"

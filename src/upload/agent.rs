@@ -30,7 +30,9 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use super::backoff::{Backoff, BACKOFF_BASE, BACKOFF_CAP};
-use super::engine::{plan_root, Counters, FileOutcome, Uploader, METADATA_FILE, STALE_UPLOAD_AGE};
+use super::engine::{
+    plan_root, split_names, Counters, FileOutcome, Uploader, METADATA_FILE, STALE_UPLOAD_AGE,
+};
 use super::journal::{FileIdentity, Journal};
 use super::settings::ResolvedUpload;
 use super::{ErrorClass, UploadError};
@@ -437,6 +439,16 @@ fn closed_files(dir: &Path, lock: LockState) -> Option<Vec<String>> {
         return None;
     }
     let meta = BagMetadata::read(dir).ok()?;
+    // While a bag is being recorded, its metadata.yaml lists the closed splits only, except
+    // when none is on disk (its first split, or retention took every closed one): then it
+    // lists the open split, so that the bag always names a file. That split is still being
+    // written (the newest on disk), so nothing of this bag is closed yet.
+    if lock == LockState::Held {
+        let newest = split_names(dir).pop();
+        if newest.is_some_and(|n| meta.files.iter().any(|f| f.path == n)) {
+            return None;
+        }
+    }
     let mut names: Vec<String> = meta
         .files
         .iter()
@@ -728,6 +740,50 @@ mod tests {
 
     fn ledger() -> Ledger {
         Ledger::new(Arc::new(AtomicBool::new(false)))
+    }
+
+    /// A bag directory with splits `names` on disk and a metadata.yaml listing `listed`.
+    fn bag_with(dir: &Path, names: &[&str], listed: &[&str]) {
+        std::fs::create_dir_all(dir).unwrap();
+        for n in names {
+            std::fs::write(dir.join(n), b"split").unwrap();
+        }
+        let mut m = BagMetadata::empty(crate::bag::Flavour::Jazzy);
+        m.files = listed
+            .iter()
+            .map(|p| crate::bag::metadata::FileInfo {
+                path: p.to_string(),
+                starting_time_ns: 0,
+                duration_ns: 0,
+                message_count: 1,
+            })
+            .collect();
+        m.relative_file_paths = listed.iter().map(|p| p.to_string()).collect();
+        m.write_atomic(dir, m.flavour()).unwrap();
+    }
+
+    #[test]
+    fn the_open_split_a_live_bags_metadata_lists_is_not_closed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("b");
+        // The first split, open: metadata.yaml names it so that the bag names a file.
+        bag_with(&dir, &["b_0.db3"], &["b_0.db3"]);
+        let lock = crate::bag::lock::BagLock::acquire(&dir).unwrap();
+        assert_eq!(crate::bag::lock::state(&dir), LockState::Held);
+        assert_eq!(closed_files(&dir, LockState::Held), None);
+        // Rotated: b_0 closed and listed, b_1 open and not listed.
+        bag_with(&dir, &["b_1.db3"], &["b_0.db3"]);
+        assert_eq!(
+            closed_files(&dir, LockState::Held),
+            Some(vec!["b_0.db3".to_string(), METADATA_FILE.to_string()])
+        );
+        // Finished: every listed split is closed.
+        bag_with(&dir, &[], &["b_0.db3", "b_1.db3"]);
+        lock.release_clean().unwrap();
+        assert_eq!(
+            closed_files(&dir, LockState::Clean).map(|v| v.len()),
+            Some(3)
+        );
     }
 
     #[test]

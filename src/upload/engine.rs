@@ -188,7 +188,7 @@ pub fn plan_bag(dir: &Path) -> PlannedBag {
 }
 
 /// The split files of a bag (`*.db3`, `*.db3.zstd`), in split order.
-fn split_names(dir: &Path) -> Vec<String> {
+pub(crate) fn split_names(dir: &Path) -> Vec<String> {
     let Ok(rd) = fs::read_dir(dir) else {
         return Vec::new();
     };
