@@ -36,6 +36,7 @@ use super::settings::ResolvedUpload;
 use super::{ErrorClass, UploadError};
 use crate::bag::lock::LockState;
 use crate::bag::metadata::BagMetadata;
+use crate::bag::reader::split_number;
 use crate::retention::{UploadLedger, UploadState};
 
 /// How long a forced deletion waits for a transfer of its file to stop.
@@ -432,18 +433,36 @@ fn journaled_done(bag: &Path) -> Vec<PathBuf> {
 /// The closed files of a bag in upload order: the splits metadata.yaml lists that exist,
 /// then metadata.yaml. None when the bag is not ready (no readable metadata.yaml yet, or left
 /// unclean by a crash).
+///
+/// A bag being recorded lists its open split while it has no closed one on disk (its first
+/// split, or when retention or `delete_after_upload` took every closed one: see
+/// `BagWriter::recording_metadata`), so in such a bag the split with the highest number on
+/// disk is never taken: it is the open one (or, for a moment between a close and the next
+/// open, a closed one that the next pass takes).
 fn closed_files(dir: &Path, lock: LockState) -> Option<Vec<String>> {
     if lock == LockState::Unclean {
         return None;
     }
     let meta = BagMetadata::read(dir).ok()?;
+    let open = if lock == LockState::Held {
+        // Unreadable while recording: wait for the next pass rather than risk the open split.
+        let on_disk = crate::bag::reader::find_split_files(dir).ok()?;
+        Some(on_disk.iter().filter_map(|n| split_number(n)).max()?)
+    } else {
+        None
+    };
     let mut names: Vec<String> = meta
         .files
         .iter()
         .map(|f| f.path.clone())
         .filter(|p| !p.contains('/') && dir.join(p).is_file())
         .collect();
-    names.push(METADATA_FILE.to_string());
+    let listed = names.len();
+    names.retain(|p| open.is_none() || split_number(p) != open);
+    // A listing that names the open split is not the bag's: it goes once that split closed.
+    if names.len() == listed {
+        names.push(METADATA_FILE.to_string());
+    }
     Some(names)
 }
 
@@ -599,6 +618,11 @@ impl AgentThread {
                     // Retention took it (aborted), or it went before we got to it.
                     Err(UploadError::Cancelled | UploadError::FileGone { .. }) => {
                         splits_missing += usize::from(!is_meta);
+                    }
+                    // A live bag's metadata.yaml is rewritten at every split close: the
+                    // newer one goes at the next pass; not worth a warning each time.
+                    Err(UploadError::FileChanged { .. }) if is_meta => {
+                        log::debug!("upload: {} changed while sent; again later", path.display());
                     }
                     Err(e) if e.class() == ErrorClass::Permanent => {
                         // This file cannot go as it is (changed, unreadable): say so, go on.
@@ -778,6 +802,39 @@ mod tests {
         // The writer thread must not wait for a network timeout.
         assert!(t.elapsed() < ABORT_WAIT * 5, "{:?}", t.elapsed());
         assert!(l.cancel.load(Relaxed));
+    }
+
+    #[test]
+    fn the_open_split_of_a_bag_being_recorded_is_never_taken_nor_its_listing() {
+        use crate::bag::writer::{BagWriter, WriterOptions};
+        use crate::bag::{Flavour, TopicInfo};
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("b");
+        let mut w = BagWriter::create(&dir, WriterOptions::new(Flavour::Jazzy)).unwrap();
+        let t = w
+            .add_topic(TopicInfo::new("/t", "std_msgs/msg/String"), None)
+            .unwrap();
+        w.write_batch([(t, 1, &[0u8, 1, 0, 0][..])]).unwrap();
+        // Only the open split exists, and metadata.yaml lists it (a bag always names a file).
+        let listed = BagMetadata::read(&dir).unwrap().files;
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        let state = crate::bag::lock::state(&dir);
+        assert_eq!(state, LockState::Held);
+        assert_eq!(closed_files(&dir, state), Some(vec![]));
+        w.split().unwrap();
+        assert_eq!(
+            closed_files(&dir, crate::bag::lock::state(&dir)),
+            Some(vec!["b_0.db3".to_string(), METADATA_FILE.to_string()])
+        );
+        w.finish().unwrap();
+        assert_eq!(
+            closed_files(&dir, crate::bag::lock::state(&dir)),
+            Some(vec![
+                "b_0.db3".to_string(),
+                "b_1.db3".to_string(),
+                METADATA_FILE.to_string()
+            ])
+        );
     }
 
     #[test]
