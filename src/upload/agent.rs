@@ -41,6 +41,8 @@ use crate::retention::{UploadLedger, UploadState};
 
 /// How long a forced deletion waits for a transfer of its file to stop.
 pub const ABORT_WAIT: Duration = Duration::from_millis(200);
+/// How long a stop waits for the thread before leaving it behind ([`UploadAgent::stop`]).
+pub const STOP_WAIT: Duration = Duration::from_secs(2);
 /// How often the root is looked at for newly closed files when there is nothing to send.
 const IDLE_POLL: Duration = Duration::from_secs(1);
 /// How often abandoned multipart uploads of ours are looked for and aborted.
@@ -386,12 +388,29 @@ impl UploadAgent {
         self.shutdown();
     }
 
+    /// Stop the thread, waiting at most [`STOP_WAIT`] for it. A transfer blocked in the
+    /// network (a black-holed route: the kernel's send buffer full, no reset) sees the cancel
+    /// flag only when the socket moves or the idle timeout (a minute) fires, and a stop must
+    /// not wait for that: systemd would kill the service at its stop timeout. Such a thread is
+    /// left behind, cancelled: it ends with its transfer, or with the process, which is as
+    /// safe as a kill -9 (the journal is replaced atomically, and a part not acknowledged is
+    /// sent again).
     fn shutdown(&mut self) {
         self.stop.store(true, Relaxed);
         self.ledger.cancel.store(true, Relaxed);
         self.nudge();
         if let Some(h) = self.handle.take() {
-            let _ = h.join();
+            let deadline = Instant::now() + STOP_WAIT;
+            while !h.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                log::warn!(
+                    "upload: a transfer is stuck in the network; stopped without waiting for it (it is sent again later)"
+                );
+            }
         }
     }
 }
