@@ -30,18 +30,19 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use super::backoff::{Backoff, BACKOFF_BASE, BACKOFF_CAP};
-use super::engine::{
-    plan_root, split_names, Counters, FileOutcome, Uploader, METADATA_FILE, STALE_UPLOAD_AGE,
-};
+use super::engine::{plan_root, Counters, FileOutcome, Uploader, METADATA_FILE, STALE_UPLOAD_AGE};
 use super::journal::{FileIdentity, Journal};
 use super::settings::ResolvedUpload;
 use super::{ErrorClass, UploadError};
 use crate::bag::lock::LockState;
 use crate::bag::metadata::BagMetadata;
+use crate::bag::reader::split_number;
 use crate::retention::{UploadLedger, UploadState};
 
 /// How long a forced deletion waits for a transfer of its file to stop.
 pub const ABORT_WAIT: Duration = Duration::from_millis(200);
+/// How long a stop waits for the thread before leaving it behind ([`UploadAgent::stop`]).
+pub const STOP_WAIT: Duration = Duration::from_secs(2);
 /// How often the root is looked at for newly closed files when there is nothing to send.
 const IDLE_POLL: Duration = Duration::from_secs(1);
 /// How often abandoned multipart uploads of ours are looked for and aborted.
@@ -387,12 +388,29 @@ impl UploadAgent {
         self.shutdown();
     }
 
+    /// Stop the thread, waiting at most [`STOP_WAIT`] for it. A transfer blocked in the
+    /// network (a black-holed route: the kernel's send buffer full, no reset) sees the cancel
+    /// flag only when the socket moves or the idle timeout (a minute) fires, and a stop must
+    /// not wait for that: systemd would kill the service at its stop timeout. Such a thread is
+    /// left behind, cancelled: it ends with its transfer, or with the process, which is as
+    /// safe as a kill -9 (the journal is replaced atomically, and a part not acknowledged is
+    /// sent again).
     fn shutdown(&mut self) {
         self.stop.store(true, Relaxed);
         self.ledger.cancel.store(true, Relaxed);
         self.nudge();
         if let Some(h) = self.handle.take() {
-            let _ = h.join();
+            let deadline = Instant::now() + STOP_WAIT;
+            while !h.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                log::warn!(
+                    "upload: a transfer is stuck in the network; stopped without waiting for it (it is sent again later)"
+                );
+            }
         }
     }
 }
@@ -434,28 +452,36 @@ fn journaled_done(bag: &Path) -> Vec<PathBuf> {
 /// The closed files of a bag in upload order: the splits metadata.yaml lists that exist,
 /// then metadata.yaml. None when the bag is not ready (no readable metadata.yaml yet, or left
 /// unclean by a crash).
+///
+/// A bag being recorded lists its open split while it has no closed one on disk (its first
+/// split, or when retention or `delete_after_upload` took every closed one: see
+/// `BagWriter::recording_metadata`), so in such a bag the split with the highest number on
+/// disk is never taken: it is the open one (or, for a moment between a close and the next
+/// open, a closed one that the next pass takes).
 fn closed_files(dir: &Path, lock: LockState) -> Option<Vec<String>> {
     if lock == LockState::Unclean {
         return None;
     }
     let meta = BagMetadata::read(dir).ok()?;
-    // While a bag is being recorded, its metadata.yaml lists the closed splits only, except
-    // when none is on disk (its first split, or retention took every closed one): then it
-    // lists the open split, so that the bag always names a file. That split is still being
-    // written (the newest on disk), so nothing of this bag is closed yet.
-    if lock == LockState::Held {
-        let newest = split_names(dir).pop();
-        if newest.is_some_and(|n| meta.files.iter().any(|f| f.path == n)) {
-            return None;
-        }
-    }
+    let open = if lock == LockState::Held {
+        // Unreadable while recording: wait for the next pass rather than risk the open split.
+        let on_disk = crate::bag::reader::find_split_files(dir).ok()?;
+        Some(on_disk.iter().filter_map(|n| split_number(n)).max()?)
+    } else {
+        None
+    };
     let mut names: Vec<String> = meta
         .files
         .iter()
         .map(|f| f.path.clone())
         .filter(|p| !p.contains('/') && dir.join(p).is_file())
         .collect();
-    names.push(METADATA_FILE.to_string());
+    let listed = names.len();
+    names.retain(|p| open.is_none() || split_number(p) != open);
+    // A listing that names the open split is not the bag's: it goes once that split closed.
+    if names.len() == listed {
+        names.push(METADATA_FILE.to_string());
+    }
     Some(names)
 }
 
@@ -611,6 +637,11 @@ impl AgentThread {
                     // Retention took it (aborted), or it went before we got to it.
                     Err(UploadError::Cancelled | UploadError::FileGone { .. }) => {
                         splits_missing += usize::from(!is_meta);
+                    }
+                    // A live bag's metadata.yaml is rewritten at every split close: the
+                    // newer one goes at the next pass; not worth a warning each time.
+                    Err(UploadError::FileChanged { .. }) if is_meta => {
+                        log::debug!("upload: {} changed while sent; again later", path.display());
                     }
                     Err(e) if e.class() == ErrorClass::Permanent => {
                         // This file cannot go as it is (changed, unreadable): say so, go on.
@@ -770,7 +801,7 @@ mod tests {
         bag_with(&dir, &["b_0.db3"], &["b_0.db3"]);
         let lock = crate::bag::lock::BagLock::acquire(&dir).unwrap();
         assert_eq!(crate::bag::lock::state(&dir), LockState::Held);
-        assert_eq!(closed_files(&dir, LockState::Held), None);
+        assert_eq!(closed_files(&dir, LockState::Held), Some(Vec::new()));
         // Rotated: b_0 closed and listed, b_1 open and not listed.
         bag_with(&dir, &["b_1.db3"], &["b_0.db3"]);
         assert_eq!(
@@ -834,6 +865,39 @@ mod tests {
         // The writer thread must not wait for a network timeout.
         assert!(t.elapsed() < ABORT_WAIT * 5, "{:?}", t.elapsed());
         assert!(l.cancel.load(Relaxed));
+    }
+
+    #[test]
+    fn the_open_split_of_a_bag_being_recorded_is_never_taken_nor_its_listing() {
+        use crate::bag::writer::{BagWriter, WriterOptions};
+        use crate::bag::{Flavour, TopicInfo};
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("b");
+        let mut w = BagWriter::create(&dir, WriterOptions::new(Flavour::Jazzy)).unwrap();
+        let t = w
+            .add_topic(TopicInfo::new("/t", "std_msgs/msg/String"), None)
+            .unwrap();
+        w.write_batch([(t, 1, &[0u8, 1, 0, 0][..])]).unwrap();
+        // Only the open split exists, and metadata.yaml lists it (a bag always names a file).
+        let listed = BagMetadata::read(&dir).unwrap().files;
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        let state = crate::bag::lock::state(&dir);
+        assert_eq!(state, LockState::Held);
+        assert_eq!(closed_files(&dir, state), Some(vec![]));
+        w.split().unwrap();
+        assert_eq!(
+            closed_files(&dir, crate::bag::lock::state(&dir)),
+            Some(vec!["b_0.db3".to_string(), METADATA_FILE.to_string()])
+        );
+        w.finish().unwrap();
+        assert_eq!(
+            closed_files(&dir, crate::bag::lock::state(&dir)),
+            Some(vec![
+                "b_0.db3".to_string(),
+                "b_1.db3".to_string(),
+                METADATA_FILE.to_string()
+            ])
+        );
     }
 
     #[test]

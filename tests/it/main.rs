@@ -31,4 +31,5 @@ mod start_paths;
 mod triggers;
 mod upload;
 mod upload_config;
+mod upload_daemon;
 mod upload_retention;
