@@ -665,7 +665,9 @@ impl AgentThread {
         let text = e.to_string();
         let config = e.class() == ErrorClass::Configuration;
         let wait = if config {
-            backoff.at_cap()
+            // At the cap rate, as the log line says; a tenth of jitter so that a fleet given
+            // the same bad config does not knock all at once.
+            BACKOFF_CAP.mul_f64(0.9) + backoff.at_cap() / 10
         } else {
             backoff.next_delay()
         };
