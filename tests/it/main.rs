@@ -26,6 +26,7 @@ mod service;
 mod signals;
 mod snapshot;
 mod start_paths;
+mod torn_commit;
 mod triggers;
 mod upload_config;
 mod upload_retention;
