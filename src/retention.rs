@@ -38,7 +38,11 @@ pub const CLOSE_RESERVE_BYTES: u64 = 32 * 1024;
 const METADATA_SLACK_BYTES: u64 = 4096;
 /// B-tree pages a commit may rewrite or add beyond the rows' own (interior pages of the
 /// messages table and the timestamp index, the header page): 8 pages, here of 4 KiB
-/// ([`commit_reserve`] for other page sizes).
+/// ([`commit_reserve`] for other page sizes). It also holds a split's first commits' rollback
+/// journal (`bag::schema::guard_journal_bytes`, `StoragePreset::commits_can_tear`): while
+/// the `messages` root is a leaf, neither b-tree has interior pages yet, so such a commit
+/// adds at most 2 pages beyond its rows (the first child of each root), and 2 pages plus the
+/// journal fit in 8 (`the_commit_reserve_holds_a_guarded_commits_journal`).
 pub const COMMIT_RESERVE_BYTES: u64 = 8 * 4096;
 
 /// [`COMMIT_RESERVE_BYTES`] for a split of `page_size`-byte pages.
@@ -1436,6 +1440,18 @@ mod tests {
 
     const MB: u64 = 1 << 20;
     const S: i64 = 1_000_000_000;
+
+    #[test]
+    fn the_commit_reserve_holds_a_guarded_commits_journal() {
+        use crate::bag::schema::{guard_journal_bytes, LARGE_PAGE_SIZE, SMALL_PAGE_SIZE};
+        for page in [SMALL_PAGE_SIZE, LARGE_PAGE_SIZE].map(u64::from) {
+            // The two new root children a guarded commit may add, plus its journal.
+            assert!(
+                2 * page + guard_journal_bytes(page) <= commit_reserve(page),
+                "{page}-byte pages"
+            );
+        }
+    }
 
     /// An in-memory current bag: closed splits with sizes and spans, an open split.
     #[derive(Debug, Default)]

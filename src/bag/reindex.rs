@@ -5,8 +5,10 @@
 //! 1. Side files. A `-wal` holds committed transactions (resilient preset): the split is
 //!    opened read-write so SQLite replays it, then checkpointed into the file and removed. A
 //!    hot `-journal` (presets `none`, or a foreign writer) is rolled back by SQLite on that same
-//!    read-write open. Write-optimized splits run with journaling off and never have one. A
-//!    `-shm` without a `-wal` is only an index and is removed.
+//!    read-write open. Write-optimized splits run with journaling off, except for their
+//!    first commits (`StoragePreset::commits_can_tear`): a recorder killed inside one of
+//!    those leaves a hot `-journal`, rolled back the same way. A `-shm` without a `-wal` is
+//!    only an index and is removed.
 //! 2. `PRAGMA quick_check`, then the tables are read. Any failure marks the split damaged.
 //! 3. A damaged split is salvaged into `<name>.db3.salvage.tmp`: rows are read through SQLite in
 //!    rowid ranges, a failing range is bisected down to single rows and those are skipped.

@@ -82,6 +82,26 @@ pub fn choose_page_size(preset: StoragePreset, max_bag_size: u64, rows: u64, byt
         SMALL_PAGE_SIZE
     }
 }
+/// The rollback journal of a split's guarded commits ([`StoragePreset::commits_can_tear`]):
+/// a killed commit leaves a hot `-journal` that SQLite (on `reindex`'s read-write open) plays
+/// back, restoring the rows committed before. `TRUNCATE` leaves an empty file between commits
+/// whatever the locking mode (in `EXCLUSIVE` mode `DELETE` would keep it at full size).
+pub const GUARD_JOURNAL_MODE: &str = "truncate";
+
+/// The most a guarded message commit's `-journal` holds (it exists beside the split while the
+/// commit runs; the size budget's commit reserve covers it). A rollback journal keeps the old
+/// content of each page that existed before the commit and is changed by it; new pages at
+/// the end of the file are not journaled, and overflow pages are never rewritten. While the
+/// `messages` root is a leaf that is three pages: the header page, that root, and the
+/// `timestamp_idx` root, itself still one leaf (an index cell, timestamp and rowid, is
+/// smaller than the row's own cell, and all rows fit in the one messages page). A record is
+/// the page plus 8 bytes; the header takes one sector (SQLite's unix default, 4 KiB).
+/// `tests/it/torn_commit.rs` checks real journals against it.
+pub fn guard_journal_bytes(page_size: u64) -> u64 {
+    const JOURNALED_PAGES: u64 = 3;
+    4096 + JOURNALED_PAGES * (page_size + 8)
+}
+
 /// Page cache for the writer, KiB. Holds the right-most b-tree paths and a batch of index
 /// pages; more does not help an append-only workload.
 pub const WRITE_OPTIMIZED_CACHE_KIB: u32 = 8 * 1024;
@@ -110,6 +130,30 @@ impl StoragePreset {
                 "PRAGMA journal_mode=MEMORY; PRAGMA synchronous=OFF;".to_string()
             }
         }
+    }
+
+    /// The journal mode of [`write_pragmas`](Self::write_pragmas), which a split returns to
+    /// once its first rows are safe (see [`commits_can_tear`](Self::commits_can_tear)).
+    pub fn journal_mode(self) -> &'static str {
+        match self {
+            StoragePreset::WriteOptimized => "off",
+            StoragePreset::Resilient => "wal",
+            StoragePreset::None => "memory",
+        }
+    }
+
+    /// Whether a process killed inside a commit leaves the split torn: with the journal off
+    /// or in memory nothing can roll the commit back. SQLite then writes a commit's pages in
+    /// place, in ascending page order, so the pages that already existed are rewritten before
+    /// the new ones at the end of the file exist. For an append-only table that costs only the
+    /// rows being committed, except at one moment per table: when its root page, still a
+    /// leaf, overflows, SQLite moves the rows an earlier commit put there to a new page at the
+    /// end of the file and rewrites the root to point there. A kill in between loses rows the
+    /// recorder had already reported committed. The writer therefore runs such a split with
+    /// [`GUARD_JOURNAL_MODE`] until its `messages` root is an interior page (and registers
+    /// topics the same way), then switches to [`journal_mode`](Self::journal_mode).
+    pub fn commits_can_tear(self) -> bool {
+        matches!(self, StoragePreset::WriteOptimized | StoragePreset::None)
     }
 
     /// Whether the preset writes through a WAL (`-wal` and `-shm` files beside the split).

@@ -18,7 +18,7 @@ use super::metadata::{
     sync_dir, write_file_atomic, BagMetadata, FileInfo, TopicWithCount, METADATA_FILE, NO_START,
 };
 use super::qos::{profiles_to_yaml_string, PolicyStyle};
-use super::schema::{choose_page_size, create_tables, StoragePreset};
+use super::schema::{choose_page_size, create_tables, StoragePreset, GUARD_JOURNAL_MODE};
 use super::{BagError, Flavour, MessageDefinition, TopicInfo};
 
 /// Per-row bytes SQLite adds beyond the payload (cell header, index entry, page slack),
@@ -67,10 +67,16 @@ struct OpenSplit {
     /// before its connection closes.
     insert: MessageInsert,
     conn: Connection,
-    /// A second descriptor for the [`Durability`] thread's write-back; declared after
-    /// `conn` so that, dropped in order, it closes only after the connection (see
-    /// [`Durability::opened`]). None without one.
-    file: Option<Arc<fs::File>>,
+    /// A second descriptor, for the [`Durability`] thread's write-back and for reading the
+    /// `messages` root's page type while the split is guarded; declared after `conn` so
+    /// that, dropped in order, it closes only after the connection (see
+    /// [`Durability::opened`]).
+    file: Arc<fs::File>,
+    /// Byte offset of the `messages` table's root page in the file.
+    messages_root_offset: u64,
+    /// Commits go through a rollback journal ([`GUARD_JOURNAL_MODE`]) because the
+    /// `messages` root is still a leaf: see [`StoragePreset::commits_can_tear`].
+    guarded: bool,
     start_ns: i64,
     end_ns: i64,
     count: u64,
@@ -400,10 +406,10 @@ impl BagWriter {
     /// effect from the next split opened; the open one gets its descriptor now.
     pub fn set_durability(&mut self, mut d: Box<dyn Durability>) -> Result<(), BagError> {
         if let Some(s) = self.split.as_mut() {
-            let file = Arc::new(fs::File::open(&s.path).map_err(BagError::io(&s.path))?);
-            d.opened(&s.path, file.clone());
+            // The split's own second descriptor: opening and dropping another one would drop
+            // SQLite's POSIX locks on the file.
+            d.opened(&s.path, s.file.clone());
             d.committed(s.size_committed);
-            s.file = Some(file);
         }
         self.durability = Some(d);
         Ok(())
@@ -831,10 +837,16 @@ impl BagWriter {
     }
 
     fn commit(&mut self) -> Result<(), BagError> {
+        let preset = self.opts.preset;
         let s = self.split.as_mut().expect("a split is open");
         s.conn
             .execute_batch("COMMIT")
             .map_err(BagError::sqlite(&s.path))?;
+        // Once the root has become an interior page, appends only ever add pages: a torn
+        // commit can lose only its own rows, and the journal is no longer needed.
+        if s.guarded && !messages_root_is_leaf(s)? {
+            end_guard(s, preset)?;
+        }
         s.size_committed = split_size_on_disk(&s.path);
         s.pending_bytes = 0;
         if let Some(d) = self.durability.as_mut() {
@@ -897,21 +909,32 @@ impl BagWriter {
         // Per-connection settings (locking mode, synchronous, cache) are set again; the
         // journal mode and page size live in the file.
         apply_pragmas(&conn, &preset.write_pragmas()).map_err(BagError::sqlite(&path))?;
+        let guarded = preset.commits_can_tear();
+        if guarded {
+            switch_journal(&conn, &path, GUARD_JOURNAL_MODE)?;
+        }
+        let root: i64 = conn
+            .query_row(
+                "SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = 'messages'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(BagError::sqlite(&path))?;
         let insert = MessageInsert::prepare(&conn).map_err(BagError::sqlite(&path))?;
-        let file = match self.durability.as_mut() {
-            Some(d) => {
-                let f = Arc::new(fs::File::open(&path).map_err(BagError::io(&path))?);
-                d.opened(&path, f.clone());
-                Some(f)
-            }
-            None => None,
-        };
+        let file = Arc::new(fs::File::open(&path).map_err(BagError::io(&path))?);
+        if let Some(d) = self.durability.as_mut() {
+            d.opened(&path, file.clone());
+        }
         self.next_index += 1;
         self.split = Some(OpenSplit {
             index,
             rel,
             insert,
             file,
+            // Page n starts at (n - 1) * page size; the messages root is never page 1, so
+            // its page-type byte is the page's first.
+            messages_root_offset: (root.max(1) as u64 - 1) * u64::from(page_size),
+            guarded,
             page_size,
             size_committed: split_size_on_disk(&path),
             path,
@@ -950,6 +973,17 @@ impl BagWriter {
             Flavour::Jazzy => PolicyStyle::Name,
         };
         let qos = profiles_to_yaml_string(&t.info.offered_qos_profiles, style);
+        // The topics and message_definitions roots overflow like the messages root does
+        // (the 10th Jazzy topic in 4 KiB pages): a registration after the split's guarded
+        // start goes through the rollback journal too, so that a torn one cannot take the
+        // topics registered before it (and so their messages) with it. Rare: once per topic.
+        let reguard = !s.guarded && self.opts.preset.commits_can_tear();
+        if reguard {
+            switch_journal(&s.conn, &s.path, GUARD_JOURNAL_MODE)?;
+        }
+        s.conn
+            .execute_batch("BEGIN")
+            .map_err(BagError::sqlite(&s.path))?;
         let r = match flavour {
             Flavour::Humble => s.conn.execute(
                 "INSERT INTO topics (id, name, type, serialization_format, offered_qos_profiles) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -976,6 +1010,12 @@ impl BagWriter {
                 )
                 .map_err(BagError::sqlite(&s.path))?;
             s.definitions.push(t.info.type_name.clone());
+        }
+        s.conn
+            .execute_batch("COMMIT")
+            .map_err(BagError::sqlite(&s.path))?;
+        if reguard {
+            end_guard(s, self.opts.preset)?;
         }
         s.registered[idx] = true;
         s.size_committed = split_size_on_disk(&s.path);
@@ -1028,7 +1068,7 @@ impl BagWriter {
 
     /// [`close_open_split`](Self::close_open_split); metadata.yaml only if `publish`.
     fn close_split_publishing(&mut self, publish: bool) -> Result<(), BagError> {
-        let Some(s) = self.split.take() else {
+        let Some(mut s) = self.split.take() else {
             return Ok(());
         };
         if self.opts.flavour == Flavour::Jazzy {
@@ -1039,6 +1079,11 @@ impl BagWriter {
                     params![self.opts.flavour.metadata_version(), text],
                 )
                 .map_err(BagError::sqlite(&s.path))?;
+        }
+        // A split closed while still guarded (a few small rows) gets its own journal mode back
+        // and loses its empty -journal: closed splits are single files.
+        if s.guarded {
+            end_guard(&mut s, self.opts.preset)?;
         }
         let file = open_file_info(&s);
         let OpenSplit {
@@ -1177,6 +1222,52 @@ fn row_estimate(len: u64, page_size: u32) -> u64 {
         0
     };
     len + ROW_OVERHEAD_BYTES + tail
+}
+
+/// Set `conn`'s journal mode (outside any transaction). SQLite answers with the mode in force,
+/// which is the old one when it refused the switch.
+fn switch_journal(conn: &Connection, path: &Path, mode: &str) -> Result<(), BagError> {
+    let now: String = conn
+        .query_row(&format!("PRAGMA journal_mode={mode}"), [], |r| r.get(0))
+        .map_err(BagError::sqlite(path))?;
+    if now.eq_ignore_ascii_case(mode) {
+        Ok(())
+    } else {
+        Err(BagError::invalid(
+            path,
+            format!("SQLite kept journal_mode {now} instead of {mode}"),
+        ))
+    }
+}
+
+/// Whether the open split's `messages` root page is still a table leaf (type byte 13; an
+/// interior page is 5). Read from the file (one byte, in the page cache: every commit's
+/// pages were written there), not through SQLite, whose `dbstat` would also walk the
+/// overflow chains of every row on the page.
+fn messages_root_is_leaf(s: &OpenSplit) -> Result<bool, BagError> {
+    use std::os::unix::fs::FileExt;
+    let mut kind = [0u8; 1];
+    s.file
+        .read_exact_at(&mut kind, s.messages_root_offset)
+        .map_err(BagError::io(&s.path))?;
+    Ok(kind[0] == 13)
+}
+
+/// Back to the preset's own journal mode, with no `-journal` left beside the split (in
+/// `EXCLUSIVE` locking mode SQLite keeps the empty file; it holds nothing to play back once
+/// the commit that used it has completed).
+fn end_guard(s: &mut OpenSplit, preset: StoragePreset) -> Result<(), BagError> {
+    switch_journal(&s.conn, &s.path, preset.journal_mode())?;
+    let mut journal = s.path.as_os_str().to_owned();
+    journal.push("-journal");
+    let journal = PathBuf::from(journal);
+    match fs::remove_file(&journal) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(BagError::io(&journal)(e)),
+    }
+    s.guarded = false;
+    Ok(())
 }
 
 /// Run `PRAGMA x=y;` statements one by one: some (journal_mode) return a row, which

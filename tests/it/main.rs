@@ -28,6 +28,7 @@ mod service;
 mod signals;
 mod snapshot;
 mod start_paths;
+mod torn_commit;
 mod triggers;
 mod upload;
 mod upload_config;
