@@ -32,6 +32,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/free-port.sh"
 CUTS="${POWERCUT_CUTS:-14}"
 MAX_LOSS_S="${POWERCUT_MAX_LOSS_S:-3}"
 SEED="${POWERCUT_SEED:-$(date +%s)}"
@@ -462,18 +463,7 @@ if ((UPLOAD_CUTS > 0)); then
         fi
     else
         command -v curl >/dev/null || { echo "powercut: missing tool curl" >&2; exit 1; }
-        port="$(python3 -c 'import random, socket
-for _ in range(200):
-    p = random.randrange(20000, 60000)
-    try:
-        for q in (p, p + 1, p + 3):
-            s = socket.socket()
-            s.bind(("127.0.0.1", q))
-            s.close()
-    except OSError:
-        continue
-    print(p)
-    break')"
+        port="$(free_port)"
         GARAGE_STATE="$W/garage"
         eval "$(bash "$GARAGE_SH" start "$GARAGE_STATE" "$port")"
         export AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY S3_ENDPOINT S3_BUCKET S3_REGION

@@ -25,6 +25,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/free-port.sh"
 RB="${RINGBAG_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/ringbag}"
 NAME="ringbag-test-$$"
 IN=/opt/ringbag-test                  # the work directory, as the container sees it
@@ -634,21 +635,6 @@ uploaded_at_least() {
     C cat "$STATUS_FILE" 2>/dev/null | python3 -c 'import json, sys
 u = json.load(sys.stdin).get("upload") or {}
 sys.exit(0 if u.get("files_uploaded", 0) >= int(sys.argv[1]) and not u.get("last_error") else 1)' "$1"
-}
-# free_port: a port P on loopback with P, P+1 and P+3 free (Garage's S3, RPC and admin).
-free_port() {
-    python3 -c 'import random, socket
-for _ in range(200):
-    p = random.randrange(20000, 60000)
-    try:
-        for q in (p, p + 1, p + 3):
-            s = socket.socket()
-            s.bind(("127.0.0.1", q))
-            s.close()
-    except OSError:
-        continue
-    print(p)
-    break'
 }
 
 # ---------------------------------------------------------------- boot

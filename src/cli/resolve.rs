@@ -682,6 +682,16 @@ mod upload_tests {
         ("AWS_SECRET_ACCESS_KEY", "tEsTsEcReT"),
     ];
 
+    /// Endpoint, bucket and robot id: the flags an upload needs when no config is given.
+    const MINIMAL_FLAGS: [&str; 6] = [
+        "--endpoint",
+        "https://s3.example.com",
+        "--bucket",
+        "fleet",
+        "--robot-id",
+        "r1",
+    ];
+
     fn settings(flags: &[&str], vars: &[(&str, &str)]) -> Result<ResolvedUpload, String> {
         let env = Environment::from_vars(vars, Path::new("/nonexistent/machine-id"));
         upload_settings(&args(flags), &env)
@@ -718,14 +728,7 @@ mod upload_tests {
 
     #[test]
     fn flags_alone_go_through_the_shared_rules_and_name_the_flag() {
-        let base = [
-            "--endpoint",
-            "https://s3.example.com",
-            "--bucket",
-            "fleet",
-            "--robot-id",
-            "r1",
-        ];
+        let base = MINIMAL_FLAGS;
         let r = settings(&base, &KEYS_ENV).unwrap();
         assert_eq!(r.target.endpoint, "https://s3.example.com");
         assert_eq!(r.target.region, crate::upload::settings::DEFAULT_REGION);
@@ -802,18 +805,7 @@ mod upload_tests {
                 format!("{want} (or --config FILE, a ringbag.toml with an [upload] table)")
             );
         }
-        let e = settings(
-            &[
-                "--endpoint",
-                "https://s3.example.com",
-                "--bucket",
-                "fleet",
-                "--robot-id",
-                "r",
-            ],
-            &[],
-        )
-        .unwrap_err();
+        let e = settings(&MINIMAL_FLAGS, &[]).unwrap_err();
         assert_eq!(
             e,
             "no credentials: CREDENTIALS_DIRECTORY is not set, no --credentials-file, and \
@@ -888,14 +880,7 @@ mod upload_tests {
             format!("aws_access_key_id = AKIDFILE\naws_secret_access_key = {secret}\n"),
         )
         .unwrap();
-        let base = [
-            "--endpoint",
-            "https://s3.example.com",
-            "--bucket",
-            "fleet",
-            "--robot-id",
-            "r",
-        ];
+        let base = MINIMAL_FLAGS;
         let f = file.to_str().unwrap();
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
         let r = settings(&[&base[..], &["--credentials-file", f]].concat(), &KEYS_ENV).unwrap();

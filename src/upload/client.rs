@@ -329,6 +329,22 @@ impl S3Client {
         classify(op, a.status, &S3ErrorBody::parse(&a.text))
     }
 
+    /// The bare ETag of a PUT's answer: a non-200 answer is classified as the failure it
+    /// is; a 200 without an ETag is a server we cannot verify against.
+    fn etag_of(&self, op: Op<'_>, a: &Answer) -> Result<String, UploadError> {
+        if a.status != 200 {
+            return Err(self.fail(op, a));
+        }
+        a.etag
+            .as_deref()
+            .map(bare_etag)
+            .ok_or_else(|| UploadError::BadResponse {
+                key: op.key.into(),
+                op: op.name,
+                detail: "no ETag".into(),
+            })
+    }
+
     /// PutObject of a whole (small) file with its Content-MD5; returns the ETag.
     pub fn put_object(&self, key: &str, body: &Body<'_>) -> Result<String, UploadError> {
         let op = self.op(key, "PutObject");
@@ -337,16 +353,7 @@ impl S3Client {
             .put_object(Some(&self.credentials), key)
             .sign(SIGN_FOR);
         let a = self.call(op, "PUT", &url, Some(body), None)?;
-        if a.status != 200 {
-            return Err(self.fail(op, &a));
-        }
-        a.etag
-            .map(|e| bare_etag(&e))
-            .ok_or_else(|| UploadError::BadResponse {
-                key: key.into(),
-                op: op.name,
-                detail: "no ETag".into(),
-            })
+        self.etag_of(op, &a)
     }
 
     pub fn create_multipart(&self, key: &str) -> Result<String, UploadError> {
@@ -387,16 +394,7 @@ impl S3Client {
             .upload_part(Some(&self.credentials), key, n, upload_id)
             .sign(SIGN_FOR);
         let a = self.call(op, "PUT", &url, Some(body), None)?;
-        if a.status != 200 {
-            return Err(self.fail(op, &a));
-        }
-        a.etag
-            .map(|e| bare_etag(&e))
-            .ok_or_else(|| UploadError::BadResponse {
-                key: key.into(),
-                op: op.name,
-                detail: "no ETag".into(),
-            })
+        self.etag_of(op, &a)
     }
 
     /// The parts the server holds for `upload_id` (every page); `None` when the server no

@@ -509,6 +509,17 @@ impl Uploader {
             .is_some_and(|i| i.size == size && i.etag == bare_etag(etag)))
     }
 
+    /// [`Self::verify`] after a send: an object that does not match is a failed upload.
+    fn require_verified(&self, key: &str, size: u64, expected: &str) -> Result<(), UploadError> {
+        if self.verify(key, size, expected)? {
+            return Ok(());
+        }
+        Err(UploadError::VerifyFailed {
+            key: key.into(),
+            detail: format!("HEAD does not show {size} bytes with ETag {expected}"),
+        })
+    }
+
     /// The ETag the object of this file must have, computed from the file.
     fn local_etag(&self, path: &Path, plan: &PartPlan) -> Result<String, UploadError> {
         let file = open_for_upload(path)?;
@@ -589,15 +600,7 @@ impl Uploader {
         self.client.put_object(key, &self.body(&buf, md5, &sent))?;
         drop_cache(&file, 0, identity.size);
         let expected = hex(&md5);
-        if !self.verify(key, identity.size, &expected)? {
-            return Err(UploadError::VerifyFailed {
-                key: key.into(),
-                detail: format!(
-                    "HEAD does not show {} bytes with ETag {expected}",
-                    identity.size
-                ),
-            });
-        }
+        self.require_verified(key, identity.size, &expected)?;
         self.finish(bag, name, path, identity, journal, expected)?;
         Ok(FileOutcome::Uploaded {
             bytes_sent: sent.load(Ordering::Relaxed),
@@ -780,15 +783,7 @@ impl Uploader {
         }
         let expected = multipart_etag(&md5s);
         self.client.complete(key, &upload_id, &etags)?;
-        if !self.verify(key, identity.size, &expected)? {
-            return Err(UploadError::VerifyFailed {
-                key: key.into(),
-                detail: format!(
-                    "HEAD does not show {} bytes with ETag {expected}",
-                    identity.size
-                ),
-            });
-        }
+        self.require_verified(key, identity.size, &expected)?;
         self.finish(bag, name, path, identity, journal, expected)?;
         Ok(FileOutcome::Uploaded {
             bytes_sent: sent.load(Ordering::Relaxed),

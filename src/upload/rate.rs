@@ -190,6 +190,22 @@ mod tests {
         assert_eq!(b.reserve(1000), Duration::from_secs(1));
     }
 
+    /// A reader of `data` held to `bucket`'s rate, counting into `sent` only.
+    fn limited<'a>(
+        data: &'a [u8],
+        bucket: &'a TokenBucket,
+        cancel: &'a AtomicBool,
+        sent: &'a std::sync::atomic::AtomicU64,
+    ) -> BodyReader<'a, &'a [u8]> {
+        BodyReader {
+            inner: data,
+            bucket: Some(bucket),
+            cancel,
+            sent,
+            total: None,
+        }
+    }
+
     #[test]
     fn a_body_reader_holds_the_rate_over_many_seconds() {
         let clock = Arc::new(ManualClock::default());
@@ -197,13 +213,7 @@ mod tests {
         let cancel = AtomicBool::new(false);
         let sent = std::sync::atomic::AtomicU64::new(0);
         let data = vec![7u8; 1_000_000];
-        let mut r = BodyReader {
-            inner: &data[..],
-            bucket: Some(&b),
-            cancel: &cancel,
-            sent: &sent,
-            total: None,
-        };
+        let mut r = limited(&data, &b, &cancel, &sent);
         let mut out = Vec::new();
         r.read_to_end(&mut out).unwrap();
         assert_eq!(out, data);
@@ -220,13 +230,7 @@ mod tests {
         let cancel = AtomicBool::new(true);
         let sent = std::sync::atomic::AtomicU64::new(0);
         let data = [1u8; 10];
-        let mut r = BodyReader {
-            inner: &data[..],
-            bucket: Some(&b),
-            cancel: &cancel,
-            sent: &sent,
-            total: None,
-        };
+        let mut r = limited(&data, &b, &cancel, &sent);
         let e = r.read(&mut [0u8; 10]).unwrap_err();
         assert_eq!(e.to_string(), CANCELLED);
     }

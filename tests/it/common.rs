@@ -189,6 +189,21 @@ pub fn status_json(status: &Path) -> Option<serde_json::Value> {
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
 }
 
+/// Removes from `c` every variable through which the caller's environment could hand it
+/// S3 credentials (and RINGBAG_LOG), so that a test gives it only the ones it means to.
+pub fn without_credentials(c: &mut Command) -> &mut Command {
+    for v in [
+        "CREDENTIALS_DIRECTORY",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "RINGBAG_LOG",
+    ] {
+        c.env_remove(v);
+    }
+    c
+}
+
 /// `ringbag daemon --config <config>` as outside systemd: no notify socket, watchdog or
 /// journal stream, and RINGBAG_LOG unset. The caller sets the stdio and spawns.
 pub fn daemon_command(config: &Path) -> Command {

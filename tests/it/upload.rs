@@ -65,6 +65,41 @@ fn journal(bag: &Path) -> Journal {
     Journal::load(bag).expect("journal").journal
 }
 
+/// The parts of `file` the journal of `bag` records so far (0 while it has none, or while
+/// it is being replaced).
+fn journaled_parts(bag: &Path, file: &str) -> usize {
+    Journal::load(bag)
+        .ok()
+        .and_then(|l| l.journal.files.get(file).map(|e| e.parts.len()))
+        .unwrap_or(0)
+}
+
+/// A bag directory `root/name` holding one split, `name_0.db3`, of `size` bytes of
+/// [`noise`]: a file to upload, not to open.
+fn noise_bag(root: &Path, name: &str, size: u64, seed: u64) -> std::path::PathBuf {
+    let bag = root.join(name);
+    fs::create_dir(&bag).unwrap();
+    fs::write(
+        bag.join(format!("{name}_0.db3")),
+        noise(size as usize, seed),
+    )
+    .unwrap();
+    bag
+}
+
+/// An engine uploading to `g` as robot r1 in 5 MiB parts, `concurrency` at a time, at
+/// `max_rate` bytes/s at most.
+fn uploader(g: &Garage, concurrency: usize, max_rate: u64) -> Arc<Uploader> {
+    let tuning = Tuning {
+        part_size: 5 * MIB,
+        concurrency,
+        max_rate: Some(max_rate),
+        delete_after_upload: false,
+    };
+    let keys = KeyTemplate::new(ringbag::upload::DEFAULT_KEY_TEMPLATE, "r1").unwrap();
+    Arc::new(Uploader::new(&g.target(), tuning, keys).unwrap())
+}
+
 /// Every file of `bag` is in the bucket under `ringbag/r1/<bag>/<file>`, byte for byte.
 fn assert_identical_in_bucket(g: &Garage, bag: &Path) {
     let client = g.client();
@@ -234,15 +269,7 @@ fn listing(dir: &Path) -> Vec<(String, u64)> {
 fn bare_upload() -> std::process::Command {
     let mut c = common::ringbag();
     c.arg("upload");
-    for v in [
-        "CREDENTIALS_DIRECTORY",
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "RINGBAG_LOG",
-    ] {
-        c.env_remove(v);
-    }
+    common::without_credentials(&mut c);
     c
 }
 
@@ -471,10 +498,8 @@ fn killed_mid_multipart(test: &str, corrupt: bool) {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let bag = tmp.path().join("killed");
-    fs::create_dir(&bag).unwrap();
     let size = 40 * MIB + 12_345;
-    fs::write(bag.join("killed_0.db3"), noise(size as usize, 3)).unwrap();
+    let bag = noise_bag(tmp.path(), "killed", size, 3);
     // 9 parts of 5 MiB at 4 MiB/s, one at a time: slow enough to kill between parts.
     let mut child = g
         .upload_cmd()
@@ -491,14 +516,10 @@ fn killed_mid_multipart(test: &str, corrupt: bool) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let parts_done = |bag: &Path| {
-        Journal::load(bag)
-            .ok()
-            .and_then(|l| l.journal.files.get("killed_0.db3").map(|e| e.parts.len()))
-            .unwrap_or(0)
-    };
     assert!(
-        wait_for(Duration::from_secs(60), || parts_done(&bag) >= 2),
+        wait_for(Duration::from_secs(60), || {
+            journaled_parts(&bag, "killed_0.db3") >= 2
+        }),
         "the journal never showed 2 parts"
     );
     child.kill().unwrap();
@@ -553,18 +574,9 @@ fn kill_9_of_the_store_mid_upload_backs_off_and_resumes_without_duplicates() {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let bag = tmp.path().join("outage");
-    fs::create_dir(&bag).unwrap();
     let size = 40 * MIB + 77;
-    fs::write(bag.join("outage_0.db3"), noise(size as usize, 5)).unwrap();
-    let tuning = Tuning {
-        part_size: 5 * MIB,
-        concurrency: 2,
-        max_rate: Some(4 * MIB),
-        delete_after_upload: false,
-    };
-    let keys = KeyTemplate::new(ringbag::upload::DEFAULT_KEY_TEMPLATE, "r1").unwrap();
-    let uploader = Arc::new(Uploader::new(&g.target(), tuning, keys).unwrap());
+    let bag = noise_bag(tmp.path(), "outage", size, 5);
+    let uploader = uploader(&g, 2, 4 * MIB);
     let failures = Arc::new(AtomicU32::new(0));
     let worker = {
         let (u, bag, failures) = (uploader.clone(), bag.clone(), failures.clone());
@@ -579,13 +591,9 @@ fn kill_9_of_the_store_mid_upload_backs_off_and_resumes_without_duplicates() {
             u.upload_bag(&bag, &mut retry, &mut |_| {})
         })
     };
-    let parts_done = || {
-        Journal::load(&bag)
-            .ok()
-            .and_then(|l| l.journal.files.get("outage_0.db3").map(|e| e.parts.len()))
-            .unwrap_or(0)
-    };
-    assert!(wait_for(Duration::from_secs(60), || parts_done() >= 1));
+    assert!(wait_for(Duration::from_secs(60), || {
+        journaled_parts(&bag, "outage_0.db3") >= 1
+    }));
     g.kill9();
     let down = Instant::now();
     // It keeps failing and backing off while the store is down…
@@ -754,18 +762,9 @@ fn the_bandwidth_cap_holds_over_concurrent_parts() {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let bag = tmp.path().join("capped");
-    fs::create_dir(&bag).unwrap();
-    fs::write(bag.join("capped_0.db3"), noise((40 * MIB) as usize, 11)).unwrap();
+    let bag = noise_bag(tmp.path(), "capped", 40 * MIB, 11);
     let rate = 4 * MIB;
-    let tuning = Tuning {
-        part_size: 5 * MIB,
-        concurrency: 3,
-        max_rate: Some(rate),
-        delete_after_upload: false,
-    };
-    let keys = KeyTemplate::new(ringbag::upload::DEFAULT_KEY_TEMPLATE, "r1").unwrap();
-    let uploader = Arc::new(Uploader::new(&g.target(), tuning, keys).unwrap());
+    let uploader = uploader(&g, 3, rate);
     let counters = uploader.counters();
     let worker = {
         let (u, bag) = (uploader.clone(), bag.clone());
@@ -911,18 +910,9 @@ fn cancelling_stops_a_transfer_within_a_moment_and_the_next_attempt_resumes() {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let bag = tmp.path().join("cancelled");
-    fs::create_dir(&bag).unwrap();
     let size = 20 * MIB + 1;
-    fs::write(bag.join("cancelled_0.db3"), noise(size as usize, 13)).unwrap();
-    let tuning = Tuning {
-        part_size: 5 * MIB,
-        concurrency: 2,
-        max_rate: Some(2 * MIB),
-        delete_after_upload: false,
-    };
-    let keys = KeyTemplate::new(ringbag::upload::DEFAULT_KEY_TEMPLATE, "r1").unwrap();
-    let uploader = Arc::new(Uploader::new(&g.target(), tuning, keys).unwrap());
+    let bag = noise_bag(tmp.path(), "cancelled", size, 13);
+    let uploader = uploader(&g, 2, 2 * MIB);
     let cancel = uploader.cancel_flag();
     let counters = uploader.counters();
     let worker = {

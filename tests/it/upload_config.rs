@@ -7,7 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use crate::common::{ringbag, stderr};
+use crate::common::{daemon_command, ringbag, stderr, without_credentials};
 
 const SECRET: &str = "tEsTsEcReT/0123456789";
 
@@ -28,16 +28,7 @@ fn config(dir: &Path, upload: &str) -> PathBuf {
 fn check(path: &Path, vars: &[(&str, &str)]) -> Output {
     let mut c = ringbag();
     c.args(["daemon", "--check-config", "--config"]).arg(path);
-    for v in [
-        "CREDENTIALS_DIRECTORY",
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "RINGBAG_LOG",
-    ] {
-        c.env_remove(v);
-    }
-    c.envs(vars.iter().copied());
+    without_credentials(&mut c).envs(vars.iter().copied());
     crate::common::RunOutput::run_output(&mut c).expect("ringbag runs")
 }
 
@@ -221,22 +212,10 @@ fn the_daemon_records_without_credentials_and_a_sighup_picks_them_up() {
     )
     .unwrap();
     let log = tmp.path().join("stderr");
-    let mut c = ringbag();
-    c.args(["daemon", "--config"])
-        .arg(&cfg)
+    let mut c = daemon_command(&cfg);
+    without_credentials(&mut c)
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
-    for v in [
-        "CREDENTIALS_DIRECTORY",
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "NOTIFY_SOCKET",
-        "WATCHDOG_USEC",
-        "JOURNAL_STREAM",
-        "RINGBAG_LOG",
-    ] {
-        c.env_remove(v);
-    }
     let mut child = c.spawn().expect("daemon starts");
     let pid = Pid::from_raw(child.id() as i32);
     let logged = || std::fs::read_to_string(&log).unwrap_or_default();

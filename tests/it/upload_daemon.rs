@@ -20,7 +20,7 @@ use ringbag::bag::metadata::BagMetadata;
 use ringbag::upload::client::S3Client;
 use serde_json::Value;
 
-use crate::common::{ringbag, status_json, wait_for};
+use crate::common::{daemon_command, status_json, wait_for, without_credentials};
 use crate::garage::Garage;
 use crate::netproxy::{Mode, NetProxy};
 
@@ -62,6 +62,13 @@ impl Setup {
             log: p.join("stderr"),
             _tmp: tmp,
         }
+    }
+
+    /// A setup whose credentials file holds `g`'s key.
+    fn with_creds_of(g: &Garage) -> Setup {
+        let s = Setup::new();
+        s.write_creds(&g.key_id, &g.secret);
+        s
     }
 
     fn write_creds(&self, key_id: &str, secret: &str) {
@@ -107,9 +114,8 @@ impl Setup {
     }
 
     fn start(&self) -> Daemon {
-        let mut c = ringbag();
-        c.args(["daemon", "--config"])
-            .arg(&self.cfg)
+        let mut c = daemon_command(&self.cfg);
+        without_credentials(&mut c)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(
@@ -119,18 +125,6 @@ impl Setup {
                     .open(&self.log)
                     .expect("log file"),
             );
-        for v in [
-            "CREDENTIALS_DIRECTORY",
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-            "AWS_SESSION_TOKEN",
-            "NOTIFY_SOCKET",
-            "WATCHDOG_USEC",
-            "JOURNAL_STREAM",
-            "RINGBAG_LOG",
-        ] {
-            c.env_remove(v);
-        }
         Daemon {
             child: Some(c.spawn().expect("daemon starts")),
         }
@@ -185,6 +179,16 @@ fn listed_splits(bag: &Path) -> Vec<PathBuf> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// A hostile-network proxy in front of `g` (passing everything until told otherwise).
+fn proxy_to(g: &Garage) -> NetProxy {
+    NetProxy::start(
+        g.endpoint
+            .trim_start_matches("http://")
+            .parse()
+            .expect("Garage's address"),
+    )
 }
 
 /// `ringbag/<robot>/<bag>/<file>` of a file under the root.
@@ -333,8 +337,7 @@ fn every_closed_split_and_the_final_metadata_reach_the_bucket_identical_and_the_
     let Some(g) = Garage::start("upload_daemon end to end") else {
         return;
     };
-    let s = Setup::new();
-    s.write_creds(&g.key_id, &g.secret);
+    let s = Setup::with_creds_of(&g);
     s.write_config("256MiB", &g.endpoint, &g.bucket, "");
     let client = g.client();
     // A first daemon records a bag and is stopped: its last split is closed by the stop, so
@@ -399,14 +402,8 @@ fn retention_deletes_what_is_not_out_only_when_forced_and_counts_it() {
     let Some(g) = Garage::start("upload_daemon retention") else {
         return;
     };
-    let proxy = NetProxy::start(
-        g.endpoint
-            .trim_start_matches("http://")
-            .parse()
-            .expect("Garage's address"),
-    );
-    let s = Setup::new();
-    s.write_creds(&g.key_id, &g.secret);
+    let proxy = proxy_to(&g);
+    let s = Setup::with_creds_of(&g);
     let budget: u64 = 16 << 20;
     s.write_config("16MiB", &proxy.url(), &g.bucket, "");
     let mut d = s.start();
@@ -481,15 +478,9 @@ fn after_an_offline_period_the_backlog_drains_at_max_rate() {
     let Some(g) = Garage::start("upload_daemon drain") else {
         return;
     };
-    let proxy = NetProxy::start(
-        g.endpoint
-            .trim_start_matches("http://")
-            .parse()
-            .expect("Garage's address"),
-    );
+    let proxy = proxy_to(&g);
     proxy.set_mode(Mode::Refuse);
-    let s = Setup::new();
-    s.write_creds(&g.key_id, &g.secret);
+    let s = Setup::with_creds_of(&g);
     let max_rate: f64 = (2u64 << 20) as f64;
     s.write_config("512MiB", &proxy.url(), &g.bucket, "max_rate = \"2MiB\"\n");
     let mut d = s.start();
@@ -551,14 +542,8 @@ fn a_hostile_network_never_hangs_the_daemon_nor_drops_a_message_and_everything_g
     let Some(g) = Garage::start("upload_daemon hostile") else {
         return;
     };
-    let proxy = NetProxy::start(
-        g.endpoint
-            .trim_start_matches("http://")
-            .parse()
-            .expect("Garage's address"),
-    );
-    let s = Setup::new();
-    s.write_creds(&g.key_id, &g.secret);
+    let proxy = proxy_to(&g);
+    let s = Setup::with_creds_of(&g);
     s.write_config("512MiB", &proxy.url(), &g.bucket, "");
     let mut d = s.start();
     wait_splits(&s, 1);
@@ -620,8 +605,7 @@ fn garage_killed_mid_upload_and_back_10_s_later_gets_every_split_and_no_open_upl
     let Some(mut g) = Garage::start("upload_daemon garage kill") else {
         return;
     };
-    let s = Setup::new();
-    s.write_creds(&g.key_id, &g.secret);
+    let s = Setup::with_creds_of(&g);
     // Splits of 12 MiB in 5 MiB parts at 2 MiB/s: a multipart upload takes seconds, so the
     // kill lands in the middle of one.
     s.write_config(
@@ -816,8 +800,7 @@ fn delete_after_upload_removes_verified_splits_and_keeps_every_bag_true() {
     let Some(g) = Garage::start("upload_daemon delete after upload") else {
         return;
     };
-    let s = Setup::new();
-    s.write_creds(&g.key_id, &g.secret);
+    let s = Setup::with_creds_of(&g);
     s.write_config(
         "512MiB",
         &g.endpoint,
