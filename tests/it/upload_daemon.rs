@@ -263,6 +263,18 @@ fn u64_at(v: &Value, path: &[&str]) -> u64 {
         .unwrap_or_default()
 }
 
+/// Messages lost while recording (queue full, oversize), summed over the topics of a status.
+/// A message that arrives after SIGTERM is counted as `dropped_after_stop` by design (the
+/// recorder had stopped taking them), so a check made after a stop leaves those out.
+fn lost_while_recording(st: &Value) -> u64 {
+    st["topics"].as_array().map_or(0, |topics| {
+        topics
+            .iter()
+            .map(|t| u64_at(t, &["dropped_queue_full"]) + u64_at(t, &["dropped_oversize"]))
+            .sum()
+    })
+}
+
 /// The uploader never reads a split the writer still has open (a bag's first split is
 /// listed in metadata.yaml while open): such a read shows up as this warning.
 fn assert_no_open_split_read(s: &Setup) {
@@ -380,7 +392,11 @@ fn every_closed_split_and_the_final_metadata_reach_the_bucket_identical_and_the_
     );
     assert_eq!(d.stop(), 0, "{}", s.logged());
     let st = s.status().expect("status");
-    assert_eq!(u64_at(&st, &["dropped"]), 0, "{st}");
+    assert!(
+        st["topics"].as_array().is_some_and(|t| !t.is_empty()),
+        "{st}"
+    );
+    assert_eq!(lost_while_recording(&st), 0, "{st}");
     assert_eq!(u64_at(&st, &["deleted_before_upload", "files"]), 0, "{st}");
     assert_no_open_split_read(&s);
 
@@ -596,7 +612,11 @@ fn a_hostile_network_never_hangs_the_daemon_nor_drops_a_message_and_everything_g
     wait_splits(&s, s.closed_splits().len() + 1);
     assert_eq!(d.stop(), 0, "{}", s.logged());
     let st = s.status().expect("status");
-    assert_eq!(u64_at(&st, &["dropped"]), 0, "{st}");
+    assert!(
+        st["topics"].as_array().is_some_and(|t| !t.is_empty()),
+        "{st}"
+    );
+    assert_eq!(lost_while_recording(&st), 0, "{st}");
     assert!(u64_at(&st, &["committed"]) > 0, "{st}");
 }
 
