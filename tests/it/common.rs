@@ -418,3 +418,33 @@ fn a_child_that_never_execs_is_told_apart_from_one_that_did() {
     execd.kill().unwrap();
     execd.wait().unwrap();
 }
+
+/// Every directory under `root` (the bags of a recording root), sorted; none when it is
+/// missing.
+pub fn bag_dirs(root: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The state a crash leaves between retention's metadata rewrite and the removal of a
+/// split: metadata.yaml of the bag in `dir` without its split number `index`, the file
+/// still there. Returns what was unlisted.
+pub fn unlist_split(dir: &Path, index: usize) -> ringbag::bag::metadata::FileInfo {
+    let mut meta = ringbag::bag::metadata::BagMetadata::read(dir).unwrap();
+    let gone = meta.files.remove(index);
+    meta.relative_file_paths.retain(|p| *p != gone.path);
+    meta.message_count -= gone.message_count;
+    meta.starting_time_ns = meta.files[0].starting_time_ns;
+    meta.write_atomic(dir, ringbag::bag::Flavour::Jazzy)
+        .unwrap();
+    assert!(dir.join(&gone.path).exists());
+    gone
+}

@@ -179,18 +179,7 @@ fn write_config(tmp: &Path, extra: &str) -> (PathBuf, PathBuf, PathBuf) {
     (config, root, status)
 }
 
-fn bags(root: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(root)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.path())
-                .filter(|p| p.is_dir())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
+use crate::common::bag_dirs as bags;
 
 fn splits(bag: &Path) -> usize {
     ringbag::bag::reader::find_split_files(bag)

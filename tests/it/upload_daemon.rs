@@ -132,16 +132,7 @@ impl Setup {
 
     /// Every bag directory under the root, sorted.
     fn bags(&self) -> Vec<PathBuf> {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(&self.root)
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.path())
-                    .filter(|p| p.is_dir())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
+        crate::common::bag_dirs(&self.root)
     }
 
     /// The closed splits of every bag: those its metadata.yaml lists that exist.
