@@ -87,6 +87,8 @@ LOGS="$(mktemp -d)"
 export RINGBAG_GARAGE_REGISTRY="$LOGS/garage-nodes"
 # Per-suite test counts, "suite passed failed skipped", for the closing summary.
 COUNTS=()
+# The tests' scratch space (see setup_scratch); empty: the host's TMPDIR.
+SCRATCH=""
 
 # Sums cargo's "test result:" lines of a log into "passed failed ignored".
 cargo_counts() {
@@ -152,6 +154,8 @@ summary() {
         printf '    %-22s %d passed, %d failed, %d skipped/ignored\n' "$suite tests" "$p" "$f" "$k"
         tp=$((tp + p)) tf=$((tf + f)) tk=$((tk + k))
     done
+    # Lazily: a process a failed test left behind may still hold a file in it.
+    if [[ -n "$SCRATCH" ]]; then as_root umount -l "$SCRATCH" || true; fi
     rm -rf "$LOGS"
     if [[ $rc -eq 0 ]]; then
         echo "==> all stages passed"
@@ -340,6 +344,37 @@ install_all() {
 # ---------------------------------------------------------------- stages
 cargo_n() { "${NICE[@]}" cargo "$@"; }
 
+# The suites' temporary files go to a tmpfs of their own. `ringbag record` keeps a free-space
+# floor (1 GiB by default) and stops at it, as it must; on the host's disk every test that
+# records would then pass or fail with whatever else fills that disk (CI once failed five
+# tests with about 1 GiB free). On a tmpfs of known size the free space is the tests' own.
+# RINGBAG_TEST_TMPFS sets its size (tmpfs syntax; default 6G, used only as filled), 0 turns it
+# off; without root the host's TMPDIR is used and the run says so.
+setup_scratch() {
+    local size="${RINGBAG_TEST_TMPFS:-6G}" dir="$LOGS/scratch"
+    if [[ "$size" == 0 ]]; then
+        echo "test.sh: RINGBAG_TEST_TMPFS=0: the tests use ${TMPDIR:-/tmp}"
+        return 0
+    fi
+    mkdir -p "$dir"
+    if [[ $EUID -eq 0 ]] && mount -t tmpfs -o "size=$size,mode=1777" ringbag-scratch "$dir"; then
+        SCRATCH="$dir"
+        echo "test.sh: the tests' temporary files go to a $size tmpfs at $dir"
+    else
+        echo "test.sh: no tmpfs for the tests (needs root): they use ${TMPDIR:-/tmp}, whose free" \
+            "space must stay above ringbag's 1 GiB default floor"
+    fi
+}
+
+# with_scratch CMD...: CMD with TMPDIR in the tests' scratch space, when there is one.
+with_scratch() {
+    if [[ -n "$SCRATCH" ]]; then
+        TMPDIR="$SCRATCH" "$@"
+    else
+        "$@"
+    fi
+}
+
 # The suites keep a copy of their output to count results, also when they fail.
 run_host_tests() {
     local rc=0
@@ -438,26 +473,27 @@ run_cross() {
 }
 
 stage "install" install_all
+setup_scratch
 maybe_stage "fmt" cargo_n fmt --check
 maybe_stage "clippy" cargo_n clippy --all-targets -- -D warnings
-maybe_stage "test" run_host_tests
+maybe_stage "test" with_scratch run_host_tests
 # r2r's doc-only feature uses the bindings shipped in the crate instead of a sourced ROS 2, so
 # the `ros` code type-checks (and is linted) on machines without ROS; it cannot link or run.
 # ROS_DISTRO is unset for it: doc-only bindings have Humble's layout (see build.rs).
 maybe_stage "check-ros" env -u ROS_DISTRO -u AMENT_PREFIX_PATH "${NICE[@]}" cargo clippy --all-targets \
     --features ros,r2r/doc-only -- -D warnings
 # Before interop: its message-definition check also reads the installed Jazzy's .msg files.
-maybe_stage "ros-humble" run_ros humble
-maybe_stage "ros-jazzy" run_ros jazzy
+maybe_stage "ros-humble" with_scratch run_ros humble
+maybe_stage "ros-jazzy" with_scratch run_ros jazzy
 maybe_stage "yocto" run_yocto
 # Before cross: it is fast and catches format regressions long before the qemu run ends.
-maybe_stage "interop" run_interop
+maybe_stage "interop" with_scratch run_interop
 # Power cuts on a loop-mounted ext4 (about a minute).
 maybe_stage "powercut" run_powercut
 # ringbag daemon under systemd 252 in a container (about a minute).
 maybe_stage "systemd" run_systemd
 maybe_stage "release" run_release
-maybe_stage "cross-aarch64" run_cross
+maybe_stage "cross-aarch64" with_scratch run_cross
 if [[ $QUICK -eq 1 && ${#ONLY[@]} -eq 0 ]]; then
     echo
     echo "==> release and cross-aarch64 skipped (--quick)"

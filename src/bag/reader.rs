@@ -636,7 +636,15 @@ impl Bag {
         let mut readable = Vec::new();
         for rel in rels {
             let p = path.join(&rel);
-            guard_split(&p)?;
+            match guard_split(&p) {
+                Ok(()) => {}
+                // Deleted since it was listed: a live recording's retention.
+                Err(e @ BagError::NotFound { .. }) => {
+                    skipped.push(Skipped::from_error(&p, e, None));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
             let read = match open_guarded(&p) {
                 Ok((c, _)) => read_topics(&c, &p).map(|_| ()),
                 Err(OpenError::Refused(e)) => return Err(e),
@@ -649,19 +657,47 @@ impl Bag {
                 Err(e) => skipped.push(Skipped::from_error(&p, e, None)),
             }
         }
-        if readable.is_empty() {
-            let why: Vec<String> = skipped.iter().map(|s| s.to_string()).collect();
-            return Err(BagError::invalid(
-                path,
-                format!("no split is readable ({})", why.join("; ")),
-            ));
-        }
-        let derive = metadata.is_none() || changed || !skipped.is_empty();
         let meta_topics: Vec<TopicInfo> = metadata
             .as_ref()
             .map(|m| m.topics.iter().map(|t| t.topic.clone()).collect())
             .unwrap_or_default();
-        let mut bag = Self::open_files(path, path, readable, if derive { None } else { metadata })?;
+        // A split found readable above can still be deleted before `open_files` reads it:
+        // against a recorder whose splits live a few dozen ms, re-listing the whole bag may
+        // never win the race. The splits gone meanwhile are left out as deleted and the rest
+        // opened again; each round leaves out at least one, so this ends.
+        let (mut bag, derive) = loop {
+            if readable.is_empty() {
+                let why: Vec<String> = skipped.iter().map(|s| s.to_string()).collect();
+                return Err(BagError::invalid(
+                    path,
+                    format!("no split is readable ({})", why.join("; ")),
+                ));
+            }
+            let derive = metadata.is_none() || changed || !skipped.is_empty();
+            let listed = if derive { None } else { metadata.clone() };
+            match Self::open_files(path, path, readable.clone(), listed) {
+                Ok(bag) => break (bag, derive),
+                Err(e) => {
+                    let before = readable.len();
+                    readable.retain(|rel| {
+                        let p = path.join(rel);
+                        let gone = matches!(fs::symlink_metadata(&p),
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+                        if gone {
+                            skipped.push(Skipped {
+                                path: p,
+                                reason: DELETED.into(),
+                                after: None,
+                            });
+                        }
+                        !gone
+                    });
+                    if readable.len() == before {
+                        return Err(e);
+                    }
+                }
+            }
+        };
         if derive {
             // Topics as metadata.yaml had them (their QoS) first, then what only the files name.
             let mut topics = meta_topics;

@@ -720,8 +720,11 @@ fn proxy_reset_after_forwards_exactly_n_bytes_upstream() {
         .end
         .load(Ordering::SeqCst)
         == 2));
-    assert_eq!(echo.total(), 101_000);
+    // Exactly n bytes (plus the 1000 from before) left the proxy upstream. The echo may have
+    // read fewer: the RST towards it discards what sits unread in its receive buffer, as a
+    // real reset does (CI once saw 99,304 of 101,000 under load).
     assert_eq!(p.counters().bytes_up, 101_000);
+    assert!((1000..=101_000).contains(&echo.total()), "{}", echo.total());
 }
 
 #[test]
