@@ -258,6 +258,10 @@ pub trait UploadLedger: Send + Sync + std::fmt::Debug {
     /// only when it changed, so a turn without news costs one atomic load, not a pass over
     /// every file on the budget.
     fn generation(&self) -> u64;
+    /// One or more splits were closed (fsynced, listed): the uploader may look now instead of
+    /// at its next poll. Called on the writer thread, at most once per batch: it must only
+    /// signal, never wait.
+    fn split_closed(&self) {}
 }
 
 /// How a budget works with the uploader, carried by the settings that build a [`Retention`]
@@ -828,7 +832,11 @@ impl Retention {
     /// it once before the first batch, while the first split is still empty.
     pub fn sync<B: CurrentBag + ?Sized>(&mut self, w: &mut B) {
         w.set_split_limit(self.policy.max_splits);
-        for c in w.take_newly_closed() {
+        let closed = w.take_newly_closed();
+        if let (false, Some(ledger)) = (closed.is_empty(), &self.ledger) {
+            ledger.split_closed();
+        }
+        for c in closed {
             self.push(Entry {
                 owner: Owner::Current,
                 size: c.size_bytes,
@@ -1436,6 +1444,7 @@ fn split_counts(path: &Path) -> Result<(FileInfo, Vec<(TopicInfo, u64)>), BagErr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
 
     const MB: u64 = 1 << 20;
@@ -1864,8 +1873,12 @@ mod tests {
     struct Ledger {
         uploaded: Mutex<Vec<PathBuf>>,
         calls: Mutex<Vec<String>>,
+        closed_signals: AtomicU64,
     }
     impl UploadLedger for Ledger {
+        fn split_closed(&self) {
+            self.closed_signals.fetch_add(1, Ordering::SeqCst);
+        }
         fn state(&self, file: &Path) -> UploadState {
             if self.uploaded.lock().unwrap().iter().any(|p| p == file) {
                 UploadState::Uploaded
@@ -1888,6 +1901,25 @@ mod tests {
         fn generation(&self) -> u64 {
             0
         }
+    }
+
+    #[test]
+    fn the_ledger_hears_of_closed_splits_once_per_sync_that_took_any() {
+        let mut bag = FakeBag::new((MB, 0));
+        let ledger = Arc::new(Ledger::default());
+        let mut r = Retention::new(size_policy(64 * MB)).with_upload_ledger(ledger.clone());
+        r.sync(&mut bag);
+        assert_eq!(ledger.closed_signals.load(Ordering::SeqCst), 0);
+        bag.close(MB, 0, S);
+        bag.close(MB, S, 2 * S);
+        r.sync(&mut bag);
+        assert_eq!(ledger.closed_signals.load(Ordering::SeqCst), 1);
+        r.sync(&mut bag);
+        assert_eq!(ledger.closed_signals.load(Ordering::SeqCst), 1);
+        bag.close(MB, 2 * S, 3 * S);
+        r.sync(&mut bag);
+        assert_eq!(ledger.closed_signals.load(Ordering::SeqCst), 2);
+        assert_eq!(r.closed_splits(), 3);
     }
 
     #[test]

@@ -74,15 +74,27 @@ pub struct Ledger {
     generation: AtomicU64,
     /// The uploader's cancellation flag: set to stop the transfer in flight.
     cancel: Arc<AtomicBool>,
+    /// The agent thread's wake-up (see [`UploadAgent::nudge`]).
+    wake: Wake,
+}
+
+/// A flag and its condvar: set and notified to end the agent thread's sleep early.
+type Wake = Arc<(Mutex<bool>, Condvar)>;
+
+fn signal(wake: &Wake) {
+    let (m, c) = &**wake;
+    *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    c.notify_all();
 }
 
 impl Ledger {
-    fn new(cancel: Arc<AtomicBool>) -> Self {
+    fn new(cancel: Arc<AtomicBool>, wake: Wake) -> Self {
         Ledger {
             state: Mutex::new(LedgerState::default()),
             changed: Condvar::new(),
             generation: AtomicU64::new(0),
             cancel,
+            wake,
         }
     }
 
@@ -174,6 +186,12 @@ impl UploadLedger for Ledger {
     fn generation(&self) -> u64 {
         self.generation.load(Relaxed)
     }
+
+    /// A split was closed: look at the root now. The flag is held only to set it (the agent
+    /// thread holds it only around its condvar wait), so the writer thread never waits here.
+    fn split_closed(&self) {
+        signal(&self.wake);
+    }
 }
 
 /// The uploads as the status shows them.
@@ -262,7 +280,7 @@ pub struct UploadAgent {
     counters: Arc<Counters>,
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
-    wake: Arc<(Mutex<bool>, Condvar)>,
+    wake: Wake,
     target: String,
     resolved: ResolvedUpload,
     root: PathBuf,
@@ -284,11 +302,11 @@ impl UploadAgent {
     /// (crash recovery's budget included) already has the right answer.
     pub fn start(resolved: &ResolvedUpload, root: &Path) -> Result<UploadAgent, UploadError> {
         let uploader = Uploader::new(&resolved.target, resolved.tuning, resolved.key.clone())?;
-        let ledger = Arc::new(Ledger::new(uploader.cancel_flag()));
+        let wake: Wake = Arc::new((Mutex::new(false), Condvar::new()));
+        let ledger = Arc::new(Ledger::new(uploader.cancel_flag(), wake.clone()));
         let counters = uploader.counters();
         let shared = Arc::new(Shared::default());
         let stop = Arc::new(AtomicBool::new(false));
-        let wake = Arc::new((Mutex::new(false), Condvar::new()));
         let mut files = 0;
         if let Ok(bags) = plan_root(root) {
             for b in &bags {
@@ -350,9 +368,7 @@ impl UploadAgent {
 
     /// Look at the root now (a split was closed) rather than at the next poll.
     pub fn nudge(&self) {
-        let (m, c) = &*self.wake;
-        *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        c.notify_all();
+        signal(&self.wake);
     }
 
     pub fn status(&self) -> UploadStatus {
@@ -490,7 +506,7 @@ struct AgentThread {
     ledger: Arc<Ledger>,
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
-    wake: Arc<(Mutex<bool>, Condvar)>,
+    wake: Wake,
     root: PathBuf,
 }
 
@@ -772,7 +788,19 @@ mod tests {
     use super::*;
 
     fn ledger() -> Ledger {
-        Ledger::new(Arc::new(AtomicBool::new(false)))
+        Ledger::new(
+            Arc::new(AtomicBool::new(false)),
+            Arc::new((Mutex::new(false), Condvar::new())),
+        )
+    }
+
+    #[test]
+    fn a_closed_split_wakes_the_agent_thread_without_waiting() {
+        let l = ledger();
+        assert!(!*l.wake.0.lock().unwrap());
+        // Held by the agent thread only around its condvar wait: setting never blocks.
+        l.split_closed();
+        assert!(*l.wake.0.lock().unwrap());
     }
 
     /// A bag directory with splits `names` on disk and a metadata.yaml listing `listed`.
