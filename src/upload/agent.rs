@@ -543,6 +543,8 @@ impl AgentThread {
                 }
                 Pass::Failed(d) => d,
             };
+            // Nothing is being sent until the next pass: no part memory held meanwhile.
+            self.uploader.release_buffers();
             self.sleep(wait);
         }
         self.record_deletions();

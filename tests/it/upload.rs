@@ -941,3 +941,91 @@ fn cancelling_stops_a_transfer_within_a_moment_and_the_next_attempt_resumes() {
     assert!(r.is_ok(), "{r:?}");
     assert_identical_in_bucket(&g, &bag);
 }
+
+/// Run `cmd` to its end: its exit code, its peak RSS in KiB and its stderr. The peak is the
+/// kernel's own high-water mark of the process's memory (`VmHWM`), which only grows; it is
+/// read every 5 ms, the last reading within 5 ms of the exit. (wait4's `ru_maxrss` would not
+/// do: Linux carries the test process's own RSS across the child's exec.)
+fn run_with_peak_rss(cmd: &mut std::process::Command) -> (Option<i32>, u64, String) {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stderr_pipe = child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        let mut err = String::new();
+        use std::io::Read;
+        let _ = stderr_pipe.read_to_string(&mut err);
+        err
+    });
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(hwm) = fs::read_to_string(&status_file).ok().and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        }) {
+            peak = peak.max(hwm);
+        }
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "ringbag upload hung");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    (status.code(), peak, reader.join().expect("stderr reader"))
+}
+
+#[test]
+fn upload_memory_stays_within_part_size_times_concurrency_plus_8_mib() {
+    // Under user-mode qemu the process's RSS is the emulator's, whose translation cache grows
+    // with the code run: the bound is a property of the native binary.
+    if std::env::var_os("RINGBAG_TEST_RUNNER").is_some() {
+        eprintln!("skipped under an emulator: RSS would be the emulator's");
+        return;
+    }
+    let Some(g) = Garage::start("upload_memory_stays_within_part_size_times_concurrency") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    // Six files of 24 MiB in two bags: 5 parts each, sent 2 at a time.
+    for b in 0..2u64 {
+        let bag = noise_bag(tmp.path(), &format!("mem{b}"), 24 * MIB, b);
+        for f in 1..3u64 {
+            fs::write(
+                bag.join(format!("mem{b}_{f}.db3")),
+                noise(24 << 20, 10 * b + f),
+            )
+            .unwrap();
+        }
+    }
+    let upload = || {
+        let mut c = g.upload_cmd();
+        c.args(["--part-size", "5MiB", "--concurrency", "2"])
+            .arg(tmp.path());
+        c
+    };
+    let (code, peak, err) = run_with_peak_rss(&mut upload());
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        bytes_sent_in_all(&err),
+        6 * 24 * MIB,
+        "every byte once: {err}"
+    );
+    // The same command with nothing left to send: the process without the transfers.
+    let (code, base, err) = run_with_peak_rss(&mut upload());
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(bytes_sent_in_all(&err), 0, "{err}");
+    let upload_kib = peak.saturating_sub(base);
+    let bound_kib = (2 * 5 * MIB + 8 * MIB) / 1024;
+    eprintln!("upload memory: peak {peak} KiB - base {base} KiB = {upload_kib} KiB (bound {bound_kib} KiB)");
+    assert!(
+        upload_kib <= bound_kib,
+        "upload used {upload_kib} KiB above the idle process, bound {bound_kib} KiB"
+    );
+    // The measurement sees the part buffers at all (two parts in flight).
+    assert!(upload_kib >= 2 * 5 * MIB / 1024, "{upload_kib} KiB");
+}
