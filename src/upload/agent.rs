@@ -631,10 +631,22 @@ impl AgentThread {
                 match r {
                     Ok(outcome) => {
                         if !is_meta {
-                            if let FileOutcome::Uploaded { bytes_sent, .. } = outcome {
+                            if let FileOutcome::Uploaded {
+                                bytes_sent,
+                                parts_reused,
+                                ..
+                            } = outcome
+                            {
+                                // A resumed upload (after a restart) says so: the parts the
+                                // server had already were not sent again.
+                                let resumed = match parts_reused {
+                                    0 => String::new(),
+                                    1 => "; resumed, 1 part was already there".to_string(),
+                                    n => format!("; resumed, {n} parts were already there"),
+                                };
                                 log::info!(
                                     ringbag_bag:% = dir.display();
-                                    "upload: {} ({} bytes sent)",
+                                    "upload: {} ({} bytes sent{resumed})",
                                     path.display(),
                                     bytes_sent
                                 );

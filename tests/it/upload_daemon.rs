@@ -867,3 +867,103 @@ fn delete_after_upload_removes_verified_splits_and_keeps_every_bag_true() {
     assert!(remaining > 0 || listed.is_empty());
     eprintln!("delete_after_upload: {deleted} splits deleted, {remaining} messages remain");
 }
+
+/// A multipart upload journaled in flight with parts done: (split path, upload id, parts).
+fn in_flight_with_parts(s: &Setup) -> Option<(PathBuf, String, usize)> {
+    s.bags().into_iter().find_map(|bag| {
+        let j = ringbag::upload::journal::Journal::load(&bag).ok()?.journal;
+        j.files.into_iter().find_map(|(name, e)| {
+            let id = e.upload_id.filter(|_| !e.done && !e.parts.is_empty())?;
+            Some((bag.join(name), id, e.parts.len()))
+        })
+    })
+}
+
+#[test]
+fn kill_9_of_the_daemon_mid_multipart_resumes_the_same_upload_without_sending_done_parts_again() {
+    let Some(g) = Garage::start("upload_daemon kill -9 of ringbag") else {
+        return;
+    };
+    let s = Setup::with_creds_of(&g);
+    // Splits of 12 MiB in 5 MiB parts at 2 MiB/s: a split takes seconds to send, so the kill
+    // lands inside a multipart upload with a part or two done.
+    s.write_config(
+        "512MiB",
+        &g.endpoint,
+        &g.bucket,
+        "part_size = \"5MiB\"\nmax_rate = \"2MiB\"\nconcurrency = 1\n",
+    );
+    let text = std::fs::read_to_string(&s.cfg)
+        .expect("config")
+        .replace("max_bag_size = \"1MiB\"", "max_bag_size = \"12MiB\"");
+    std::fs::write(&s.cfg, text).expect("config");
+    let client = g.client();
+    let mut d = s.start();
+    let mut found = None;
+    assert!(
+        wait_for(LONG, || {
+            found = in_flight_with_parts(&s);
+            found.is_some()
+        }),
+        "no multipart upload with a part done: {:?}\n{}",
+        s.upload_status(),
+        s.logged()
+    );
+    kill(d.pid(), Signal::SIGKILL).expect("kill -9");
+    drop(d.child.take().map(|mut c| c.wait()));
+    // What the journal holds after the kill (it may have saved one more part meanwhile).
+    let (file, upload_id, _) = found.expect("in flight");
+    let bag = file.parent().expect("bag").to_path_buf();
+    let name = file
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    let entry = ringbag::upload::journal::Journal::load(&bag)
+        .expect("journal")
+        .journal
+        .files
+        .get(&name)
+        .cloned()
+        .expect("the split is journaled");
+    assert_eq!(entry.upload_id.as_deref(), Some(upload_id.as_str()));
+    let parts_done = entry.parts.len() as u64;
+    assert!(parts_done >= 1 && !entry.done, "{entry:?}");
+    let size = std::fs::metadata(&file).expect("split").len();
+
+    let mut d = s.start();
+    assert!(
+        wait_in_bucket(&client, std::slice::from_ref(&file), LONG),
+        "{} never reached the bucket after the restart: {:?}\n{}",
+        file.display(),
+        s.upload_status(),
+        s.logged()
+    );
+    assert_eq!(d.stop(), 0, "{}", s.logged());
+    // The same upload id completed it.
+    let after = ringbag::upload::journal::Journal::load(&bag)
+        .expect("journal")
+        .journal;
+    let e = &after.files[&name];
+    assert!(e.done, "{e:?}");
+    assert_eq!(e.upload_id.as_deref(), Some(upload_id.as_str()), "{e:?}");
+    // And only the parts not done were sent: the restarted daemon's line for the split.
+    let line = s
+        .logged()
+        .lines()
+        .find(|l| l.contains(&format!("upload: {} (", file.display())))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no upload line for {}: {}", file.display(), s.logged()));
+    let sent: u64 = line
+        .split(" (")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count in {line}"));
+    assert!(
+        sent <= size - parts_done * (5 << 20),
+        "{line}: {parts_done} parts of 5 MiB were done before the kill, the split is {size} bytes"
+    );
+    assert!(line.contains("resumed"), "{line}");
+    eprintln!("after kill -9 with {parts_done} parts journaled: {line}");
+}
