@@ -280,10 +280,11 @@ def link_copy(root: Path, dest: Path) -> Path:
     return dest
 
 
-def ringbag_upload_cmd(env: dict, key: str, root: Path) -> list[str]:
+def ringbag_upload_cmd(env: dict, key: str, root: Path, max_rate: str | None = None) -> list[str]:
+    rate = ["--max-rate", max_rate] if max_rate else []
     return [str(RINGBAG), "--log-level", "warn", "upload", "--endpoint", env["S3_ENDPOINT"], "--bucket",
             env["S3_BUCKET"], "--region", env["S3_REGION"], "--key", key, "--path-style",
-            "--part-size", str(UPLOAD_PART), "--concurrency", str(UPLOAD_CONCURRENCY), str(root)]
+            "--part-size", str(UPLOAD_PART), "--concurrency", str(UPLOAD_CONCURRENCY), *rate, str(root)]
 
 
 def upload_row(name: str, r: dict, nbytes: int) -> dict:
@@ -300,7 +301,8 @@ def verify(env: dict, root: Path, prefix: str) -> str:
     return "identical"
 
 
-def upload_bench(work: Path, quick: bool, robot_secs: int, garage_dir: str | None = None) -> dict:
+def upload_bench(work: Path, quick: bool, robot_secs: int, garage_dir: str | None = None,
+                 link_rate: str | None = "25MiB") -> dict:
     """2 GiB of closed 256 MiB splits (512 MiB with --quick) to Garage on loopback: boto3's
     upload_file (the reference) and `ringbag upload`, the same files, part size and parts in
     flight, each in a child process (wall time exec to exit, CPU user+sys, peak RSS); then the
@@ -320,7 +322,7 @@ def upload_bench(work: Path, quick: bool, robot_secs: int, garage_dir: str | Non
     env = dict(l.split("=", 1) for l in start.stdout.splitlines() if "=" in l)
     gpid = int(env.pop("GARAGE_PID"))
     try:
-        res.update(upload_runs(work, quick, robot_secs, env, gpid, res))
+        res.update(upload_runs(work, quick, robot_secs, env, gpid, res, link_rate))
     finally:
         subprocess.run(["bash", str(GARAGE_SH), "stop", str(gdir)], capture_output=True)
         if garage_dir:
@@ -329,7 +331,8 @@ def upload_bench(work: Path, quick: bool, robot_secs: int, garage_dir: str | Non
     return res
 
 
-def upload_runs(work: Path, quick: bool, robot_secs: int, env: dict, gpid: int, res: dict) -> dict:
+def upload_runs(work: Path, quick: bool, robot_secs: int, env: dict, gpid: int, res: dict,
+                link_rate: str | None) -> dict:
     root = work / "upload_root"
     count = 512 if quick else 2048  # 1 MiB messages: 0.5 or 2 GiB of payload
     run_child([str(RINGBAG), "--log-level", "warn", "record", "--source", "synthetic", "--synthetic-profile", "large",
@@ -363,7 +366,7 @@ def upload_runs(work: Path, quick: bool, robot_secs: int, env: dict, gpid: int, 
     res["ratios"] = {"throughput ringbag/reference": row["mb_s"] / ref_row["mb_s"],
                      "CPU s/GB ringbag/reference": row["cpu_s_per_gb"] / ref_row["cpu_s_per_gb"],
                      "peak RSS ringbag/reference": row["rss_mib"] / ref_row["rss_mib"]}
-    res["rows"] += robot_with_uploads(work, root, env, gpid, robot_secs)
+    res["rows"] += robot_with_uploads(work, root, env, gpid, robot_secs, link_rate)
     return res
 
 
@@ -394,14 +397,27 @@ def io_scheduler(path: Path) -> str:
         return "unknown"
 
 
-def robot_with_uploads(work: Path, root: Path, env: dict, gpid: int, secs: int) -> list[dict]:
+def robot_with_uploads(work: Path, root: Path, env: dict, gpid: int, secs: int,
+                       link_rate: str | None) -> list[dict]:
     """The robot mix in real time (64 MiB splits) alone, then again while `ringbag upload`
     sends the benchmark's files from another root, over and over (a fresh root and prefix each
-    time) until the recording ends. Garage runs on the same CPUs and disk here, so the second
-    row also pays for a server that a robot would not host: its CPU seconds are reported."""
-    import threading
+    time) until the recording ends: unlimited (loopback, far above any robot's uplink), and
+    capped at `link_rate` (a fast robot uplink). Garage runs on the same CPUs here, so the rows
+    with uploads also pay for a server that a robot would not host: its CPU seconds are
+    reported."""
     alone = ringbag(work, "robot", 570 * secs, "realtime", ["-b", "64MiB"])
     alone["name"] = f"ringbag robot realtime {secs}s, no uploads"
+    rows = [alone, robot_while_uploading(work, root, env, gpid, secs, None)]
+    if link_rate:
+        rows.append(robot_while_uploading(work, root, env, gpid, secs, link_rate))
+    return rows
+
+
+def robot_while_uploading(work: Path, root: Path, env: dict, gpid: int, secs: int,
+                          max_rate: str | None) -> dict:
+    import threading
+    # Keys of this row's own: an object already in the bucket would only be verified, not sent.
+    tag = f"r{max_rate}" if max_rate else "unlimited"
     stop = threading.Event()
     runs = {"done": 0, "failed": 0, "bytes": 0, "err": ""}
     _, per_run = tree_bytes(root)
@@ -410,7 +426,7 @@ def robot_with_uploads(work: Path, root: Path, env: dict, gpid: int, secs: int) 
         i = 0
         while not stop.is_set():
             r = link_copy(root, work / f"upload_root_robot{i % 2}")
-            p = subprocess.Popen(BACKGROUND + ringbag_upload_cmd(env, f"robot{i}/{{bag}}/{{file}}", r),
+            p = subprocess.Popen(BACKGROUND + ringbag_upload_cmd(env, f"robot{tag}{i}/{{bag}}/{{file}}", r, max_rate),
                                  env={**os.environ, **env},
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             while p.poll() is None:
@@ -439,13 +455,13 @@ def robot_with_uploads(work: Path, root: Path, env: dict, gpid: int, secs: int) 
         stop.set()
         t.join()
     g1 = cpu_seconds(gpid)
-    busy["name"] = f"ringbag robot realtime {secs}s, with ringbag upload"
+    busy["name"] = f"ringbag robot realtime {secs}s, with ringbag upload" + (f" at {max_rate}/s" if max_rate else "")
     runs["garage_cpu_s"] = g1 - g0 if g0 is not None and g1 is not None else None
     runs["io_scheduler"] = io_scheduler(work)
     busy["uploads"] = runs
     for i in range(2):
         shutil.rmtree(work / f"upload_root_robot{i}", ignore_errors=True)
-    return [alone, busy]
+    return busy
 
 
 def print_upload(up: dict) -> None:
@@ -455,7 +471,8 @@ def print_upload(up: dict) -> None:
     d = up.get("data", {})
     print(f"upload: {d.get('files')} files, {d.get('bytes', 0) / 2**30:.2f} GiB ({d.get('split')} splits) to Garage "
           f"on loopback ({up.get('garage_dir')}), part {UPLOAD_PART // 2**20} MiB, {UPLOAD_CONCURRENCY} in flight")
-    hdr = f"{'upload run':52} {'MB/s':>8} {'CPU s/GB':>9} {'peak RSS':>9} {'drops':>6} {'stall ms':>9}  verified"
+    hdr = (f"{'upload run':60} {'MB/s':>8} {'CPU s/GB':>9} {'peak RSS':>9} {'drops':>6} {'stall ms':>9} "
+           f"{'on CPU':>7}  verified")
     print(hdr)
     print("-" * len(hdr))
     for r in up["rows"]:
@@ -467,8 +484,8 @@ def print_upload(up: dict) -> None:
             gc = f", Garage {u['garage_cpu_s']:.1f} CPU s" if u.get("garage_cpu_s") is not None else ""
             extra = (f"{u['done']} uploads done ({u['bytes'] / 2**30:.1f} GiB){gc}, {u['failed']} failed "
                      f"{u['err'] or ''}").strip()
-        print(f"{r['name']:52} {f('mb_s', '.1f'):>8} {f('cpu_s_per_gb', '.2f'):>9} {r['rss_mib']:6.0f} MiB"
-              f" {str(r.get('drops', '-')):>6} {f('stall_ms', '.1f'):>9}  {extra}")
+        print(f"{r['name']:60} {f('mb_s', '.1f'):>8} {f('cpu_s_per_gb', '.2f'):>9} {r['rss_mib']:6.0f} MiB"
+              f" {str(r.get('drops', '-')):>6} {f('stall_ms', '.1f'):>9} {f('stall_cpu_ms', '.1f'):>7}  {extra}")
     for k, v in up["ratios"].items():
         print(f"{k}: {v:.2f}")
     busy = next((r for r in up["rows"] if "uploads" in r), None)
@@ -687,10 +704,15 @@ def main() -> None:
                          "boto3 to Garage on loopback, and the robot mix with and without uploads")
     ap.add_argument("--garage-dir", default=None,
                     help="upload: keep Garage's state under this directory (default: the bench directory)")
+    ap.add_argument("--upload-link-rate", default="25MiB",
+                    help="upload: the robot row's uploader is also run capped at this rate, a fast robot "
+                         "uplink (default 25MiB, i.e. 210 Mbit/s; 'none': only the unlimited row)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the floor comparison (default 5)")
     ap.add_argument("--robot-rounds", type=int, default=1, help="runs of each robot real-time row (default 1)")
     ap.add_argument("--play-only", action="store_true", help="only the playback timing section")
     a = ap.parse_args()
+    if a.upload_link_rate == "none":
+        a.upload_link_rate = None
     if a.ringbag:
         RINGBAG = Path(a.ringbag).resolve()
     base = Path(a.dir) if a.dir else ROOT / "target"
@@ -723,7 +745,7 @@ def main() -> None:
             if a.only == "large":
                 rows, ratios = floor_rounds(work, q, max(a.rounds, 1))
             elif a.only == "upload":
-                up = upload_bench(work, a.quick, 30 // q, a.garage_dir)
+                up = upload_bench(work, a.quick, 30 // q, a.garage_dir, a.upload_link_rate)
             else:
                 rows = robot_realtime(work, 30 // q, max(a.robot_rounds, 1))
             raise _Done
@@ -767,7 +789,7 @@ def main() -> None:
                 ["cargo", "test", "--release", "--quiet", "--test", "it", "five_thousand_splits", "--", "--nocapture"],
                 cwd=ROOT, capture_output=True, text=True)
             long_line = next((l for l in long_run.stderr.splitlines() if l.startswith("long run:")), long_line)
-            up = upload_bench(work, a.quick, 30 // q, a.garage_dir)
+            up = upload_bench(work, a.quick, 30 // q, a.garage_dir, a.upload_link_rate)
             pb = playback(work, a.quick)
     except _Done:
         pass
