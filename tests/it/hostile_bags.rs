@@ -595,7 +595,17 @@ fn killed_recording(root: &Path, profile: &str, size: &str, at_least: u64) -> (P
             .and_then(|n| fs::metadata(bag.join(n)).ok())
             .map_or(0, |m| m.len())
     };
-    let ready = || committed() >= at_least && newest_len() >= 1 << 20;
+    // Not inside a commit that still has a rollback journal (a split's first commits keep
+    // one, see `GUARD_JOURNAL_MODE`): SQLite would roll such a split back to its last commit,
+    // intact, and the tear this caller wants would not be there.
+    let hot_journal = || -> bool {
+        ringbag::bag::reader::find_split_files(&bag)
+            .ok()
+            .and_then(|f| f.last().cloned())
+            .and_then(|n| fs::metadata(bag.join(format!("{n}-journal"))).ok())
+            .is_some_and(|m| m.len() > 0)
+    };
+    let ready = || committed() >= at_least && newest_len() >= 1 << 20 && !hot_journal();
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
