@@ -156,7 +156,10 @@ summary() {
         tp=$((tp + p)) tf=$((tf + f)) tk=$((tk + k))
     done
     # Lazily: a process a failed test left behind may still hold a file in it.
-    if [[ -n "$SCRATCH" ]]; then as_root umount -l "$SCRATCH" || true; fi
+    if [[ -n "$SCRATCH" ]]; then
+        as_root umount -l "$SCRATCH" || true
+        rmdir "$SCRATCH" 2>/dev/null || true
+    fi
     rm -rf "$LOGS"
     if [[ $rc -eq 0 ]]; then
         echo "==> all stages passed"
@@ -354,16 +357,19 @@ cargo_n() { "${NICE[@]}" cargo "$@"; }
 # RINGBAG_TEST_TMPFS sets its size (tmpfs syntax; default 6G, used only as filled), 0 turns it
 # off; without root the host's TMPDIR is used and the run says so.
 setup_scratch() {
-    local size="${RINGBAG_TEST_TMPFS:-6G}" dir="$LOGS/scratch"
+    local size="${RINGBAG_TEST_TMPFS:-6G}" dir
     if [[ "$size" == 0 ]]; then
         echo "test.sh: RINGBAG_TEST_TMPFS=0: the tests use ${TMPDIR:-/tmp}"
         return 0
     fi
-    mkdir -p "$dir"
+    # A short path: some tests build paths near the kernel's and SQLite's limits (a unix
+    # socket's 108 bytes, SQLite's 512) on top of the temp dir, tuned for /tmp/.tmpXXXXXX.
+    dir="$(mktemp -d /tmp/rb.XXXX)"
     if [[ $EUID -eq 0 ]] && mount -t tmpfs -o "size=$size,mode=1777" ringbag-scratch "$dir"; then
         SCRATCH="$dir"
         echo "test.sh: the tests' temporary files go to a $size tmpfs at $dir"
     else
+        rmdir "$dir"
         echo "test.sh: no tmpfs for the tests (needs root): they use ${TMPDIR:-/tmp}, whose free" \
             "space must stay above ringbag's 1 GiB default floor"
     fi

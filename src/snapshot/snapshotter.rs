@@ -1861,13 +1861,20 @@ mod tests {
     fn a_longest_reason_in_a_deep_root_still_leaves_a_readable_pending_trigger_naming_the_bag() {
         let dir = tempfile::tempdir().unwrap();
         let ring = Arc::new(Ring::create(&dir.path().join("ring"), 1 << 16, 0).unwrap());
+        // A root as deep as SQLite opens (its unix VFS takes paths of up to 512 bytes; the
+        // bag's and the split's names come on top) and a reason at its bound: the record must
+        // still fit the ring's 4 KiB slot, naming the bag and keeping the window. The root is
+        // made 406 bytes long whatever the temp dir's own length (CI's is longer than /tmp).
+        const ROOT_LEN: usize = 406;
+        let mut root = dir.path().join("root");
+        assert!(root.as_os_str().len() + 2 <= ROOT_LEN, "{}", root.display());
+        while root.as_os_str().len() < ROOT_LEN {
+            let left = ROOT_LEN - root.as_os_str().len() - 1;
+            root = root.join("d".repeat(left.clamp(1, 192)));
+        }
+        assert_eq!(root.as_os_str().len(), ROOT_LEN);
         let cfg = Config {
-            // A root as deep as SQLite opens (its unix VFS takes paths of up to 512 bytes) and
-            // a reason at its bound: the record must still fit the ring's 4 KiB slot, naming
-            // the bag and keeping the window.
-            root: (0..2).fold(dir.path().join("root"), |p, i| {
-                p.join(format!("{i:02}{}", "d".repeat(190)))
-            }),
+            root,
             writer: WriterOptions::new(Flavour::Jazzy),
             clock: Arc::new(FakeClock(AtomicI64::new(0))),
             finished: None,
