@@ -661,25 +661,36 @@ fn the_open_split_stays_locked_against_readers_for_its_whole_life() {
     ]);
     let split = |n: u32| out.join(format!("locked_{n}.db3"));
     let size = |n: u32| std::fs::metadata(split(n)).map_or(0, |m| m.len());
-    // Two rotations done, and rows committed into the third split since it was created (its
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let signal = |s| nix::sys::signal::kill(pid, s).expect("signal the recorder");
+    // Two rotations done, and rows committed into the newest split since it was created (its
     // creation takes a moment, unlocked between steps; rows are written under the lock that
-    // write-optimized's exclusive locking mode then keeps).
-    let rotated = wait_for(30, || split(2).exists());
-    let created = size(2);
-    let written = rotated && wait_for(30, || size(2) > created + 8192 || split(3).exists());
-    let locked = written
-        && !split(3).exists()
-        && ringbag::bag::reindex::locked_by_another_process(&split(2));
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    );
+    // write-optimized's exclusive locking mode then keeps). The recorder is frozen for each
+    // look, so that no rotation can close the split between the look and the lock test; a
+    // look that catches it between closing one split and creating the next tries the next
+    // split (five tries: a split that is never locked fails all of them).
+    let mut looks = Vec::new();
+    let mut n = 2;
+    let locked = loop {
+        let rotated = wait_for(30, || split(n).exists());
+        let created = size(n);
+        let written = rotated && wait_for(30, || size(n) > created + 8192 || split(n + 1).exists());
+        assert!(rotated && written, "no rotation and rows within 30 s");
+        signal(nix::sys::signal::Signal::SIGSTOP);
+        let newer = split(n + 1).exists();
+        let locked = !newer && ringbag::bag::reindex::locked_by_another_process(&split(n));
+        signal(nix::sys::signal::Signal::SIGCONT);
+        looks.push((n, newer, locked));
+        if locked || looks.len() == 5 {
+            break locked;
+        }
+        n += 1;
+    };
+    signal(nix::sys::signal::Signal::SIGINT);
     let status = child.wait().unwrap();
-    assert!(rotated && written, "no rotation and rows within 30 s");
     assert!(
         locked,
-        "the open split {} is not locked",
-        split(2).display()
+        "no open split was found locked; (split, a newer one existed, locked): {looks:?}"
     );
     assert!(status.success());
 }
