@@ -84,8 +84,7 @@ impl Skipped {
         let mut reason = text.strip_prefix(&prefix).unwrap_or(&text).to_string();
         // A split that failed to open and is gone now was deleted in between (a live
         // recording's retention), whatever SQLite made of the missing file.
-        let gone = matches!(fs::symlink_metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
-        if after.is_none() && gone {
+        if after.is_none() && is_gone(path) {
             reason = DELETED.into();
         }
         Skipped {
@@ -94,6 +93,22 @@ impl Skipped {
             after,
         }
     }
+}
+
+impl Skipped {
+    /// A split deleted since the bag was opened (a live recording's retention).
+    fn deleted(path: PathBuf) -> Self {
+        Skipped {
+            path,
+            reason: DELETED.into(),
+            after: None,
+        }
+    }
+}
+
+/// Whether nothing is at `path` any more (not even a dangling link).
+fn is_gone(path: &Path) -> bool {
+    matches!(fs::symlink_metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
 }
 
 impl std::fmt::Display for Skipped {
@@ -681,14 +696,9 @@ impl Bag {
                     let before = readable.len();
                     readable.retain(|rel| {
                         let p = path.join(rel);
-                        let gone = matches!(fs::symlink_metadata(&p),
-                            Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+                        let gone = is_gone(&p);
                         if gone {
-                            skipped.push(Skipped {
-                                path: p,
-                                reason: DELETED.into(),
-                                after: None,
-                            });
+                            skipped.push(Skipped::deleted(p));
                         }
                         !gone
                     });
