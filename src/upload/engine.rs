@@ -20,12 +20,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use super::client::{Body, S3Client, ServerPart};
 use super::journal::{unix_ms_now, FileEntry, FileIdentity, Journal, PartDone, JOURNAL_FILE};
+use super::md5::{self, Md5};
 use super::parts::{bare_etag, hex, md5_of, multipart_etag, PartPlan};
 use super::rate::{MonotonicClock, TokenBucket};
 use super::{KeyTemplate, Target, Tuning, UploadError};
@@ -274,6 +275,63 @@ impl Drop for PooledBuffer<'_> {
             .unwrap_or_else(|p| p.into_inner())
             .push(buf);
     }
+}
+
+/// A part read into its buffer and hashed, on its way to a sender. Dropping it gives the
+/// buffer back to the reader, whether it was sent or not (a failed send, a stop, a panic).
+struct ReadPart<'p> {
+    number: u32,
+    off: u64,
+    len: u64,
+    md5: [u8; 16],
+    buf: Option<PooledBuffer<'p>>,
+    give_back: crossbeam_channel::Sender<PooledBuffer<'p>>,
+}
+
+impl ReadPart<'_> {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.buf {
+            Some(b) => b.slice(self.len as usize),
+            None => &mut [],
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match &self.buf {
+            Some(b) => &b.buf[..self.len as usize],
+            None => &[],
+        }
+    }
+}
+
+impl Drop for ReadPart<'_> {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            // The reader is gone only once the upload is over; the buffer then goes back to
+            // the pool through its own drop.
+            let _ = self.give_back.send(buf);
+        }
+    }
+}
+
+/// Sets the flag when the thread unwinds, so that the reader stops waiting for its buffer.
+struct StopOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What every part of one multipart upload shares.
+struct Upload<'a> {
+    file: &'a fs::File,
+    key: &'a str,
+    upload_id: &'a str,
+    bag: &'a Path,
+    name: &'a str,
 }
 
 impl std::fmt::Debug for Uploader {
@@ -826,27 +884,52 @@ impl Uploader {
 
         let missing: Vec<u32> = (1..=plan.parts).filter(|n| !done.contains_key(n)).collect();
         let state = Mutex::new((journal, done));
-        let next = AtomicUsize::new(0);
         let failed: Mutex<Option<UploadError>> = Mutex::new(None);
         let stop = AtomicBool::new(false);
         let sent = AtomicU64::new(0);
-        let workers = self.tuning.concurrency.min(missing.len()).max(1);
+        let fail = |e: UploadError| {
+            stop.store(true, Ordering::Relaxed);
+            let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
+            // The first real cause; a cancellation seen by the others is its echo.
+            if f.is_none() || matches!(*f, Some(UploadError::Cancelled)) {
+                *f = Some(e);
+            }
+        };
+        let file = open_for_upload(path)?;
+        let senders = self.tuning.concurrency.min(missing.len()).max(1);
         std::thread::scope(|s| {
-            for _ in 0..workers {
+            let (to_send, jobs) = crossbeam_channel::bounded::<ReadPart>(senders);
+            let (give_back, returned) = crossbeam_channel::unbounded();
+            for _ in 0..senders {
+                let jobs = jobs.clone();
                 s.spawn(|| {
-                    let r = self.send_parts(
-                        path, key, &upload_id, &plan, &missing, &next, &stop, &sent, &state, bag,
+                    let _on_panic = StopOnPanic(&stop);
+                    let upload = Upload {
+                        file: &file,
+                        key,
+                        upload_id: &upload_id,
+                        bag,
                         name,
-                    );
-                    if let Err(e) = r {
-                        stop.store(true, Ordering::Relaxed);
-                        let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
-                        // The first real cause; a cancellation seen by the others is its echo.
-                        if f.is_none() || matches!(*f, Some(UploadError::Cancelled)) {
-                            *f = Some(e);
+                    };
+                    for part in jobs {
+                        if stop.load(Ordering::Relaxed) {
+                            continue; // dropping the part gives its buffer back
+                        }
+                        if let Err(e) = self.send_part(&upload, &part, &sent, &state) {
+                            fail(e);
                         }
                     }
                 });
+            }
+            drop(jobs);
+            let buffers = (0..senders).map(|_| self.buffer()).collect();
+            let r = self.read_parts(
+                &file, path, &plan, &missing, buffers, &stop, &to_send, &give_back, &returned,
+            );
+            // Closing the queue ends the senders once they have sent what is in it.
+            drop(to_send);
+            if let Err(e) = r {
+                fail(e);
             }
         });
         if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
@@ -881,59 +964,141 @@ impl Uploader {
         })
     }
 
-    /// A worker: takes the next missing part, reads it into its buffer, sends it with its
-    /// Content-MD5, records it in the journal (saved), and drops it from the page cache.
+    /// Read the `missing` parts of `file`, hash them and queue them for the senders, each in
+    /// a buffer of `free` (one per sender). Parts are read two at a time into two buffers
+    /// and hashed side by side ([`md5::update_pair`]: MD5 costs about half the CPU per byte
+    /// that way), so a part waits for a second free buffer unless it is the last one or
+    /// there is only one buffer. Every queued part gives its buffer back when dropped, sent
+    /// or not, so waiting here always ends.
     #[allow(clippy::too_many_arguments)]
-    fn send_parts(
-        &self,
+    fn read_parts<'p>(
+        &'p self,
+        file: &fs::File,
         path: &Path,
-        key: &str,
-        upload_id: &str,
         plan: &PartPlan,
         missing: &[u32],
-        next: &AtomicUsize,
+        mut free: Vec<PooledBuffer<'p>>,
         stop: &AtomicBool,
-        sent: &AtomicU64,
-        state: &Mutex<(Journal, BTreeMap<u32, PartDone>)>,
-        bag: &Path,
-        name: &str,
+        to_send: &crossbeam_channel::Sender<ReadPart<'p>>,
+        give_back: &crossbeam_channel::Sender<PooledBuffer<'p>>,
+        returned: &crossbeam_channel::Receiver<PooledBuffer<'p>>,
     ) -> Result<(), UploadError> {
-        let file = open_for_upload(path)?;
-        let mut pooled = self.buffer();
-        loop {
+        let lanes = free.len().min(2);
+        let mut todo = missing;
+        while !todo.is_empty() {
+            let take = todo.len().min(lanes);
+            while free.len() < take {
+                // The timeout only matters if a sender panicked (its part went back, but the
+                // queue may hold parts no one will take): `stop` then ends the wait.
+                match returned.recv_timeout(Duration::from_millis(200)) {
+                    Ok(buf) => free.push(buf),
+                    Err(_) if stop.load(Ordering::Relaxed) => return Ok(()),
+                    Err(_) => {}
+                }
+            }
             if stop.load(Ordering::Relaxed) {
                 return Ok(());
             }
             self.check_cancel()?;
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(&n) = missing.get(i) else {
-                return Ok(());
-            };
-            let (off, len) = plan.range(n);
-            let buf = pooled.slice(len as usize);
-            self.read_in_pieces(&file, path, buf, off)?;
-            let md5 = md5_of(buf);
-            let part_sent = AtomicU64::new(0);
-            let r = self
-                .client
-                .upload_part(key, upload_id, n, &self.body(buf, md5, &part_sent));
-            sent.fetch_add(part_sent.load(Ordering::Relaxed), Ordering::Relaxed);
-            let etag = r?;
-            drop_cache(&file, off, len);
-            let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
-            let (journal, done) = &mut *st;
-            done.insert(
-                n,
-                PartDone {
-                    md5: hex(&md5),
-                    etag,
-                },
-            );
-            if let Some(e) = journal.files.get_mut(name) {
-                e.parts = done.clone();
+            let (now, rest) = todo.split_at(take);
+            todo = rest;
+            let mut parts: Vec<ReadPart<'p>> = now
+                .iter()
+                .map(|&n| {
+                    let (off, len) = plan.range(n);
+                    ReadPart {
+                        number: n,
+                        off,
+                        len,
+                        md5: [0; 16],
+                        buf: free.pop(),
+                        give_back: give_back.clone(),
+                    }
+                })
+                .collect();
+            self.read_and_hash(file, path, &mut parts)?;
+            for part in parts {
+                // Room for every part: the queue holds as many as there are buffers.
+                if to_send.send(part).is_err() {
+                    return Ok(());
+                }
             }
-            journal.save(bag)?;
         }
+        Ok(())
+    }
+
+    /// Fill each part's buffer from `file`, [`READ_PIECE`] bytes at a time, and set its MD5;
+    /// two parts are read piece by piece in turn and hashed side by side.
+    fn read_and_hash(
+        &self,
+        file: &fs::File,
+        path: &Path,
+        parts: &mut [ReadPart<'_>],
+    ) -> Result<(), UploadError> {
+        let mut hashes: Vec<Md5> = parts.iter().map(|_| Md5::new()).collect();
+        let longest = parts.iter().map(|p| p.len).max().unwrap_or(0);
+        let mut at = 0u64;
+        while at < longest {
+            self.check_cancel()?;
+            let mut pieces: [&[u8]; 2] = [&[], &[]];
+            for (part, piece) in parts.iter_mut().zip(pieces.iter_mut()) {
+                let (off, len) = (part.off, part.len);
+                let end = (at + READ_PIECE as u64).min(len);
+                if at >= end {
+                    continue;
+                }
+                let buf = part.bytes_mut();
+                let dst = &mut buf[at as usize..end as usize];
+                file.read_exact_at(dst, off + at)
+                    .map_err(UploadError::io(path))?;
+                *piece = dst;
+            }
+            match &mut hashes[..] {
+                [x, y] => md5::update_pair(x, pieces[0], y, pieces[1]),
+                [x] => x.update(pieces[0]),
+                _ => {}
+            }
+            at += READ_PIECE as u64;
+        }
+        for (part, h) in parts.iter_mut().zip(hashes) {
+            part.md5 = h.finalize();
+        }
+        Ok(())
+    }
+
+    /// Send one part with its Content-MD5, record it in the journal (saved), and drop its
+    /// bytes from the page cache.
+    fn send_part(
+        &self,
+        upload: &Upload<'_>,
+        part: &ReadPart<'_>,
+        sent: &AtomicU64,
+        state: &Mutex<(Journal, BTreeMap<u32, PartDone>)>,
+    ) -> Result<(), UploadError> {
+        self.check_cancel()?;
+        let part_sent = AtomicU64::new(0);
+        let r = self.client.upload_part(
+            upload.key,
+            upload.upload_id,
+            part.number,
+            &self.body(part.bytes(), part.md5, &part_sent),
+        );
+        sent.fetch_add(part_sent.load(Ordering::Relaxed), Ordering::Relaxed);
+        let etag = r?;
+        drop_cache(upload.file, part.off, part.len);
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        let (journal, done) = &mut *st;
+        done.insert(
+            part.number,
+            PartDone {
+                md5: hex(&part.md5),
+                etag,
+            },
+        );
+        if let Some(e) = journal.files.get_mut(upload.name) {
+            e.parts = done.clone();
+        }
+        journal.save(upload.bag)
     }
 
     /// Abort multipart uploads of ours that would otherwise bill forever: journaled uploads
@@ -1035,7 +1200,6 @@ const READ_PIECE: usize = 1 << 20;
 /// MD5 of `len` bytes at `off`, read in 1 MiB pieces (bounded memory), then dropped from the
 /// page cache.
 fn md5_range(file: &fs::File, path: &Path, off: u64, len: u64) -> Result<[u8; 16], UploadError> {
-    use md5::{Digest, Md5};
     let mut h = Md5::new();
     let mut buf = vec![0u8; (1 << 20).min(len as usize).max(1)];
     let mut done = 0u64;
@@ -1047,7 +1211,7 @@ fn md5_range(file: &fs::File, path: &Path, off: u64, len: u64) -> Result<[u8; 16
         done += n as u64;
     }
     drop_cache(file, off, len);
-    Ok(h.finalize().into())
+    Ok(h.finalize())
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub mod client;
 pub mod engine;
 pub mod error;
 pub mod journal;
+pub mod md5;
 pub mod parts;
 pub mod rate;
 mod xml;

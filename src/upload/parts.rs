@@ -3,7 +3,7 @@
 //! objects at most 5 TiB. The split depends only on the file size and the configured part
 //! size, so a resume after a restart computes exactly the same parts.
 
-use md5::{Digest, Md5};
+use super::md5::Md5;
 
 pub const MIN_PART_SIZE: u64 = 5 << 20;
 pub const MAX_PART_SIZE: u64 = 5 << 30;
@@ -73,7 +73,7 @@ pub fn multipart_etag(part_md5s: &[[u8; 16]]) -> String {
 }
 
 pub fn md5_of(bytes: &[u8]) -> [u8; 16] {
-    Md5::digest(bytes).into()
+    Md5::digest(bytes)
 }
 
 pub fn hex(bytes: &[u8]) -> String {
