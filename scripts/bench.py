@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -211,25 +212,30 @@ def robot_realtime(work: Path, secs: int, rounds: int = 1) -> list[dict]:
     rows = []
     for i in range(rounds):
         for split in ("64MiB", "1GiB"):
-            # The machine's own pauses over the same seconds: on each CPU, a bare thread pinned
-            # there, sleeping to absolute 10 ms targets (no spin, no CPU to speak of), and how
-            # late it ever woke. A stall of the writer that a bare thread saw too is the
-            # machine's (a VM's vCPU stopped by its host, here up to hundreds of ms), not the
-            # recorder's.
-            probes = [subprocess.Popen(["taskset", "-c", str(cpu), str(JITTER), "100", str(secs + 3), "0"],
-                                       stdout=subprocess.PIPE, text=True) for cpu in sorted(os.sched_getaffinity(0))]
-            # And the floor of a writer turn over the same seconds, on the same filesystem: the
-            # bare loop's longest insert of one camera frame (every long turn is one frame; on
-            # this VM everything writing fresh pages slows down together at times, so a long
-            # turn beside a long probe insert is the machine's).
-            inserts = subprocess.Popen([str(INSERT_PROBE), str(work), str(secs + 3), str(INSERT_PROBE_BYTES),
-                                        str(INSERT_PROBE_PERIOD_MS)], stdout=subprocess.PIPE, text=True)
-            r = ringbag(work, "robot", 570 * secs, "realtime", ["-b", split])
-            r["pause_ms"] = max(json.loads(p.communicate()[0])["max_ns"] for p in probes) / 1e6
-            r["probe_insert_ms"] = json.loads(inserts.communicate()[0])["longest_ms"]
+            r = robot_probed(work, secs, split)
             r["name"] = f"ringbag robot realtime {secs}s, -b {split}" + (f" ({i + 1})" if rounds > 1 else "")
             rows.append(r)
     return rows
+
+
+def robot_probed(work: Path, secs: int, split: str) -> dict:
+    """One real-time robot recording, with the machine's own pauses over the same seconds."""
+    # On each CPU, a bare thread pinned there, sleeping to absolute 10 ms targets (no spin, no
+    # CPU to speak of), and how late it ever woke. A stall of the writer that a bare thread saw
+    # too is the machine's (a VM's vCPU stopped by its host, here up to hundreds of ms), not
+    # the recorder's.
+    probes = [subprocess.Popen(["taskset", "-c", str(cpu), str(JITTER), "100", str(secs + 3), "0"],
+                               stdout=subprocess.PIPE, text=True) for cpu in sorted(os.sched_getaffinity(0))]
+    # And the floor of a writer turn over the same seconds, on the same filesystem: the bare
+    # loop's longest insert of one camera frame (every long turn is one frame; on this VM
+    # everything writing fresh pages slows down together at times, so a long turn beside a
+    # long probe insert is the machine's).
+    inserts = subprocess.Popen([str(INSERT_PROBE), str(work), str(secs + 3), str(INSERT_PROBE_BYTES),
+                                str(INSERT_PROBE_PERIOD_MS)], stdout=subprocess.PIPE, text=True)
+    r = ringbag(work, "robot", 570 * secs, "realtime", ["-b", split])
+    r["pause_ms"] = max(json.loads(p.communicate()[0])["max_ns"] for p in probes) / 1e6
+    r["probe_insert_ms"] = json.loads(inserts.communicate()[0])["longest_ms"]
+    return r
 
 
 # ---------------------------------------------------------------- upload (issue 24)
@@ -302,7 +308,7 @@ def verify(env: dict, root: Path, prefix: str) -> str:
 
 
 def upload_bench(work: Path, quick: bool, robot_secs: int, garage_dir: str | None = None,
-                 link_rate: str | None = "25MiB") -> dict:
+                 link_rate: str | None = "25MiB", rounds: int = 1) -> dict:
     """2 GiB of closed 256 MiB splits (512 MiB with --quick) to Garage on loopback: boto3's
     upload_file (the reference) and `ringbag upload`, the same files, part size and parts in
     flight, each in a child process (wall time exec to exit, CPU user+sys, peak RSS); then the
@@ -314,25 +320,54 @@ def upload_bench(work: Path, quick: bool, robot_secs: int, garage_dir: str | Non
     # Garage's state in the bench directory, or elsewhere (--garage-dir, e.g. /dev/shm: then
     # the store's writes stay off the disk the robot records to, as with a remote server).
     gdir = Path(tempfile.mkdtemp(prefix="ringbag-bench-garage-", dir=garage_dir)) if garage_dir else work / "garage"
-    start = subprocess.run(["bash", str(GARAGE_SH), "start", str(gdir), str(free_port_range())],
-                           capture_output=True, text=True)
-    if start.returncode != 0:
-        res["skipped"] = f"no Garage: {start.stderr.strip()}"
-        return res
-    env = dict(l.split("=", 1) for l in start.stdout.splitlines() if "=" in l)
-    gpid = int(env.pop("GARAGE_PID"))
+    store = Store(gdir)
     try:
-        res.update(upload_runs(work, quick, robot_secs, env, gpid, res, link_rate))
+        store.start()
+    except UploadSkip as e:
+        res["skipped"] = f"no Garage: {e}"
+        return res
+    try:
+        res.update(upload_runs(work, quick, robot_secs, store, res, link_rate, rounds))
     finally:
-        subprocess.run(["bash", str(GARAGE_SH), "stop", str(gdir)], capture_output=True)
+        store.stop()
         if garage_dir:
             shutil.rmtree(gdir, ignore_errors=True)
     res["garage_dir"] = str(gdir)
     return res
 
 
-def upload_runs(work: Path, quick: bool, robot_secs: int, env: dict, gpid: int, res: dict,
-                link_rate: str | None) -> dict:
+class Store:
+    """Garage on loopback, with its state in `dir`."""
+
+    def __init__(self, dir: Path) -> None:
+        self.dir = dir
+        self.port = free_port_range()
+        self.env: dict = {}
+        self.pid = 0
+
+    def start(self) -> None:
+        start = subprocess.run(["bash", str(GARAGE_SH), "start", str(self.dir), str(self.port)],
+                               capture_output=True, text=True)
+        if start.returncode != 0:
+            raise UploadSkip(start.stderr.strip())
+        self.env = dict(l.split("=", 1) for l in start.stdout.splitlines() if "=" in l)
+        self.pid = int(self.env.pop("GARAGE_PID"))
+
+    def stop(self) -> None:
+        subprocess.run(["bash", str(GARAGE_SH), "stop", str(self.dir)], capture_output=True)
+
+    def restart_empty(self) -> None:
+        """A new, empty store: what a row uploads stays in the store (in memory under
+        /dev/shm), and gigabytes left by one row would squeeze the page cache of the next."""
+        self.stop()
+        for p in self.dir.iterdir():
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        self.start()
+
+
+def upload_runs(work: Path, quick: bool, robot_secs: int, store: Store, res: dict,
+                link_rate: str | None, rounds: int) -> dict:
+    env = store.env
     root = work / "upload_root"
     count = 512 if quick else 2048  # 1 MiB messages: 0.5 or 2 GiB of payload
     run_child([str(RINGBAG), "--log-level", "warn", "record", "--source", "synthetic", "--synthetic-profile", "large",
@@ -366,7 +401,7 @@ def upload_runs(work: Path, quick: bool, robot_secs: int, env: dict, gpid: int, 
     res["ratios"] = {"throughput ringbag/reference": row["mb_s"] / ref_row["mb_s"],
                      "CPU s/GB ringbag/reference": row["cpu_s_per_gb"] / ref_row["cpu_s_per_gb"],
                      "peak RSS ringbag/reference": row["rss_mib"] / ref_row["rss_mib"]}
-    res["rows"] += robot_with_uploads(work, root, env, gpid, robot_secs, link_rate)
+    res["rows"] += robot_with_uploads(work, root, store, robot_secs, link_rate, rounds)
     return res
 
 
@@ -385,6 +420,19 @@ def cpu_seconds(pid: int) -> float | None:
 BACKGROUND = ["nice", "-n", "19", "ionice", "-c", "3"]
 
 
+def background(pid: int) -> None:
+    """BACKGROUND's priorities for every thread of a running process: Linux keeps nice and the
+    I/O class per thread, and `renice -p PID` alone changes only the main one (Garage's worker
+    threads would go on at nice 0 beside the recorder)."""
+    try:
+        tids = [t.name for t in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        tids = [str(pid)]
+    for tid in tids:
+        subprocess.run(["renice", "-n", "19", "-p", tid], capture_output=True)
+        subprocess.run(["ionice", "-c", "3", "-p", tid], capture_output=True)
+
+
 def io_scheduler(path: Path) -> str:
     """The block device's I/O scheduler: the idle class only means something under bfq."""
     try:
@@ -397,20 +445,55 @@ def io_scheduler(path: Path) -> str:
         return "unknown"
 
 
-def robot_with_uploads(work: Path, root: Path, env: dict, gpid: int, secs: int,
-                       link_rate: str | None) -> list[dict]:
+def robot_with_uploads(work: Path, root: Path, store: Store, secs: int, link_rate: str | None,
+                       rounds: int) -> list[dict]:
     """The robot mix in real time (64 MiB splits) alone, then again while `ringbag upload`
     sends the benchmark's files from another root, over and over (a fresh root and prefix each
-    time) until the recording ends: unlimited (loopback, far above any robot's uplink), and
-    capped at `link_rate` (a fast robot uplink). Garage runs on the same CPUs here, so the rows
+    time) until the recording ends: capped at `link_rate` (a fast robot uplink), and unlimited
+    (loopback, far above any robot's uplink). Garage runs on the same CPUs here, so the rows
     with uploads also pay for a server that a robot would not host: its CPU seconds are
-    reported."""
-    alone = ringbag(work, "robot", 570 * secs, "realtime", ["-b", "64MiB"])
-    alone["name"] = f"ringbag robot realtime {secs}s, no uploads"
-    rows = [alone, robot_while_uploading(work, root, env, gpid, secs, None)]
-    if link_rate:
-        rows.append(robot_while_uploading(work, root, env, gpid, secs, link_rate))
+    reported. Every row starts with an empty store. `rounds` times in turn: a longest stall
+    is one sample of this VM's pauses, so the rows are compared by their medians."""
+    rows = []
+    for i in range(rounds):
+        store.restart_empty()
+        alone = robot_probed(work, secs, "64MiB")
+        alone["name"] = f"ringbag robot realtime {secs}s, no uploads"
+        batch = [alone]
+        for rate in ([link_rate] if link_rate else []) + [None]:
+            store.restart_empty()
+            batch.append(robot_while_uploading(work, root, store.env, store.pid, secs, rate))
+        if rounds > 1:
+            for r in batch:
+                r["round"] = i + 1
+                r["name"] += f" ({i + 1})"
+        rows += batch
     return rows
+
+
+def stall_medians(rows: list[dict]) -> list[str]:
+    """Per kind of robot row: the median of the longest stalls over the rounds, and its ratio
+    to the rows without uploads."""
+    kinds: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("stall_ms") is None or not r["name"].startswith("ringbag robot"):
+            continue
+        kinds.setdefault(re.sub(r" \(\d+\)$", "", r["name"]), []).append(r)
+    if not kinds or max(len(v) for v in kinds.values()) < 2:
+        return []
+    out = []
+    base = None
+    for name, rs in kinds.items():
+        med = statistics.median(r["stall_ms"] for r in rs)
+        floor = statistics.median(r["probe_insert_ms"] for r in rs if r.get("probe_insert_ms") is not None) \
+            if any(r.get("probe_insert_ms") is not None for r in rs) else None
+        base = med if base is None else base
+        drops = sum(r.get("drops", 0) for r in rs)
+        fl = f", bare frame insert {floor:.1f} ms" if floor is not None else ""
+        out.append(f"{name}: longest stall median {med:.1f} ms over {len(rs)} runs "
+                   f"({min(r['stall_ms'] for r in rs):.1f}-{max(r['stall_ms'] for r in rs):.1f}), "
+                   f"{med / base:.2f}x the rows without uploads, {drops} drops in all{fl}")
+    return out
 
 
 def robot_while_uploading(work: Path, root: Path, env: dict, gpid: int, secs: int,
@@ -444,13 +527,12 @@ def robot_while_uploading(work: Path, root: Path, env: dict, gpid: int, secs: in
                 return
             i += 1
 
-    subprocess.run(["renice", "-n", "19", "-p", str(gpid)], capture_output=True)
-    subprocess.run(["ionice", "-c", "3", "-p", str(gpid)], capture_output=True)
+    background(gpid)
     g0 = cpu_seconds(gpid)
     t = threading.Thread(target=uploads)
     t.start()
     try:
-        busy = ringbag(work, "robot", 570 * secs, "realtime", ["-b", "64MiB"])
+        busy = robot_probed(work, secs, "64MiB")
     finally:
         stop.set()
         t.join()
@@ -471,8 +553,8 @@ def print_upload(up: dict) -> None:
     d = up.get("data", {})
     print(f"upload: {d.get('files')} files, {d.get('bytes', 0) / 2**30:.2f} GiB ({d.get('split')} splits) to Garage "
           f"on loopback ({up.get('garage_dir')}), part {UPLOAD_PART // 2**20} MiB, {UPLOAD_CONCURRENCY} in flight")
-    hdr = (f"{'upload run':60} {'MB/s':>8} {'CPU s/GB':>9} {'peak RSS':>9} {'drops':>6} {'stall ms':>9} "
-           f"{'on CPU':>7}  verified")
+    hdr = (f"{'upload run':64} {'MB/s':>8} {'CPU s/GB':>9} {'peak RSS':>9} {'drops':>6} {'stall ms':>9} "
+           f"{'on CPU':>7} {'pause ms':>9} {'bare frame ms':>13}  verified")
     print(hdr)
     print("-" * len(hdr))
     for r in up["rows"]:
@@ -484,8 +566,11 @@ def print_upload(up: dict) -> None:
             gc = f", Garage {u['garage_cpu_s']:.1f} CPU s" if u.get("garage_cpu_s") is not None else ""
             extra = (f"{u['done']} uploads done ({u['bytes'] / 2**30:.1f} GiB){gc}, {u['failed']} failed "
                      f"{u['err'] or ''}").strip()
-        print(f"{r['name']:60} {f('mb_s', '.1f'):>8} {f('cpu_s_per_gb', '.2f'):>9} {r['rss_mib']:6.0f} MiB"
-              f" {str(r.get('drops', '-')):>6} {f('stall_ms', '.1f'):>9} {f('stall_cpu_ms', '.1f'):>7}  {extra}")
+        print(f"{r['name']:64} {f('mb_s', '.1f'):>8} {f('cpu_s_per_gb', '.2f'):>9} {r['rss_mib']:6.0f} MiB"
+              f" {str(r.get('drops', '-')):>6} {f('stall_ms', '.1f'):>9} {f('stall_cpu_ms', '.1f'):>7}"
+              f" {f('pause_ms', '.1f'):>9} {f('probe_insert_ms', '.1f'):>13}  {extra}")
+    for line in stall_medians(up["rows"]):
+        print(line)
     for k, v in up["ratios"].items():
         print(f"{k}: {v:.2f}")
     busy = next((r for r in up["rows"] if "uploads" in r), None)
@@ -707,6 +792,8 @@ def main() -> None:
     ap.add_argument("--upload-link-rate", default="25MiB",
                     help="upload: the robot row's uploader is also run capped at this rate, a fast robot "
                          "uplink (default 25MiB, i.e. 210 Mbit/s; 'none': only the unlimited row)")
+    ap.add_argument("--upload-rounds", type=int, default=3,
+                    help="upload: runs of each robot row, in turn (default 3; compared by median)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the floor comparison (default 5)")
     ap.add_argument("--robot-rounds", type=int, default=1, help="runs of each robot real-time row (default 1)")
     ap.add_argument("--play-only", action="store_true", help="only the playback timing section")
@@ -745,7 +832,7 @@ def main() -> None:
             if a.only == "large":
                 rows, ratios = floor_rounds(work, q, max(a.rounds, 1))
             elif a.only == "upload":
-                up = upload_bench(work, a.quick, 30 // q, a.garage_dir, a.upload_link_rate)
+                up = upload_bench(work, a.quick, 30 // q, a.garage_dir, a.upload_link_rate, max(a.upload_rounds, 1))
             else:
                 rows = robot_realtime(work, 30 // q, max(a.robot_rounds, 1))
             raise _Done
@@ -789,7 +876,7 @@ def main() -> None:
                 ["cargo", "test", "--release", "--quiet", "--test", "it", "five_thousand_splits", "--", "--nocapture"],
                 cwd=ROOT, capture_output=True, text=True)
             long_line = next((l for l in long_run.stderr.splitlines() if l.startswith("long run:")), long_line)
-            up = upload_bench(work, a.quick, 30 // q, a.garage_dir, a.upload_link_rate)
+            up = upload_bench(work, a.quick, 30 // q, a.garage_dir, a.upload_link_rate, max(a.upload_rounds, 1))
             pb = playback(work, a.quick)
     except _Done:
         pass

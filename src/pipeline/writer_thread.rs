@@ -758,7 +758,14 @@ impl WriterCtx {
             }
             // (A carried message is always in `batch` by now: it is moved there whenever
             // the batch is empty, and only set aside while the batch is not.)
-            if batch.is_empty() && (stopping || disconnected) && self.rx.is_empty() {
+            // A stop is asked for while the sources still run (SIGTERM, the end of a
+            // synthetic count): what they queue until they have stopped (`finish` says so)
+            // was accepted and is written too, never discarded as unwritten.
+            let sources_done = self.shared.sources_done.load(Acquire);
+            if batch.is_empty()
+                && ((stopping && sources_done) || disconnected)
+                && self.rx.is_empty()
+            {
                 return Ok(StopReason::Requested);
             }
             // Quiet topics still rotate on time.

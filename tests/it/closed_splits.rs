@@ -96,17 +96,7 @@ fn killed_after_closes(extra: &[&str], closes: u64) {
             panic!("the recorder exited early: {st}");
         }
         if lists_every_closed_split(&bag, closes) {
-            kill(pid, Signal::SIGSTOP).expect("stop");
-            // Stopped only once its threads are: /proc says "T".
-            let stopped = Instant::now() + Duration::from_secs(10);
-            while !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-                s.rsplit(')')
-                    .next()
-                    .is_some_and(|r| r.trim_start().starts_with('T'))
-            }) {
-                assert!(Instant::now() < stopped, "the recorder did not stop");
-                std::thread::yield_now();
-            }
+            crate::common::freeze(pid.as_raw());
             if lists_every_closed_split(&bag, closes) {
                 kill(pid, Signal::SIGKILL).expect("kill -9");
                 break;

@@ -242,6 +242,37 @@ pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
+/// SIGSTOP `pid` and return once every thread of it is stopped (`/proc` says `T`): the
+/// signal is only queued when kill(2) returns, and a thread running on another CPU goes on
+/// for a moment. A look taken after this sees the process as it will stay.
+pub fn freeze(pid: i32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .expect("SIGSTOP");
+    let all_stopped = || {
+        std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
+            tasks.filter_map(|t| t.ok()).all(|t| {
+                std::fs::read_to_string(t.path().join("stat")).map_or(true, |s| {
+                    // Gone meanwhile counts as stopped; "T" stopped, "t" traced.
+                    s.rsplit(')').next().is_some_and(|r| {
+                        matches!(r.trim_start().chars().next(), Some('T' | 't' | 'Z' | 'X'))
+                    })
+                })
+            })
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !all_stopped() {
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} did not stop within 10 s"
+        );
+        std::thread::yield_now();
+    }
+}
+
 /// The system clock now, ns since the epoch.
 pub fn now_ns() -> i64 {
     std::time::SystemTime::now()

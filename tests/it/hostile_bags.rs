@@ -616,7 +616,7 @@ fn killed_recording(root: &Path, profile: &str, size: &str, at_least: u64) -> (P
         if ready() {
             // Freeze it, then look again: between a look and a kill the recorder may rotate
             // (slow under emulation), leaving an empty newest split to tear.
-            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+            crate::common::freeze(pid.as_raw());
             if ready() {
                 break;
             }

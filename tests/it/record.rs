@@ -164,7 +164,11 @@ fn sigterm_mid_recording_finishes_a_complete_bag() {
         n, bag.metadata.message_count,
         "metadata agrees with the rows"
     );
-    assert_eq!(n, accepted(&err), "every accepted message was written");
+    assert_eq!(
+        n,
+        accepted(&err),
+        "every accepted message was written: {err}"
+    );
     let per_file: u64 = bag.metadata.files.iter().map(|f| f.message_count).sum();
     assert_eq!(per_file, n);
 }
@@ -676,7 +680,7 @@ fn the_open_split_stays_locked_against_readers_for_its_whole_life() {
         let created = size(n);
         let written = rotated && wait_for(30, || size(n) > created + 8192 || split(n + 1).exists());
         assert!(rotated && written, "no rotation and rows within 30 s");
-        signal(nix::sys::signal::Signal::SIGSTOP);
+        crate::common::freeze(pid.as_raw());
         let newer = split(n + 1).exists();
         let locked = !newer && ringbag::bag::reindex::locked_by_another_process(&split(n));
         signal(nix::sys::signal::Signal::SIGCONT);

@@ -52,7 +52,7 @@ struct Frozen(i32);
 impl Frozen {
     fn new(child: &Child) -> Frozen {
         let pid = child.id() as i32;
-        signal(pid, nix::sys::signal::Signal::SIGSTOP);
+        crate::common::freeze(pid);
         Frozen(pid)
     }
 }
