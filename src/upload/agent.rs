@@ -9,7 +9,7 @@
 //! crash (the daemon reindexes those at start) waits.
 //!
 //! Never slows the recording: the thread (and the part workers it spawns, which inherit it)
-//! runs at nice 10 and idle I/O priority; the writer thread only takes the ledger's mutex for
+//! runs at nice 19 and idle I/O priority; the writer thread only takes the ledger's mutex for
 //! a map lookup, never while a transfer runs; a forced deletion waits at most
 //! [`ABORT_WAIT`] for a transfer of that file to stop (the engine reads each part into memory
 //! before sending it, so a file deleted while a part is in flight costs nothing but that
@@ -763,14 +763,16 @@ impl AgentThread {
     }
 }
 
-/// Nice 10 and the idle I/O class for this thread (and the part workers it spawns, which
-/// inherit both): uploads take what the recorder leaves.
+/// Nice 19 (the lowest) and the idle I/O class for this thread (and the reader and senders it
+/// spawns, which inherit both): uploads take what the recorder leaves. At nice 19 a thread
+/// still gets a share of a busy CPU (about 1.5 % beside each nice-0 thread), so uploads slow
+/// down on a saturated robot but never stop; SCHED_IDLE would let them starve.
 fn lower_priority() {
     // SAFETY: gettid has no preconditions and returns this thread's id.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
     // SAFETY: setpriority with a valid `which` and our own thread id only changes our nice
     // value (Linux keeps it per thread); failure is reported by the return value.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 10) } != 0 {
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 19) } != 0 {
         log::debug!(
             "upload: cannot lower the thread's priority: {}",
             std::io::Error::last_os_error()

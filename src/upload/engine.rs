@@ -906,24 +906,32 @@ impl Uploader {
             let (give_back, returned) = crossbeam_channel::unbounded();
             for _ in 0..senders {
                 let jobs = jobs.clone();
-                s.spawn(|| {
-                    let _on_panic = StopOnPanic(&stop);
-                    let upload = Upload {
-                        file: &file,
-                        key,
-                        upload_id: &upload_id,
-                        bag,
-                        name,
-                    };
-                    for part in jobs {
-                        if stop.load(Ordering::Relaxed) {
-                            continue; // dropping the part gives its buffer back
+                // Named, so that `top -H` and the tests tell them apart; they inherit the
+                // priorities of the thread that spawns them (the daemon's uploader lowers its
+                // own).
+                let spawned = std::thread::Builder::new()
+                    .name("ringbag-upsend".into())
+                    .spawn_scoped(s, || {
+                        let _on_panic = StopOnPanic(&stop);
+                        let upload = Upload {
+                            file: &file,
+                            key,
+                            upload_id: &upload_id,
+                            bag,
+                            name,
+                        };
+                        for part in jobs {
+                            if stop.load(Ordering::Relaxed) {
+                                continue; // dropping the part gives its buffer back
+                            }
+                            if let Err(e) = self.send_part(&upload, &part, &sent, &state) {
+                                fail(e);
+                            }
                         }
-                        if let Err(e) = self.send_part(&upload, &part, &sent, &state) {
-                            fail(e);
-                        }
-                    }
-                });
+                    });
+                if let Err(e) = spawned {
+                    fail(UploadError::io(path)(e));
+                }
             }
             drop(jobs);
             let buffers = (0..senders).map(|_| self.buffer()).collect();

@@ -967,3 +967,85 @@ fn kill_9_of_the_daemon_mid_multipart_resumes_the_same_upload_without_sending_do
     assert!(line.contains("resumed"), "{line}");
     eprintln!("after kill -9 with {parts_done} parts journaled: {line}");
 }
+
+/// (name, nice, I/O priority class) of every thread of process `pid`.
+fn thread_priorities(pid: i32) -> Vec<(String, i64, i64)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let tid: i64 = t.file_name().to_str()?.parse().ok()?;
+            let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            // Fields after the name: state is field 3, nice field 19.
+            let nice = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(16)?
+                .parse()
+                .ok()?;
+            const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+            // SAFETY: ioprio_get takes two integers and only reads the priority of the
+            // thread named; a thread gone meanwhile is an error return.
+            let prio = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, tid) };
+            (prio >= 0).then(|| (name.trim().to_string(), nice, prio >> 13))
+        })
+        .collect()
+}
+
+#[test]
+fn the_uploader_and_its_senders_run_at_nice_19_in_the_idle_io_class_and_the_writer_does_not() {
+    let Some(g) = Garage::start("upload_daemon thread priorities") else {
+        return;
+    };
+    let s = Setup::with_creds_of(&g);
+    // 12 MiB splits in 5 MiB parts at 2 MiB/s: the senders live for seconds per split.
+    s.write_config(
+        "512MiB",
+        &g.endpoint,
+        &g.bucket,
+        "part_size = \"5MiB\"\nmax_rate = \"2MiB\"\nconcurrency = 2\n",
+    );
+    let text = std::fs::read_to_string(&s.cfg)
+        .expect("config")
+        .replace("max_bag_size = \"1MiB\"", "max_bag_size = \"12MiB\"");
+    std::fs::write(&s.cfg, text).expect("config");
+    let mut d = s.start();
+    let pid = d.pid().as_raw();
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(LONG, || {
+            seen = thread_priorities(pid);
+            seen.iter().any(|t| t.0 == "ringbag-upsend")
+        }),
+        "no part sender while uploading: {seen:?}\n{}",
+        s.logged()
+    );
+    const IDLE: i64 = 3;
+    let uploaders: Vec<_> = seen
+        .iter()
+        .filter(|t| t.0.starts_with("ringbag-up"))
+        .collect();
+    assert!(
+        uploaders.iter().any(|t| t.0 == "ringbag-upload"),
+        "{seen:?}"
+    );
+    for t in &uploaders {
+        assert_eq!((t.1, t.2), (19, IDLE), "{t:?} among {seen:?}");
+    }
+    // The recorder keeps the priority it was started with (this test's own).
+    // SAFETY: getpriority with a valid `which` and 0 (this process) only reads.
+    let ours = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) } as i64;
+    let writer = seen
+        .iter()
+        .find(|t| t.0 == "ringbag-writer")
+        .unwrap_or_else(|| panic!("no writer thread: {seen:?}"));
+    assert!(
+        writer.1 == ours && writer.2 != IDLE,
+        "{writer:?} (ours {ours})"
+    );
+    assert_eq!(d.stop(), 0, "{}", s.logged());
+}
