@@ -879,24 +879,30 @@ fn in_flight_with_parts(s: &Setup) -> Option<(PathBuf, String, usize)> {
     })
 }
 
-#[test]
-fn kill_9_of_the_daemon_mid_multipart_resumes_the_same_upload_without_sending_done_parts_again() {
-    let Some(g) = Garage::start("upload_daemon kill -9 of ringbag") else {
-        return;
-    };
-    let s = Setup::with_creds_of(&g);
-    // Splits of 12 MiB in 5 MiB parts at 2 MiB/s: a split takes seconds to send, so the kill
-    // lands inside a multipart upload with a part or two done.
+/// A setup uploading to `g` splits of 12 MiB in 5 MiB parts at 2 MiB/s, `concurrency` parts
+/// at a time: a split takes seconds to send.
+fn slow_multipart_setup(g: &Garage, concurrency: u32) -> Setup {
+    let s = Setup::with_creds_of(g);
     s.write_config(
         "512MiB",
         &g.endpoint,
         &g.bucket,
-        "part_size = \"5MiB\"\nmax_rate = \"2MiB\"\nconcurrency = 1\n",
+        &format!("part_size = \"5MiB\"\nmax_rate = \"2MiB\"\nconcurrency = {concurrency}\n"),
     );
     let text = std::fs::read_to_string(&s.cfg)
         .expect("config")
         .replace("max_bag_size = \"1MiB\"", "max_bag_size = \"12MiB\"");
     std::fs::write(&s.cfg, text).expect("config");
+    s
+}
+
+#[test]
+fn kill_9_of_the_daemon_mid_multipart_resumes_the_same_upload_without_sending_done_parts_again() {
+    let Some(g) = Garage::start("upload_daemon kill -9 of ringbag") else {
+        return;
+    };
+    // The kill lands inside a multipart upload with a part or two done.
+    let s = slow_multipart_setup(&g, 1);
     let client = g.client();
     let mut d = s.start();
     let mut found = None;
@@ -1001,18 +1007,8 @@ fn the_uploader_and_its_senders_run_at_nice_19_in_the_idle_io_class_and_the_writ
     let Some(g) = Garage::start("upload_daemon thread priorities") else {
         return;
     };
-    let s = Setup::with_creds_of(&g);
-    // 12 MiB splits in 5 MiB parts at 2 MiB/s: the senders live for seconds per split.
-    s.write_config(
-        "512MiB",
-        &g.endpoint,
-        &g.bucket,
-        "part_size = \"5MiB\"\nmax_rate = \"2MiB\"\nconcurrency = 2\n",
-    );
-    let text = std::fs::read_to_string(&s.cfg)
-        .expect("config")
-        .replace("max_bag_size = \"1MiB\"", "max_bag_size = \"12MiB\"");
-    std::fs::write(&s.cfg, text).expect("config");
+    // The senders live for seconds per split.
+    let s = slow_multipart_setup(&g, 2);
     let mut d = s.start();
     let pid = d.pid().as_raw();
     let mut seen = Vec::new();
