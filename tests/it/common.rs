@@ -273,6 +273,15 @@ pub fn freeze(pid: i32) {
     }
 }
 
+/// `RINGBAG_STRESS_PERCENT` (default 100): how much of its load a test puts on a slow machine
+/// (`scripts/cross-test.sh` sets 20 under qemu).
+pub fn stress_percent() -> u64 {
+    std::env::var("RINGBAG_STRESS_PERCENT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100)
+}
+
 /// The system clock now, ns since the epoch.
 pub fn now_ns() -> i64 {
     std::time::SystemTime::now()

@@ -762,8 +762,16 @@ fn the_bandwidth_cap_holds_over_concurrent_parts() {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let bag = noise_bag(tmp.path(), "capped", 40 * MIB, 11);
-    let rate = 4 * MIB;
+    // Under emulation (the aarch64 stage: RINGBAG_STRESS_PERCENT=20) a debug build reads and
+    // hashes parts at well under 1 MB/s: a smaller bag (still 3 parts in flight) and cap there.
+    let pct = crate::common::stress_percent();
+    let bag = noise_bag(
+        tmp.path(),
+        "capped",
+        (40 * MIB * pct / 100).max(16 * MIB),
+        11,
+    );
+    let rate = (4 * MIB * pct / 100).max(MIB / 2);
     let uploader = uploader(&g, 3, rate);
     let counters = uploader.counters();
     let worker = {
@@ -788,7 +796,14 @@ fn the_bandwidth_cap_holds_over_concurrent_parts() {
     let (t1, b1) = at(7.5);
     let measured = (b1 - b0) as f64 / (t1 - t0);
     assert!(
-        (measured - rate as f64).abs() <= 0.1 * rate as f64,
+        measured <= 1.1 * rate as f64,
+        "{measured:.0} B/s for a cap of {rate}"
+    );
+    // Reaching the cap is a question of CPU: under emulation that measures qemu, not the
+    // bucket (as the daemon's real-time upload tests, which that stage leaves out). The host
+    // stage checks it.
+    assert!(
+        pct < 100 || measured >= 0.9 * rate as f64,
         "{measured:.0} B/s for a cap of {rate}"
     );
     let out = worker.join().unwrap();
