@@ -93,9 +93,7 @@ impl Skipped {
             after,
         }
     }
-}
 
-impl Skipped {
     /// A split deleted since the bag was opened (a live recording's retention).
     fn deleted(path: PathBuf) -> Self {
         Skipped {

@@ -761,9 +761,8 @@ impl WriterCtx {
             // A stop is asked for while the sources still run (SIGTERM, the end of a
             // synthetic count): what they queue until they have stopped (`finish` says so)
             // was accepted and is written too, never discarded as unwritten.
-            let sources_done = self.shared.sources_done.load(Acquire);
             if batch.is_empty()
-                && ((stopping && sources_done) || disconnected)
+                && ((stopping && self.shared.sources_done.load(Acquire)) || disconnected)
                 && self.rx.is_empty()
             {
                 return Ok(StopReason::Requested);

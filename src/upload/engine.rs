@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime};
 use super::client::{Body, S3Client, ServerPart};
 use super::journal::{unix_ms_now, FileEntry, FileIdentity, Journal, PartDone, JOURNAL_FILE};
 use super::md5::{self, Md5};
-use super::parts::{bare_etag, hex, md5_of, multipart_etag, PartPlan};
+use super::parts::{bare_etag, hex, multipart_etag, PartPlan};
 use super::rate::{MonotonicClock, TokenBucket};
 use super::{KeyTemplate, Target, Tuning, UploadError};
 use crate::bag::lock::LockState;
@@ -593,7 +593,7 @@ impl Uploader {
         // changed is a question of content.
         let by_content = name == METADATA_FILE;
         let content_md5 = if by_content {
-            Some(hex(&md5_of(
+            Some(hex(&Md5::digest(
                 &fs::read(&path).map_err(UploadError::io(&path))?,
             )))
         } else {
@@ -745,7 +745,7 @@ impl Uploader {
         let mut pooled = self.buffer();
         let buf = pooled.slice(identity.size as usize);
         self.read_in_pieces(&file, path, buf, 0)?;
-        let md5 = md5_of(buf);
+        let md5 = Md5::digest(buf);
         let sent = AtomicU64::new(0);
         self.client.put_object(key, &self.body(buf, md5, &sent))?;
         drop(pooled);

@@ -72,10 +72,6 @@ pub fn multipart_etag(part_md5s: &[[u8; 16]]) -> String {
     format!("{}-{}", hex(&h.finalize()), part_md5s.len())
 }
 
-pub fn md5_of(bytes: &[u8]) -> [u8; 16] {
-    Md5::digest(bytes)
-}
-
 pub fn hex(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
@@ -191,8 +187,8 @@ mod tests {
     #[test]
     fn the_multipart_etag_is_the_md5_of_the_part_md5s() {
         // Reference computed independently (Python hashlib): parts b"a"*5MiB and b"b"*1.
-        let a = md5_of(&vec![b'a'; 5 << 20]);
-        let b = md5_of(b"b");
+        let a = Md5::digest(&vec![b'a'; 5 << 20]);
+        let b = Md5::digest(b"b");
         assert_eq!(hex(&b), "92eb5ffee6ae2fec3ad71c777531578f");
         assert_eq!(
             multipart_etag(&[a, b]),
@@ -207,8 +203,8 @@ mod tests {
         assert_eq!(base64(b"fo"), "Zm8=");
         assert_eq!(base64(b"foo"), "Zm9v");
         // Content-MD5 of the empty body (Python: base64(md5(b""))).
-        assert_eq!(base64(&md5_of(b"")), "1B2M2Y8AsgTpgAmY7PhCfg==");
-        let m = md5_of(b"ringbag");
+        assert_eq!(base64(&Md5::digest(b"")), "1B2M2Y8AsgTpgAmY7PhCfg==");
+        let m = Md5::digest(b"ringbag");
         assert_eq!(from_hex16(&format!("\"{}\"", hex(&m))), Some(m));
         assert_eq!(bare_etag("\"ABC\""), "abc");
     }

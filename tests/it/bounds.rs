@@ -117,11 +117,7 @@ fn summary_number(err: &str, key: &str) -> u64 {
 /// Message counts scaled by `RINGBAG_STRESS_PERCENT` (default 100): the aarch64 stage runs
 /// under emulation, about ten times slower, and sets 20 (scripts/cross-test.sh).
 fn scaled(n: u64) -> u64 {
-    let pct: u64 = std::env::var("RINGBAG_STRESS_PERCENT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    (n * pct / 100).max(1)
+    (n * crate::common::stress_percent() / 100).max(1)
 }
 
 struct Case {

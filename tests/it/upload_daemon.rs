@@ -32,11 +32,7 @@ const LONG: Duration = Duration::from_secs(90);
 
 /// `secs` scaled by `RINGBAG_STRESS_PERCENT` (at least 1 s).
 fn scaled(secs: u64) -> Duration {
-    let pct: u64 = std::env::var("RINGBAG_STRESS_PERCENT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    Duration::from_secs((secs * pct / 100).max(1))
+    Duration::from_secs((secs * crate::common::stress_percent() / 100).max(1))
 }
 
 /// A test's files: the recording root, the status file, the config, the credentials file and
