@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use crate::bag::lock::{self, BagLock, LockState, LOCK_FILE};
@@ -64,14 +65,16 @@ pub enum RetentionError {
     },
     #[error(
         "{path}: only {available} bytes free, below the free-space floor of {floor} bytes \
-         (--min-free-space/--min-free-space-percent) plus {batch} bytes for the next batch, \
-         and no closed split is left to delete; stopping so the disk never fills"
+         (--min-free-space/--min-free-space-percent) plus {batch} bytes for the next batch \
+         and {beside} bytes a snapshot may still write, and no closed split is left to \
+         delete; stopping so the disk never fills"
     )]
     OutOfSpace {
         path: PathBuf,
         available: u64,
         floor: u64,
         batch: u64,
+        beside: u64,
     },
     #[error("{path}: cannot scan the recording root: {source}")]
     Scan {
@@ -495,6 +498,15 @@ pub struct Retention {
     /// ([`Retention::room_beside`]), counted against `max_record_size` until it is finished
     /// and adopted ([`Retention::adopt_bag`]).
     in_progress_bytes: u64,
+    /// What that bag occupies now, as it last reported ([`Room::report_on_disk`]): the rest
+    /// of its grant is still to be written, so the free-space floor keeps room for it. Without
+    /// it, the recording's own batches could take the free space a snapshot was granted, and
+    /// the snapshot's next writes then went below the floor.
+    ///
+    /// [`Room::report_on_disk`]: crate::pipeline::room::Room::report_on_disk
+    beside_on_disk: Option<Arc<AtomicU64>>,
+    /// What it occupied at its last question (`room_beside`), when it does not report.
+    beside_asked_on_disk: u64,
     /// The uploader's answers; `None` keeps the plain oldest-first order.
     ledger: Option<Arc<dyn UploadLedger>>,
     /// Delete every uploaded file at each turn, room needed or not.
@@ -527,6 +539,8 @@ impl Retention {
             empty_split_learned: false,
             deleted_total: 0,
             in_progress_bytes: 0,
+            beside_on_disk: None,
+            beside_asked_on_disk: 0,
             ledger: None,
             delete_after_upload: false,
             swept_generation: None,
@@ -655,6 +669,21 @@ impl Retention {
             Ok(None) => {}
             Err(e) => log::warn!("retention: leaving {} alone: {e}", dir.display()),
         }
+    }
+
+    /// Where a bag written beside the recording reports what it occupies (see
+    /// `beside_on_disk`).
+    pub fn with_beside_on_disk(mut self, gauge: Arc<AtomicU64>) -> Self {
+        self.beside_on_disk = Some(gauge);
+        self
+    }
+
+    /// Bytes granted to a bag beside the recording that it has not written yet: it only
+    /// grows while it holds a grant, so its newest figure is the larger one.
+    fn beside_unwritten(&self) -> u64 {
+        let reported = self.beside_on_disk.as_ref().map_or(0, |g| g.load(Relaxed));
+        self.in_progress_bytes
+            .saturating_sub(reported.max(self.beside_asked_on_disk))
     }
 
     /// Use another source of free-space figures (tests).
@@ -935,7 +964,10 @@ impl Retention {
             }
         }
         if refused.is_none() && self.policy.has_free_floor() {
-            let growth = bytes.saturating_sub(on_disk) + headroom + METADATA_SLACK_BYTES;
+            // The bag's own growth is counted by `keep_free_space` (the grant asked for, less
+            // what it reported it occupies).
+            self.beside_asked_on_disk = on_disk;
+            let growth = headroom + METADATA_SLACK_BYTES;
             match self.keep_free_space(w, growth) {
                 Ok(n) => deleted += n,
                 Err(RetentionError::OutOfSpace {
@@ -1021,6 +1053,7 @@ impl Retention {
     ) -> Result<u64, RetentionError> {
         let path = w.dir().to_path_buf();
         let mut deleted = 0;
+        let beside = self.beside_unwritten();
         loop {
             let s = self
                 .free
@@ -1034,7 +1067,7 @@ impl Retention {
                 .min_free_space_percent
                 .map_or(0, |p| (s.total as f64 * p / 100.0).ceil() as u64);
             let floor = self.policy.min_free_space.unwrap_or(0).max(pct);
-            if s.available >= floor.saturating_add(batch) {
+            if s.available >= floor.saturating_add(batch).saturating_add(beside) {
                 return Ok(deleted);
             }
             if self.fifo.is_empty() {
@@ -1043,6 +1076,7 @@ impl Retention {
                     available: s.available,
                     floor,
                     batch,
+                    beside,
                 });
             }
             self.delete_for_room(w)?;
@@ -1619,6 +1653,52 @@ mod tests {
             .unwrap()
             .unwrap_err();
         assert!(why.contains("free-space floor"), "{why}");
+    }
+
+    #[test]
+    fn the_recordings_batches_leave_free_what_a_snapshot_was_granted_and_has_not_written() {
+        // `freed` is the whole free space here: deletions add to it, writes take from it.
+        let free = Arc::new(Mutex::new(14 * MB));
+        let take = |bytes: u64| *free.lock().unwrap() -= bytes;
+        let mut bag = FakeBag::new((MB, 0));
+        bag.freed = Some(free.clone());
+        let reported = Arc::new(AtomicU64::new(0));
+        let mut r = Retention::new(RetentionPolicy {
+            min_free_space: Some(10 * MB),
+            ..Default::default()
+        })
+        .with_free_space(Box::new(FakeSpace {
+            base_available: 0,
+            total: 100 * MB,
+            freed: free.clone(),
+        }))
+        .with_beside_on_disk(reported.clone());
+        for i in 0..4 {
+            bag.close(MB, i * S, i * S + S / 2);
+        }
+        // A snapshot is granted 3 MiB: 4 MiB are free above the floor, nothing goes.
+        assert!(r.room_beside(&mut bag, 3 * MB, 0, 0).unwrap().is_ok());
+        assert!(bag.deleted.is_empty());
+        // Before it writes them, the recording asks for a 1.5 MiB batch: the free space it
+        // sees still holds the snapshot's 3 MiB, which must stay free for it.
+        let batch = MB + MB / 2;
+        r.before_batch(&mut bag, batch, 5 * S).unwrap();
+        assert_eq!(bag.deleted, vec![0], "one split makes room for both");
+        take(r.disk_growth(&bag, batch));
+        take(3 * MB);
+        reported.store(3 * MB, Ordering::Relaxed);
+        assert!(*free.lock().unwrap() >= 10 * MB, "the floor held");
+        // Written in full, the grant asks nothing more of the recording's next batch.
+        let before = *free.lock().unwrap();
+        r.before_batch(&mut bag, 64 * 1024, 6 * S).unwrap();
+        assert_eq!(
+            bag.deleted,
+            vec![0],
+            "nothing more deleted at {before} B free"
+        );
+        // Given back, the grant counts for nothing.
+        assert!(r.room_beside(&mut bag, 0, 0, 0).unwrap().is_ok());
+        assert_eq!(r.beside_unwritten(), 0);
     }
 
     #[test]

@@ -45,6 +45,10 @@ pub struct Room {
     /// the snapshot thread then finishes its open snapshot with what the ring holds, while
     /// the writer still answers (so it is finished within the budget, not cut short).
     winding_down: AtomicBool,
+    /// What the bag occupies now, reported by the snapshot thread before each batch (it asks
+    /// only when a batch goes beyond its grant): retention keeps the rest of the grant free
+    /// above the floor (`Retention::with_beside_on_disk`).
+    on_disk_now: std::sync::Arc<AtomicU64>,
 }
 
 impl Room {
@@ -74,6 +78,16 @@ impl Room {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// The snapshot thread, before each batch: the bag occupies `bytes` now.
+    pub fn report_on_disk(&self, bytes: u64) {
+        self.on_disk_now.store(bytes, Relaxed);
+    }
+
+    /// Where [`Room::report_on_disk`] lands, for retention to read.
+    pub fn on_disk_gauge(&self) -> std::sync::Arc<AtomicU64> {
+        self.on_disk_now.clone()
     }
 
     /// The writer thread: the question not yet answered, as (seq, bytes, on_disk), if any.

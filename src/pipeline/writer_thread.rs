@@ -261,6 +261,10 @@ impl Pipeline {
         }
         let bag_dir = writer.dir().to_path_buf();
         let room = tap.as_ref().and_then(|t| t.room());
+        let retention = match (&room, retention) {
+            (Some(room), Some(r)) => Some(r.with_beside_on_disk(room.on_disk_gauge())),
+            (_, r) => r,
+        };
         if let Some(room) = &room {
             room.set_bounded(retention.as_ref().is_some_and(|r| {
                 r.policy().max_record_size.is_some() || r.policy().has_free_floor()

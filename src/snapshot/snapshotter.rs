@@ -179,6 +179,7 @@ impl RoomClient {
     /// `Err(why)`: the snapshot must end.
     fn make_room(&mut self, dir: &Path, growth: u64, step: u64) -> Result<(), String> {
         let on_disk = dir_bytes(dir);
+        self.room.report_on_disk(on_disk);
         let need = on_disk + growth;
         if need <= self.granted {
             return Ok(());
