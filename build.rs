@@ -32,6 +32,10 @@ fn version_facts() {
     println!(
         "cargo:rustc-env=RINGBAG_LONG_VERSION={version} (commit {commit}, features: {features}, target {target})"
     );
+    // The same facts one by one, for the `ringbag_build_info` metric's labels.
+    println!("cargo:rustc-env=RINGBAG_BUILD_COMMIT={commit}");
+    println!("cargo:rustc-env=RINGBAG_BUILD_FEATURES={features}");
+    println!("cargo:rustc-env=RINGBAG_BUILD_TARGET={target}");
 }
 
 /// The commit of the source tree, when it is a git checkout with git installed. Rebuilds when

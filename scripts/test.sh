@@ -67,8 +67,9 @@ TARGET_AARCH64=aarch64-unknown-linux-gnu
 # binutils: readelf and objcopy (release checks); binutils-aarch64-linux-gnu: the aarch64 objcopy
 # (release stripping); systemd: systemctl, systemd-sysusers and systemd-tmpfiles for the install
 # test, which enables the unit in an image root (installing it does not make it PID 1).
+# prometheus: promtool, which checks the metrics' exposition format (tests/it/metrics.rs).
 APT_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static binutils
-    binutils-aarch64-linux-gnu systemd)
+    binutils-aarch64-linux-gnu systemd prometheus)
 VENV="$ROOT/.venv"
 # rosbags and pytest (interop), oelint-adv (the Yocto layer's lint).
 REQUIREMENTS=("$ROOT/tests/interop/requirements.txt" "$ROOT/yocto/requirements.txt")
@@ -345,6 +346,8 @@ install_all() {
     # Every stage that may run the upload tests (the host and aarch64 suites, interop's boto3
     # read-back, uploads across power cuts, the unit uploading under systemd).
     if selected test cross-aarch64 interop powercut systemd; then install_garage; fi
+    # Installed (above, or already): a metrics test that cannot run promtool fails.
+    if command -v promtool >/dev/null; then export RINGBAG_PROMTOOL_REQUIRED=1; fi
 }
 
 # ---------------------------------------------------------------- stages

@@ -121,6 +121,60 @@ pub struct ServiceConfig {
     pub control_socket: Option<PathBuf>,
     /// Fleet offload (`[upload]`): on when the table is there (unless `enabled = false`).
     pub upload: Option<RawUpload>,
+    /// Prometheus metrics for node_exporter's textfile collector (a `*.prom` path).
+    pub metrics_textfile: Option<PathBuf>,
+    /// How often that file is rewritten (seconds, or a duration with units); default 10 s.
+    pub metrics_interval: Option<Quantity>,
+    /// `host:port` serving `GET /metrics`.
+    pub metrics_listen: Option<String>,
+}
+
+/// Default `metrics_interval`.
+pub const DEFAULT_METRICS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The metrics keys, checked ([`crate::metrics`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsSettings {
+    pub textfile: Option<PathBuf>,
+    pub interval: std::time::Duration,
+    pub listen: Option<std::net::SocketAddr>,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        MetricsSettings {
+            textfile: None,
+            interval: DEFAULT_METRICS_INTERVAL,
+            listen: None,
+        }
+    }
+}
+
+/// `metrics_textfile`: written as the status file is (a rename in its directory), and read by
+/// node_exporter's textfile collector, which reads only `*.prom` files.
+pub fn check_metrics_textfile(path: &Path) -> Result<(), String> {
+    check_status_file(path)?;
+    if path.extension().and_then(|e| e.to_str()) != Some("prom") {
+        return Err(
+            "must end in .prom (node_exporter's textfile collector reads only *.prom files)".into(),
+        );
+    }
+    Ok(())
+}
+
+/// `metrics_interval`: from 1 s (a rewrite a second is the status file's own pace) to 1 h.
+pub fn parse_metrics_interval(ns: i64) -> Result<std::time::Duration, String> {
+    if !(1_000_000_000..=3_600_000_000_000).contains(&ns) {
+        return Err("must be from 1 s to 1 h".into());
+    }
+    Ok(std::time::Duration::from_nanos(ns as u64))
+}
+
+/// `metrics_listen`: an IP address and a port (a host name would make start-up wait on DNS).
+pub fn parse_metrics_listen(text: &str) -> Result<std::net::SocketAddr, String> {
+    text.parse::<std::net::SocketAddr>().map_err(|_| {
+        format!("{text:?} is not an address and port like \"127.0.0.1:9466\" or \"[::1]:9466\"")
+    })
 }
 
 /// `source = "ros" | "synthetic"`.
@@ -172,6 +226,7 @@ pub struct Checked {
     pub warnings: Vec<String>,
     /// `[upload]`, when uploads are on (the table is there and not `enabled = false`).
     pub upload: Option<UploadPlan>,
+    pub metrics: MetricsSettings,
 }
 
 /// The `[upload]` table checked, and its credentials looked up (each check looks again, so a
@@ -646,6 +701,36 @@ impl ServiceConfig {
                 ));
             }
         }
+        let metrics = MetricsSettings {
+            textfile: match &config.metrics_textfile {
+                Some(p) => {
+                    check_metrics_textfile(p)
+                        .map_err(|m| err("metrics_textfile", format!("{}: {m}", shown(p))))?;
+                    if p == &status_file {
+                        return Err(err(
+                            "metrics_textfile",
+                            format!(
+                                "{}: the same file as status_file; each needs a path of its own",
+                                shown(p)
+                            ),
+                        ));
+                    }
+                    Some(p.clone())
+                }
+                None => None,
+            },
+            interval: match &config.metrics_interval {
+                Some(q) => q
+                    .duration_ns()
+                    .and_then(parse_metrics_interval)
+                    .map_err(|m| err("metrics_interval", m))?,
+                None => DEFAULT_METRICS_INTERVAL,
+            },
+            listen: match &config.metrics_listen {
+                Some(t) => Some(parse_metrics_listen(t).map_err(|m| err("metrics_listen", m))?),
+                None => None,
+            },
+        };
         let synthetic_profile = config.synthetic_profile.unwrap_or(SyntheticProfile::Robot);
         let synthetic_topics = if source == SourceChoice::Synthetic {
             crate::source::generator::select_topics(synthetic_profile, &config.selection())
@@ -748,6 +833,7 @@ impl ServiceConfig {
         };
         Ok(Checked {
             upload,
+            metrics,
             budgets,
             retention,
             clock,

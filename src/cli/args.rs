@@ -488,6 +488,19 @@ pub struct RecordArgs {
     #[arg(long, value_name = "PATH")]
     pub status_file: Option<PathBuf>,
 
+    /// Prometheus metrics for node_exporter's textfile collector: rewrite this `*.prom` file
+    /// atomically every --metrics-interval, and once more at the end. [default: off]
+    #[arg(long, value_name = "PATH")]
+    pub metrics_textfile: Option<PathBuf>,
+    /// How often --metrics-textfile is rewritten (seconds or with s/m/h; 1 s to 1 h).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value = "10",
+        allow_negative_numbers = true
+    )]
+    pub metrics_interval: String,
+
     /// Black box: keep the newest messages in a memory ring of this size (bytes or with
     /// units, e.g. 2GiB; at least 1MiB) on tmpfs, written to a bag only on a trigger. The ring
     /// survives a crash of the recorder (not a reboot). [default: off]

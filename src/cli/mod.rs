@@ -465,6 +465,10 @@ fn cmd_record(a: &args::RecordArgs) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(EXIT_BAD_INPUT, e),
     };
+    let metrics = match resolve::metrics_settings(a) {
+        Ok(m) => m,
+        Err(e) => return fail(EXIT_BAD_INPUT, e),
+    };
     // With --recover the output's parent is a recording root, budgeted and recovered as the
     // daemon does: it must not run beside a daemon there, so it takes the root's lock, shared
     // (held until the end; several `record --recover` may share a root, as before). A root
@@ -487,7 +491,12 @@ fn cmd_record(a: &args::RecordArgs) -> i32 {
     } else {
         None
     };
-    match record::run(settings) {
+    let result = if metrics.textfile.is_some() || metrics.listen.is_some() {
+        record::run_with(settings, &mut crate::metrics::RecordHooks::new(metrics))
+    } else {
+        record::run(settings)
+    };
+    match result {
         Ok(out) => {
             eprint!("{}", out.summary);
             if let crate::pipeline::StopReason::MaxSplits(n) = out.stop {

@@ -658,6 +658,39 @@ pub fn upload_settings(a: &UploadArgs, env: &Environment<'_>) -> Result<Resolved
     })
 }
 
+/// `record`'s metrics flags, checked as the daemon's keys are (a relative path is taken from
+/// the working directory).
+pub fn metrics_settings(a: &RecordArgs) -> Result<crate::config::MetricsSettings, String> {
+    let interval = crate::units::parse_duration_ns(&a.metrics_interval)
+        .and_then(crate::config::parse_metrics_interval)
+        .map_err(|m| format!("--metrics-interval {}: {m}", a.metrics_interval))?;
+    let textfile = match &a.metrics_textfile {
+        Some(p) => {
+            let abs = std::path::absolute(p)
+                .map_err(|e| format!("--metrics-textfile {}: {e}", p.display()))?;
+            crate::config::check_metrics_textfile(&abs)
+                .map_err(|m| format!("--metrics-textfile {}: {m}", p.display()))?;
+            if a.status_file
+                .as_deref()
+                .and_then(|s| std::path::absolute(s).ok())
+                == Some(abs.clone())
+            {
+                return Err(format!(
+                    "--metrics-textfile {}: the same file as --status-file; each needs a path of its own",
+                    p.display()
+                ));
+            }
+            Some(abs)
+        }
+        None => None,
+    };
+    Ok(crate::config::MetricsSettings {
+        textfile,
+        interval,
+        listen: None,
+    })
+}
+
 #[cfg(test)]
 mod upload_tests {
     use super::*;

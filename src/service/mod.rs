@@ -224,7 +224,12 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
     // Started before the recording (and its crash recovery, whose budget asks the uploader
     // what is out); kept across reloads that change neither the root nor `[upload]`.
     let mut uploader: Option<UploadAgent> = None;
+    let mut metrics = crate::metrics::Publisher::new(checked.metrics.clone());
+    let mut last_status = None;
     loop {
+        if metrics.settings() != &checked.metrics {
+            metrics = crate::metrics::Publisher::new(checked.metrics.clone());
+        }
         let root = checked.output_root.clone();
         keep_uploader(&mut uploader, &checked);
         let bag = root.join(next_bag_name(&root, chrono::Utc::now()));
@@ -244,8 +249,11 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
             reload_began: reload_began.take(),
             reload_lock: None,
             uploader: uploader.as_ref(),
+            metrics: &mut metrics,
+            last: None,
         };
         let result = record::run_with(settings, &mut hooks);
+        last_status = hooks.last.take().or(last_status);
         let reload = hooks.reload.take();
         let ring = hooks.ring.take();
         let began = hooks.reload_began.take();
@@ -266,6 +274,9 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
                         s.written
                     );
                 }
+                if let Some(st) = &last_status {
+                    metrics.publish(st, crate::metrics::State::Exiting);
+                }
                 return Err(ServiceError::Record(f.error));
             }
         }
@@ -285,6 +296,11 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
     }
     if let Some(u) = uploader.take() {
         u.stop();
+    }
+    if let Some(st) = &last_status {
+        // The last figures, saying the recorder is down: a scraper of the textfile sees the
+        // stop at once instead of a file going stale.
+        metrics.publish(st, crate::metrics::State::Exiting);
     }
     drop(root_lock);
     Ok(())
@@ -346,6 +362,9 @@ struct Hooks<'a> {
     /// The new root's lock when the reload moves to another root.
     reload_lock: Option<RootLock>,
     uploader: Option<&'a UploadAgent>,
+    metrics: &'a mut crate::metrics::Publisher,
+    /// The last status published, for the metrics written at exit.
+    last: Option<status::Status>,
 }
 
 impl Hooks<'_> {
@@ -356,7 +375,13 @@ impl Hooks<'_> {
 
     fn publish(&mut self, mut st: status::Status) {
         st.upload = self.uploader.map(UploadAgent::status);
-        let st = &st;
+        let state = if st.stopped.is_none() {
+            crate::metrics::State::Recording
+        } else {
+            crate::metrics::State::NotRecording
+        };
+        self.metrics.publish(&st, state);
+        let st = &*self.last.insert(st);
         notify::send(&[NotifyState::Status(&st.line())]);
         match (status::write(&self.status_file, st), self.status_failing) {
             (Ok(()), true) => {

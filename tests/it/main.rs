@@ -14,6 +14,7 @@ mod fuzz;
 mod garage;
 mod hostile_bags;
 mod install;
+mod metrics;
 mod netproxy;
 mod play;
 mod play_keys;
