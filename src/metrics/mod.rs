@@ -4,3 +4,5 @@
 //! Both ways out carry the same text, rendered once per interval by the status loop from the
 //! same [`crate::service::status::Status`] the status file holds: a scrape never touches the
 //! recording's threads, it only copies the last rendered text.
+
+pub mod http;
