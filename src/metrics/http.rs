@@ -221,7 +221,7 @@ impl Server {
     }
 
     /// Stops the thread and waits for it: the listener and every connection are closed when
-    /// this returns (within about one poll timeout, [`TICK`]).
+    /// this returns (within about one poll timeout, 50 ms).
     pub fn finish(mut self) {
         self.stop_and_join();
     }
