@@ -6,6 +6,7 @@
 //! recording's threads, it only copies the last rendered text.
 
 pub mod exposition;
+pub mod http;
 pub mod render;
 pub mod textfile;
 
