@@ -500,6 +500,10 @@ pub struct RecordArgs {
         allow_negative_numbers = true
     )]
     pub metrics_interval: String,
+    /// Serve Prometheus metrics at `GET /metrics` on this address and port, e.g.
+    /// 127.0.0.1:9466 (refreshed every second). [default: off]
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_listen: Option<String>,
 
     /// Black box: keep the newest messages in a memory ring of this size (bytes or with
     /// units, e.g. 2GiB; at least 1MiB) on tmpfs, written to a bag only on a trigger. The ring

@@ -492,7 +492,12 @@ fn cmd_record(a: &args::RecordArgs) -> i32 {
         None
     };
     let result = if metrics.textfile.is_some() || metrics.listen.is_some() {
-        record::run_with(settings, &mut crate::metrics::RecordHooks::new(metrics))
+        // Before anything is recorded: a taken port is bad input, said in one line.
+        let mut hooks = match crate::metrics::RecordHooks::start(metrics) {
+            Ok(h) => h,
+            Err(e) => return fail(EXIT_BAD_INPUT, e),
+        };
+        record::run_with(settings, &mut hooks)
     } else {
         record::run(settings)
     };

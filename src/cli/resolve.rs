@@ -684,10 +684,16 @@ pub fn metrics_settings(a: &RecordArgs) -> Result<crate::config::MetricsSettings
         }
         None => None,
     };
+    let listen = match &a.metrics_listen {
+        Some(t) => Some(
+            crate::config::parse_metrics_listen(t).map_err(|m| format!("--metrics-listen: {m}"))?,
+        ),
+        None => None,
+    };
     Ok(crate::config::MetricsSettings {
         textfile,
         interval,
-        listen: None,
+        listen,
     })
 }
 

@@ -16,22 +16,44 @@ use crate::config::MetricsSettings;
 use crate::service::status::Status;
 pub use render::State;
 
-/// The metrics' way out for a running service: the textfile every `interval`. Lives across
+/// The metrics' ways out for a running recorder: the textfile every `interval`, and the
+/// text `GET /metrics` serves, replaced with every status (once a second). Lives across
 /// reloads (a reload that changes the keys gets a new one).
-#[derive(Debug)]
 pub struct Publisher {
     settings: MetricsSettings,
     last_textfile: Option<Instant>,
     /// A failing write is logged once, and again when it works again.
     failing: bool,
+    server: Option<(http::Server, std::sync::Arc<http::Body>)>,
 }
 
 impl Publisher {
-    pub fn new(settings: MetricsSettings) -> Self {
-        Publisher {
+    /// Metrics as `settings` ask, with the endpoint listening if `metrics_listen` is set.
+    pub fn start(settings: MetricsSettings) -> Result<Self, http::HttpError> {
+        let server = match settings.listen {
+            Some(addr) => {
+                let body = std::sync::Arc::new(http::Body::new());
+                let server = http::Server::start(addr, body.clone())?;
+                log::info!("metrics: serving GET /metrics on {}", server.local_addr());
+                Some((server, body))
+            }
+            None => None,
+        };
+        Ok(Publisher {
             settings,
             last_textfile: None,
             failing: false,
+            server,
+        })
+    }
+
+    /// No metrics at all (the endpoint could not start, or none is configured).
+    pub fn off() -> Self {
+        Publisher {
+            settings: MetricsSettings::default(),
+            last_textfile: None,
+            failing: false,
+            server: None,
         }
     }
 
@@ -39,33 +61,40 @@ impl Publisher {
         &self.settings
     }
 
-    /// Called with every status (once a second): renders and writes only what is due, so
-    /// with metrics off this is one branch.
+    /// Where the endpoint listens (its port when `metrics_listen` asked for port 0).
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.server.as_ref().map(|(s, _)| s.local_addr())
+    }
+
+    /// Called with every status (once a second): renders only when a way out needs it, so
+    /// with metrics off this is two branches.
     pub fn publish(&mut self, st: &Status, state: State) {
-        let Some(path) = self.settings.textfile.clone() else {
-            return;
-        };
-        let due = state == State::Exiting
-            || self
-                .last_textfile
-                .is_none_or(|t| t.elapsed() >= self.settings.interval);
-        if !due {
+        let textfile = self.settings.textfile.clone().filter(|_| {
+            state == State::Exiting
+                || self
+                    .last_textfile
+                    .is_none_or(|t| t.elapsed() >= self.settings.interval)
+        });
+        if textfile.is_none() && self.server.is_none() {
             return;
         }
-        self.last_textfile = Some(Instant::now());
-        match (
-            textfile::write(&path, &render::render(st, state)),
-            self.failing,
-        ) {
-            (Ok(()), true) => {
-                self.failing = false;
-                log::info!("{}: written again", path.display());
+        let text = render::render(st, state);
+        if let Some(path) = textfile {
+            self.last_textfile = Some(Instant::now());
+            match (textfile::write(&path, &text), self.failing) {
+                (Ok(()), true) => {
+                    self.failing = false;
+                    log::info!("{}: written again", path.display());
+                }
+                (Err(e), false) => {
+                    self.failing = true;
+                    log::warn!("{e}; retrying every metrics_interval, quietly");
+                }
+                _ => {}
             }
-            (Err(e), false) => {
-                self.failing = true;
-                log::warn!("{e}; retrying every metrics_interval, quietly");
-            }
-            _ => {}
+        }
+        if let Some((_, body)) = &self.server {
+            body.set(text);
         }
     }
 }
@@ -79,15 +108,16 @@ pub struct RecordHooks {
 }
 
 impl RecordHooks {
-    pub fn new(settings: MetricsSettings) -> Self {
-        RecordHooks {
+    /// Fails only when `--metrics-listen` cannot be bound.
+    pub fn start(settings: MetricsSettings) -> Result<Self, http::HttpError> {
+        Ok(RecordHooks {
             collector: crate::service::status::Collector::new(
                 std::path::PathBuf::new(),
                 Instant::now(),
             ),
-            publisher: Publisher::new(settings),
+            publisher: Publisher::start(settings)?,
             last: None,
-        }
+        })
     }
 }
 

@@ -224,11 +224,25 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
     // Started before the recording (and its crash recovery, whose budget asks the uploader
     // what is out); kept across reloads that change neither the root nor `[upload]`.
     let mut uploader: Option<UploadAgent> = None;
-    let mut metrics = crate::metrics::Publisher::new(checked.metrics.clone());
+    let mut metrics = crate::metrics::Publisher::off();
     let mut last_status = None;
     loop {
         if metrics.settings() != &checked.metrics {
-            metrics = crate::metrics::Publisher::new(checked.metrics.clone());
+            // The old endpoint closes first: the new one may listen on the same port.
+            drop(std::mem::replace(
+                &mut metrics,
+                crate::metrics::Publisher::off(),
+            ));
+            metrics =
+                crate::metrics::Publisher::start(checked.metrics.clone()).unwrap_or_else(|e| {
+                    // Recording matters more than its metrics: go on without the endpoint.
+                    log::error!("{e}; recording goes on without it until a reload (SIGHUP)");
+                    crate::metrics::Publisher::start(crate::config::MetricsSettings {
+                        listen: None,
+                        ..checked.metrics.clone()
+                    })
+                    .unwrap_or_else(|_| crate::metrics::Publisher::off())
+                });
         }
         let root = checked.output_root.clone();
         keep_uploader(&mut uploader, &checked);

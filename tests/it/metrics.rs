@@ -315,3 +315,253 @@ fn record_refuses_bad_metrics_flags_with_one_line() {
     }
     assert!(!Path::new(o).exists());
 }
+
+/// A child whose stderr is read line by line as it comes (a full pipe would block it).
+struct Logged {
+    child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Logged {
+    fn spawn(args: &[&str]) -> Logged {
+        let mut child = crate::common::ringbag()
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let err = child.stderr.take().unwrap();
+        let l = lines.clone();
+        let reader = std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                l.lock().unwrap().push(line);
+            }
+        });
+        Logged {
+            child,
+            lines,
+            reader: Some(reader),
+        }
+    }
+
+    fn log(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    /// The endpoint's address, from its start-up line.
+    fn metrics_addr(&self) -> std::net::SocketAddr {
+        let mut addr = None;
+        assert!(
+            wait_for(Duration::from_secs(30), || {
+                addr = self.lines.lock().unwrap().iter().find_map(|l| {
+                    l.split("serving GET /metrics on ")
+                        .nth(1)?
+                        .trim()
+                        .parse()
+                        .ok()
+                });
+                addr.is_some()
+            }),
+            "no endpoint line: {}",
+            self.log()
+        );
+        addr.unwrap()
+    }
+
+    fn stop(mut self) -> (Option<i32>, String) {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
+        let st = self.child.wait().unwrap();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        (st.code(), self.log())
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One GET /metrics: (status line, body, time from connect to the last byte).
+fn scrape(addr: std::net::SocketAddr) -> (String, String, Duration) {
+    try_scrape(addr).expect("a complete response")
+}
+
+/// [`scrape`], None when the endpoint is not there (or not yet).
+fn try_scrape(addr: std::net::SocketAddr) -> Option<(String, String, Duration)> {
+    use std::io::{Read, Write};
+    let t0 = std::time::Instant::now();
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: ringbag\r\n\r\n")
+        .ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    let took = t0.elapsed();
+    let text = String::from_utf8(out).expect("UTF-8");
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+        took,
+    ))
+}
+
+#[test]
+fn record_serves_metrics_that_promtool_accepts_and_hostile_clients_neither_block_a_scrape_nor_cost_a_message(
+) {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("bag");
+    // 10 s of the small profile in real time: a recording that must lose nothing.
+    let rec = Logged::spawn(&[
+        "record",
+        "--source",
+        "synthetic",
+        "--synthetic-profile",
+        "small",
+        "-o",
+        bag.to_str().unwrap(),
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    let addr = rec.metrics_addr();
+    assert!(
+        wait_for(Duration::from_secs(10), || try_scrape(addr)
+            .is_some_and(|r| r.1.contains("ringbag_messages_written_total{"))),
+        "no topic in the metrics: {}",
+        rec.log()
+    );
+    let (status, body, _) = scrape(addr);
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    if let Some((ok, out)) = promtool_check(&body) {
+        assert!(ok, "promtool check metrics: {out}");
+    }
+    // The hostile clients: 200 connections that never send a byte, a 1 MB request, and one
+    // that sends its request a byte at a time.
+    let idle: Vec<_> = (0..200)
+        .map(|_| std::net::TcpStream::connect(addr).expect("idle connect"))
+        .collect();
+    let mut big = std::net::TcpStream::connect(addr).unwrap();
+    let big_writer = std::thread::spawn(move || {
+        let mut req = b"GET /metrics HTTP/1.1\r\nX-Junk: ".to_vec();
+        req.resize(1 << 20, b'a');
+        // The server answers 431 and closes long before the end: the write then fails.
+        let _ = big.write_all(&req);
+    });
+    let mut slow = std::net::TcpStream::connect(addr).unwrap();
+    let _ = slow.write_all(b"GE");
+    // Emulated (the aarch64 stage) everything runs ~10x slower; the bound scales with it.
+    let limit = Duration::from_millis(100 * 100 / crate::common::stress_percent().max(1));
+    let mut slowest = Duration::ZERO;
+    for _ in 0..10 {
+        let (status, body, took) = scrape(addr);
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        assert!(body.contains("ringbag_up 1\n"));
+        slowest = slowest.max(took);
+    }
+    eprintln!("slowest of 10 scrapes beside 202 hostile connections: {slowest:?}");
+    assert!(slowest < limit, "a scrape took {slowest:?}");
+    big_writer.join().unwrap();
+    drop(idle);
+    drop(slow);
+    let (code, log) = rec.stop();
+    assert_eq!(code, Some(0), "{log}");
+    // Not one message lost to it.
+    assert!(
+        log.contains("dropped 0 (queue full 0, oversize 0, after the writer stopped 0)"),
+        "{log}"
+    );
+    // And the endpoint is gone with the recorder.
+    assert!(std::net::TcpStream::connect(addr).is_err());
+}
+
+#[test]
+fn a_taken_metrics_port_is_one_line_and_exit_2_before_anything_is_recorded() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("bag");
+    let o = run(&[
+        "record",
+        "--source",
+        "synthetic",
+        "-o",
+        bag.to_str().unwrap(),
+        "--metrics-listen",
+        &addr,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.starts_with(&format!(
+            "ringbag: error: metrics_listen {addr}: cannot bind: "
+        )) && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(!bag.exists());
+}
+
+#[test]
+fn the_daemon_serves_its_metrics_and_a_reload_with_the_same_port_serves_them_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let status = tmp.path().join("status.json");
+    let config = tmp.path().join("ringbag.toml");
+    // A fixed port, so that the reload must bind it again: the one a listener got from the
+    // kernel a moment ago, free again.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        &config,
+        crate::common::small_daemon_config(
+            &root,
+            &status,
+            &format!("metrics_listen = \"127.0.0.1:{port}\"\n"),
+        ),
+    )
+    .unwrap();
+    let d = Logged::spawn(&["daemon", "--config", config.to_str().unwrap()]);
+    let addr = d.metrics_addr();
+    assert_eq!(addr.port(), port);
+    assert!(wait_for(Duration::from_secs(10), || try_scrape(addr)
+        .is_some_and(|r| r.1.contains("ringbag_recording{bag="))));
+    let first_bag = scrape(addr)
+        .1
+        .lines()
+        .find(|l| l.starts_with("ringbag_recording{"))
+        .unwrap()
+        .to_string();
+    // A reload that changes the interval restarts the endpoint on the same port.
+    std::fs::write(
+        &config,
+        crate::common::small_daemon_config(
+            &root,
+            &status,
+            &format!("metrics_listen = \"127.0.0.1:{port}\"\nmetrics_interval = 2\n"),
+        ),
+    )
+    .unwrap();
+    kill(Pid::from_raw(d.child.id() as i32), Signal::SIGHUP).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            let b = try_scrape(addr).map(|r| r.1).unwrap_or_default();
+            b.lines()
+                .any(|l| l.starts_with("ringbag_recording{") && l != first_bag)
+        }),
+        "the new bag is not served after the reload: {}",
+        d.log()
+    );
+    assert!(!d.log().contains("cannot bind"), "{}", d.log());
+    let (code, log) = d.stop();
+    assert_eq!(code, Some(0), "{log}");
+}
