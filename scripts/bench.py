@@ -22,6 +22,7 @@ BARE_QUEUE = ROOT / "target/release/examples/bare_queue"
 COPYCOUNT = ROOT / "target/release/copycount.so"
 JITTER = ROOT / "target/release/examples/sleep_jitter"
 INSERT_PROBE = ROOT / "target/release/examples/insert_probe"
+METRICS_COST = ROOT / "target/release/examples/metrics_cost"
 # The insert probe's load: one robot camera frame (1280 x 720 rgb8 with its header) every
 # 200 ms, 14 MB/s beside the robot mix's 176 MB/s.
 INSERT_PROBE_BYTES, INSERT_PROBE_PERIOD_MS = 2_764_872, 200
@@ -405,6 +406,62 @@ def upload_runs(work: Path, quick: bool, robot_secs: int, store: Store, res: dic
     return res
 
 
+def metrics_bench(work: Path, quick: bool, rounds: int) -> dict:
+    """Issue 25: what a scrape costs (50 topics, every family: body size, render and scrape
+    time through the real endpoint), and what metrics cost the recording: the medium profile at
+    max rate with metrics off, then on (the endpoint scraped every 100 ms, ten times
+    Prometheus's usual pace, and the textfile every second), `rounds` times in turn."""
+    import threading
+    import urllib.request
+    cost = json.loads(subprocess.run([str(METRICS_COST), "200"], capture_output=True, text=True,
+                                     check=True).stdout)
+    rows = []
+    count = 16_000 // (4 if quick else 1)
+    for i in range(rounds):
+        off = ringbag(work, "medium", count, "max")
+        off["name"] = f"ringbag medium max, metrics off ({i + 1})"
+        port = free_port_range()
+        stop = threading.Event()
+        scrapes = {"ok": 0, "failed": 0}
+
+        def scraper() -> None:
+            while not stop.wait(0.1):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                        r.read()
+                    scrapes["ok"] += 1
+                except OSError:
+                    scrapes["failed"] += 1
+        t = threading.Thread(target=scraper)
+        t.start()
+        try:
+            on = ringbag(work, "medium", count, "max", ["--metrics-listen", f"127.0.0.1:{port}", "--metrics-textfile",
+                                                         str(work / "bench.prom"), "--metrics-interval", "1"])
+        finally:
+            stop.set()
+            t.join()
+        on["name"] = f"ringbag medium max, metrics on ({i + 1}; {scrapes['ok']} scrapes)"
+        rows += [off, on]
+    offs, ons = rows[0::2], rows[1::2]
+    ratios = {"msg/s on/off (median)": statistics.median(o["msg_s"] for o in ons) / statistics.median(o["msg_s"] for o in offs),
+              "CPU s/GB on/off (median)": statistics.median(o["cpu_s_per_gb"] for o in ons) /
+              statistics.median(o["cpu_s_per_gb"] for o in offs)}
+    return {"cost": cost, "rows": rows, "ratios": ratios}
+
+
+def print_metrics(m: dict) -> None:
+    c = m["cost"]
+    print(f"metrics, {c['topics']} topics, every family: body {c['body_bytes']} B ({c['samples']} samples; "
+          f"goal < 65536 B), render {c['render_ms_p50']:.3f} ms p50 / {c['render_ms_max']:.3f} ms max (once a second), "
+          f"scrape over loopback {c['scrape_ms_p50']:.3f} ms p50 / {c['scrape_ms_max']:.3f} ms max (goal < 5 ms), "
+          f"{c['rounds']} rounds")
+    for r in m["rows"]:
+        print(f"  {r['name']:60} {r['msg_s']:>10.0f} msg/s {r['mb_s']:>8.1f} MB/s {r['cpu_s_per_gb']:>6.2f} CPU s/GB "
+              f"drops {r['drops']}")
+    for k, v in m["ratios"].items():
+        print(f"  {k}: {v:.3f}")
+
+
 def cpu_seconds(pid: int) -> float | None:
     """utime + stime of a process so far (not a child of ours: from /proc)."""
     try:
@@ -783,10 +840,11 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="filesystem to measure (default: a temp dir under target/)")
     ap.add_argument("--quick", action="store_true", help="smaller counts")
     ap.add_argument("--ringbag", default=None, help="the ringbag binary to measure (default: target/release/ringbag)")
-    ap.add_argument("--only", choices=["all", "write", "large", "robot", "upload"], default="all",
+    ap.add_argument("--only", choices=["all", "write", "large", "robot", "upload", "metrics"], default="all",
                     help="write: the original table; large: 100 B, 1 MiB and 6 MiB against the floor, "
                          "--rounds times; robot: real-time robot mix; upload: ringbag upload against "
-                         "boto3 to Garage on loopback, and the robot mix with and without uploads")
+                         "boto3 to Garage on loopback, and the robot mix with and without uploads; "
+                         "metrics: scrape cost with 50 topics, and metrics on against off")
     ap.add_argument("--garage-dir", default=None,
                     help="upload: keep Garage's state under this directory (default: the bench directory)")
     ap.add_argument("--upload-link-rate", default="25MiB",
@@ -828,6 +886,10 @@ def main() -> None:
     pb = None
     up = None
     try:
+        if a.only == "metrics":
+            mb = metrics_bench(work, a.quick, max(a.rounds, 1))
+            print_metrics(mb)
+            return
         if a.only in ("large", "robot", "upload"):
             if a.only == "large":
                 rows, ratios = floor_rounds(work, q, max(a.rounds, 1))

@@ -19,7 +19,7 @@
 # read back byte for byte; then the robot mix in real time without and with uploads running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet --bin ringbag --example bare_sqlite --example bare_queue --example sleep_jitter --example insert_probe
+cargo build --release --quiet --bin ringbag --example bare_sqlite --example bare_queue --example sleep_jitter --example insert_probe --example metrics_cost
 # Copies per message: an LD_PRELOAD counter of memcpy/memmove bytes (scripts/bench/copycount.c).
 # The C compiler is the one rusqlite's bundled SQLite is built with.
 mkdir -p target/release

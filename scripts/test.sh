@@ -67,9 +67,11 @@ TARGET_AARCH64=aarch64-unknown-linux-gnu
 # binutils: readelf and objcopy (release checks); binutils-aarch64-linux-gnu: the aarch64 objcopy
 # (release stripping); systemd: systemctl, systemd-sysusers and systemd-tmpfiles for the install
 # test, which enables the unit in an image root (installing it does not make it PID 1).
-# prometheus: promtool, which checks the metrics' exposition format (tests/it/metrics.rs).
+# prometheus (with promtool) and prometheus-node-exporter: the metrics' format and alert rules
+# are checked by promtool, and a live Prometheus scrapes a recording (tests/it/metrics.rs,
+# alert_rules.rs, prometheus_live.rs), all on loopback.
 APT_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static binutils
-    binutils-aarch64-linux-gnu systemd prometheus)
+    binutils-aarch64-linux-gnu systemd prometheus prometheus-node-exporter)
 VENV="$ROOT/.venv"
 # rosbags and pytest (interop), oelint-adv (the Yocto layer's lint).
 REQUIREMENTS=("$ROOT/tests/interop/requirements.txt" "$ROOT/yocto/requirements.txt")
@@ -348,6 +350,9 @@ install_all() {
     if selected test cross-aarch64 interop powercut systemd; then install_garage; fi
     # Installed (above, or already): a metrics test that cannot run promtool fails.
     if command -v promtool >/dev/null; then export RINGBAG_PROMTOOL_REQUIRED=1; fi
+    if command -v prometheus >/dev/null && command -v prometheus-node-exporter >/dev/null; then
+        export RINGBAG_PROMETHEUS_REQUIRED=1
+    fi
 }
 
 # ---------------------------------------------------------------- stages

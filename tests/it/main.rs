@@ -17,6 +17,7 @@ mod install;
 mod metrics;
 mod netproxy;
 mod play;
+mod prometheus_live;
 mod play_keys;
 mod reader;
 mod record;
