@@ -19,6 +19,8 @@
 #   /usr/lib/tmpfiles.d/ringbag.conf                0644  /var/lib/ringbag{,/bags}
 #   /usr/lib/udev/rules.d/60-ringbag-ptp.rules      0644  group ptp reads /dev/ptp*
 #   /etc/ringbag/ringbag.toml                       0644  the configuration
+#   PREFIX/share/ringbag/ringbag.rules.yml          0644  Prometheus alerting rules, for the
+#                                                         monitoring server's rule_files
 # All owned by root when run as root. An existing ringbag.toml that differs from the default is
 # never overwritten: the new default goes beside it as ringbag.toml.new.
 #
@@ -72,7 +74,7 @@ while [[ $# -gt 0 ]]; do
             shift
             ;;
         -h | --help)
-            sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            sed -n '2,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *) die "unknown option '$1' (try --help)" ;;
@@ -95,7 +97,7 @@ elif [[ -d "$HERE/../systemd" ]]; then
 else
     die "no systemd/ directory next to $HERE or in its parent"
 fi
-for f in ringbag.service ringbag.sysusers ringbag.tmpfiles 60-ringbag-ptp.rules ringbag.toml; do
+for f in ringbag.service ringbag.sysusers ringbag.tmpfiles 60-ringbag-ptp.rules ringbag.toml ringbag.rules.yml; do
     [[ -f "$SRC/$f" ]] || die "$SRC/$f is missing"
 done
 [[ -n "$BIN" ]] || BIN="$HERE/ringbag"
@@ -114,6 +116,8 @@ else
 fi
 BINPATH="$PREFIX/bin/ringbag"
 BINPATH="${BINPATH//\/\//\/}"
+RULESPATH="$PREFIX/share/ringbag/ringbag.rules.yml"
+RULESPATH="${RULESPATH//\/\//\/}"
 
 OWNER=()
 [[ $EUID -eq 0 ]] && OWNER=(-o 0 -g 0)
@@ -157,6 +161,9 @@ put "$STAGE/ringbag.service" "$UNITDIR/ringbag.service" 644
 put "$SRC/ringbag.sysusers" "$LIBDIR/sysusers.d/ringbag.conf" 644
 put "$SRC/ringbag.tmpfiles" "$LIBDIR/tmpfiles.d/ringbag.conf" 644
 put "$SRC/60-ringbag-ptp.rules" "$LIBDIR/udev/rules.d/60-ringbag-ptp.rules" 644
+# Not read on the robot: copied to the Prometheus server (or read from an image) by whoever
+# runs the monitoring.
+put "$SRC/ringbag.rules.yml" "$RULESPATH" 644
 
 # The configuration: an edited one (any content other than the default) stays; the default
 # goes beside it, as a package manager would do with a conffile.

@@ -126,6 +126,9 @@ fn expected_usr_listing() -> BTreeMap<String, String> {
         d("/usr/lib/udev"),
         d("/usr/lib/udev/rules.d"),
         f("/usr/lib/udev/rules.d/60-ringbag-ptp.rules", "644"),
+        d("/usr/share"),
+        d("/usr/share/ringbag"),
+        f("/usr/share/ringbag/ringbag.rules.yml", "644"),
     ]
     .into_iter()
     .collect()
@@ -156,6 +159,7 @@ fn install_into_an_image_root_writes_the_files_enables_the_unit_and_is_idempoten
             "60-ringbag-ptp.rules",
         ),
         ("etc/ringbag/ringbag.toml", "ringbag.toml"),
+        ("usr/share/ringbag/ringbag.rules.yml", "ringbag.rules.yml"),
     ] {
         assert_eq!(
             fs::read(root.join(installed)).unwrap(),
@@ -238,6 +242,7 @@ fn install_with_another_prefix_names_it_in_the_unit_and_uses_the_admin_directori
         "etc/tmpfiles.d/ringbag.conf",
         "etc/udev/rules.d/60-ringbag-ptp.rules",
         "etc/ringbag/ringbag.toml",
+        "opt/ringbag/share/ringbag/ringbag.rules.yml",
     ] {
         assert!(root.join(f).is_file(), "{f} missing");
     }

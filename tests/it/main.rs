@@ -1,5 +1,6 @@
 //! Integration tests: the bag format against rosbag2's reference bags, the CLI's behaviour on
 //! bad input, and recording end to end.
+mod alert_rules;
 mod bounds;
 mod closed_splits;
 mod common;

@@ -105,3 +105,21 @@ def test_the_recipe_builds_offline_from_the_inc_with_the_cargo_and_systemd_class
     assert "--user-group --groups ptp" in recipe and "ringbag\"" in recipe
     layer = (REPO / "yocto/meta-ringbag/conf/layer.conf").read_text()
     assert re.search(r'^LAYERSERIES_COMPAT_ringbag = "kirkstone scarthgap"$', layer, re.M)
+
+
+def test_the_recipe_installs_and_packages_every_shipped_systemd_file():
+    recipe = RECIPE.read_text()
+    do_install = recipe.split("do_install:append() {", 1)[1].split("\n}\n", 1)[0]
+    files = recipe.split('FILES:${PN} += "', 1)[1].split('"', 1)[0].split()
+    for shipped, installed in [
+        ("ringbag.sysusers", "${nonarch_libdir}/sysusers.d/ringbag.conf"),
+        ("ringbag.tmpfiles", "${nonarch_libdir}/tmpfiles.d/ringbag.conf"),
+        ("60-ringbag-ptp.rules", "${nonarch_base_libdir}/udev/rules.d/60-ringbag-ptp.rules"),
+        ("ringbag.rules.yml", "${datadir}/ringbag/ringbag.rules.yml"),
+    ]:
+        assert (REPO / "systemd" / shipped).is_file(), shipped
+        line = f"install -D -m 0644 ${{S}}/systemd/{shipped}"
+        joined = do_install.replace("\\\n", " ")
+        assert re.search(re.escape(line) + r"\s+\$\{D\}" + re.escape(installed), joined), shipped
+        assert installed in files, installed
+    assert "${sysconfdir}/ringbag/ringbag.toml" in do_install

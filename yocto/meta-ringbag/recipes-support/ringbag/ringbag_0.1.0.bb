@@ -63,6 +63,8 @@ do_install:append() {
     install -D -m 0644 ${S}/systemd/60-ringbag-ptp.rules \
         ${D}${nonarch_base_libdir}/udev/rules.d/60-ringbag-ptp.rules
     install -D -m 0644 ${S}/systemd/ringbag.toml ${D}${sysconfdir}/ringbag/ringbag.toml
+    # Prometheus alerting rules, for the monitoring server (not read on the robot).
+    install -D -m 0644 ${S}/systemd/ringbag.rules.yml ${D}${datadir}/ringbag/ringbag.rules.yml
 
     # The recording root, owned by the service user in the image itself: a read-only rootfs
     # cannot have systemd-tmpfiles fix it at boot.
@@ -74,6 +76,7 @@ FILES:${PN} += "\
     ${nonarch_libdir}/sysusers.d/ringbag.conf \
     ${nonarch_libdir}/tmpfiles.d/ringbag.conf \
     ${nonarch_base_libdir}/udev/rules.d/60-ringbag-ptp.rules \
+    ${datadir}/ringbag/ringbag.rules.yml \
     ${localstatedir}/lib/ringbag \
 "
 # A locally edited configuration survives package upgrades.
