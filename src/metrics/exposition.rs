@@ -9,6 +9,9 @@ use std::fmt::Write as _;
 pub enum Kind {
     Counter,
     Gauge,
+    /// Written whole by [`Exposition::histogram`]: `_bucket{le}` (cumulative), `_sum`,
+    /// `_count`.
+    Histogram,
 }
 
 impl Kind {
@@ -16,6 +19,7 @@ impl Kind {
         match self {
             Kind::Counter => "counter",
             Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
         }
     }
 }
@@ -49,7 +53,13 @@ impl Exposition {
     /// One sample of the current family. Labels are (name, value) pairs, in that order.
     pub fn sample(&mut self, labels: &[(&str, &str)], value: f64) -> &mut Self {
         let name = self.current.expect("a sample before its family");
+        self.line(name, "", labels, value)
+    }
+
+    /// One line: `name` + `suffix`, its labels, its value.
+    fn line(&mut self, name: &str, suffix: &str, labels: &[(&str, &str)], value: f64) -> &mut Self {
         self.out.push_str(name);
+        self.out.push_str(suffix);
         if !labels.is_empty() {
             self.out.push('{');
             for (i, (k, v)) in labels.iter().enumerate() {
@@ -64,6 +74,43 @@ impl Exposition {
         self.out.push(' ');
         push_value(&mut self.out, value);
         self.out.push('\n');
+        self
+    }
+
+    /// A whole unlabelled histogram family: `buckets` are per-bucket counts, not cumulative,
+    /// one per bound in `bounds_s` (ascending upper bounds) and a last one for `+Inf`. Writes
+    /// each `_bucket{le=..}` with the cumulative count, `le="+Inf"` with the total, then
+    /// `_sum` and `_count` (the same total, as Prometheus requires).
+    pub fn histogram(
+        &mut self,
+        name: &'static str,
+        help: &str,
+        bounds_s: &[f64],
+        buckets: &[u64],
+        sum: f64,
+    ) -> &mut Self {
+        debug_assert_eq!(
+            buckets.len(),
+            bounds_s.len() + 1,
+            "{name}: one bucket per bound + Inf"
+        );
+        debug_assert!(
+            bounds_s.windows(2).all(|w| w[0] < w[1]),
+            "{name}: bounds ascend"
+        );
+        self.family(name, Kind::Histogram, help);
+        let mut cumulative = 0u64;
+        for (i, &b) in bounds_s.iter().enumerate() {
+            cumulative += buckets.get(i).copied().unwrap_or(0);
+            let mut le = String::new();
+            push_value(&mut le, b);
+            self.line(name, "_bucket", &[("le", &le)], cumulative as f64);
+        }
+        let total = cumulative + buckets.get(bounds_s.len()).copied().unwrap_or(0);
+        self.line(name, "_bucket", &[("le", "+Inf")], total as f64);
+        self.line(name, "_sum", &[], sum);
+        self.line(name, "_count", &[], total as f64);
+        self.current = None;
         self
     }
 
@@ -160,6 +207,29 @@ mod tests {
         assert!(e
             .finish()
             .contains("ringbag_recording{bag=\"a\\\\b\\\"c\\nd\"} 1\n"));
+    }
+
+    #[test]
+    fn a_histogram_has_cumulative_buckets_then_inf_sum_and_count_equal_to_the_total() {
+        let mut e = Exposition::new();
+        e.histogram(
+            "ringbag_h_seconds",
+            "Times.",
+            &[0.001, 0.5, 1.0],
+            &[2, 0, 3, 1],
+            2.25,
+        );
+        assert_eq!(
+            e.finish(),
+            "# HELP ringbag_h_seconds Times.\n\
+             # TYPE ringbag_h_seconds histogram\n\
+             ringbag_h_seconds_bucket{le=\"0.001\"} 2\n\
+             ringbag_h_seconds_bucket{le=\"0.5\"} 2\n\
+             ringbag_h_seconds_bucket{le=\"1\"} 5\n\
+             ringbag_h_seconds_bucket{le=\"+Inf\"} 6\n\
+             ringbag_h_seconds_sum 2.25\n\
+             ringbag_h_seconds_count 6\n"
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub fn render(st: &Status, state: State) -> String {
     let mut e = Exposition::new();
     build_and_state(&mut e, st, state);
     topics(&mut e, st);
+    writer(&mut e, st);
     storage(&mut e, st);
     clock(&mut e, st);
     ring(&mut e, st);
@@ -123,7 +124,8 @@ fn topics(e: &mut Exposition, st: &Status) {
         Kind::Counter,
         "Messages lost, per topic and cause: queue_full (the writer fell behind), oversize \
          (larger than any split may hold), after_stop (arrived while stopping), unwritten \
-         (accepted but not committed at the end), middleware (lost before reaching ringbag).",
+         (accepted but not committed at the end), middleware (lost before reaching ringbag), \
+         throttled (left out of continuous recording by --topic-rate, by choice).",
     );
     for t in &st.topics {
         for (cause, n) in [
@@ -132,10 +134,18 @@ fn topics(e: &mut Exposition, st: &Status) {
             ("after_stop", t.dropped_after_stop),
             ("unwritten", t.unwritten),
             ("middleware", t.lost_in_middleware),
+            ("throttled", t.throttled),
         ] {
             e.sample(&[("topic", &t.name), ("cause", cause)], n as f64);
         }
     }
+    per_topic(
+        e,
+        "ringbag_ring_only_messages_total",
+        "Messages kept in the snapshot ring only, not recorded continuously \
+         (--snapshot-topics), per topic (this bag).",
+        &|t: &crate::service::status::TopicStatus| t.ring_only,
+    );
     e.single(
         "ringbag_splits_created_total",
         Kind::Counter,
@@ -144,7 +154,62 @@ fn topics(e: &mut Exposition, st: &Status) {
     );
 }
 
+fn writer(e: &mut Exposition, st: &Status) {
+    let w = &st.writer;
+    let h = &w.batch_duration;
+    let (bounds, buckets) = if h.buckets.len() == h.bounds_s.len() + 1 {
+        (&h.bounds_s[..], &h.buckets[..])
+    } else {
+        // A status file without the histogram (an older version): an empty one.
+        (&crate::pipeline::BATCH_BUCKETS_S[..], &[0; 12][..])
+    };
+    e.histogram(
+        "ringbag_writer_batch_duration_seconds",
+        "Time the writer thread spent away from the queue per turn that wrote a batch or \
+         rotated (the batch, its retention and rotations), seconds (this bag).",
+        bounds,
+        buckets,
+        h.sum_s,
+    );
+    e.single(
+        "ringbag_writer_longest_stall_seconds",
+        Kind::Gauge,
+        "The longest of those turns, seconds: the longest the queue alone absorbed producers.",
+        w.longest_stall_s,
+    );
+    e.single(
+        "ringbag_queue_bytes",
+        Kind::Gauge,
+        "Bytes of messages queued for the writer now.",
+        w.queue_bytes as f64,
+    );
+    e.single(
+        "ringbag_queue_peak_bytes",
+        Kind::Gauge,
+        "The most bytes seen queued at once (this bag).",
+        w.peak_queue_bytes as f64,
+    );
+    e.single(
+        "ringbag_fsync_longest_seconds",
+        Kind::Gauge,
+        "The longest single background fsync or fdatasync of a split, seconds (this bag).",
+        w.fsync_longest_s,
+    );
+    e.single(
+        "ringbag_fsyncs_total",
+        Kind::Counter,
+        "Background fsyncs and fdatasyncs of splits completed (this bag).",
+        w.fsyncs as f64,
+    );
+}
+
 fn storage(e: &mut Exposition, st: &Status) {
+    e.single(
+        "ringbag_splits_deleted_total",
+        Kind::Counter,
+        "Split files retention deleted to keep the budget (this bag's recording).",
+        st.splits_deleted as f64,
+    );
     let b = &st.budget;
     e.family(
         "ringbag_budget_used",
@@ -268,6 +333,31 @@ fn ring(e: &mut Exposition, st: &Status) {
         "1 while a snapshot is being written.",
         f64::from(u8::from(r.pending_trigger.is_some())),
     );
+    let Some(n) = &st.snapshots else {
+        return;
+    };
+    e.family(
+        "ringbag_snapshot_triggers_total",
+        Kind::Counter,
+        "Snapshot triggers received, by source (socket, signal, topic, service), those \
+         refused, rate-limited or extending an open snapshot included.",
+    );
+    for o in crate::snapshot::trigger::Origin::ALL {
+        let v = n.triggers.get(o.name()).copied().unwrap_or(0);
+        e.sample(&[("source", o.name())], v as f64);
+    }
+    e.single(
+        "ringbag_snapshots_written_total",
+        Kind::Counter,
+        "Snapshot bags finished and kept.",
+        n.written as f64,
+    );
+    e.single(
+        "ringbag_snapshots_failed_total",
+        Kind::Counter,
+        "Snapshots that could not be started or were removed unfinished.",
+        n.failed as f64,
+    );
 }
 
 fn upload(e: &mut Exposition, st: &Status) {
@@ -332,12 +422,27 @@ fn upload(e: &mut Exposition, st: &Status) {
         "1 while the last upload attempt failed.",
         f64::from(u8::from(u.last_error.is_some())),
     );
+    e.family(
+        "ringbag_upload_errors_total",
+        Kind::Counter,
+        "Failed upload attempts, by kind: configuration (credentials, bucket, clock, TLS, \
+         DNS), network, server (5xx or an unreadable answer), refused (4xx), verify (the \
+         object did not match), file (changed, unreadable, too large), journal, \
+         metadata_withheld.",
+    );
+    for kind in crate::upload::error::ERROR_KINDS {
+        let v = u.errors.get(kind).copied().unwrap_or(0);
+        e.sample(&[("kind", kind)], v as f64);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::status::{BudgetStatus, TopicStatus};
+    use crate::service::status::{
+        BudgetStatus, DeletedBeforeUploadStatus, HistogramStatus, PendingStatus, RingStatus,
+        SnapshotCountsStatus, TopicStatus, WriterStatus,
+    };
 
     fn status() -> Status {
         Status {
@@ -393,8 +498,12 @@ mod tests {
         }
         // Limits that are off are absent, not zero.
         assert!(!text.contains("ringbag_budget_limit{kind=\"files\"}"));
-        // No upload, no ring: their families are left out.
-        assert!(!text.contains("ringbag_upload_") && !text.contains("ringbag_ring_"));
+        // No upload, no ring: their families are left out (ringbag_ring_only_messages_total
+        // is per topic, always there).
+        assert!(!text.contains("ringbag_upload_") && !text.contains("ringbag_ring_used_bytes"));
+        assert!(
+            !text.contains("ringbag_ring_capacity_bytes") && !text.contains("ringbag_snapshot")
+        );
         let down = render(&status(), State::Exiting);
         assert!(down.contains("robot \\\"1\\\"\"} 0\n") && down.contains("ringbag_up 0\n"));
     }
@@ -411,9 +520,213 @@ mod tests {
                 current = name;
             } else if !line.starts_with('#') {
                 let name = line.split(['{', ' ']).next().unwrap();
-                assert_eq!(name, current, "{line}");
+                // A histogram's samples carry its name with a suffix.
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s).filter(|b| *b == current))
+                    .unwrap_or(name);
+                assert_eq!(base, current, "{line}");
             }
         }
         assert!(seen.len() > 20, "{}", seen.len());
+    }
+
+    /// [`status`] with every optional part present: ring, snapshots, upload, histogram.
+    fn full_status() -> Status {
+        let mut st = status();
+        st.splits_deleted = 7;
+        st.topics[0].throttled = 4;
+        st.topics[1].ring_only = 11;
+        st.writer = WriterStatus {
+            batch_duration: HistogramStatus {
+                bounds_s: crate::pipeline::BATCH_BUCKETS_S.to_vec(),
+                // 3 under 1 ms, 2 in (2.5, 5] ms, 1 in (0.25, 0.5] s, 1 over 2.5 s.
+                buckets: vec![3, 0, 2, 0, 0, 0, 0, 0, 1, 0, 0, 1],
+                sum_s: 3.5,
+                count: 7,
+            },
+            longest_stall_s: 2.75,
+            queue_bytes: 4096,
+            peak_queue_bytes: 1 << 20,
+            fsync_longest_s: 0.125,
+            fsyncs: 9,
+        };
+        st.ring = Some(RingStatus {
+            path: "/run/ringbag/r.ring".into(),
+            capacity_bytes: 1 << 26,
+            used_bytes: 1 << 20,
+            appended: 50,
+            oldest_age_s: Some(3.0),
+            pending_trigger: Some(PendingStatus {
+                reason: "estop".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        st.snapshots = Some(SnapshotCountsStatus {
+            triggers: [("socket", 5), ("signal", 1), ("topic", 0), ("service", 2)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            written: 6,
+            failed: 1,
+        });
+        st.deleted_before_upload = Some(DeletedBeforeUploadStatus {
+            files: 1,
+            bytes: 10,
+            bags: vec![],
+        });
+        st.upload = Some(crate::upload::agent::UploadStatus {
+            target: "http://s3/b".into(),
+            last_error: Some("down".into()),
+            last_success_unix_ms: Some(1_700_000_000_000),
+            errors: [("network", 3), ("configuration", 2)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            ..Default::default()
+        });
+        st
+    }
+
+    #[test]
+    fn the_writer_storage_snapshot_topic_and_upload_additions_render_with_their_values() {
+        let text = render(&full_status(), State::Recording);
+        for line in [
+            "# TYPE ringbag_writer_batch_duration_seconds histogram\n",
+            "ringbag_writer_batch_duration_seconds_bucket{le=\"0.001\"} 3\n",
+            "ringbag_writer_batch_duration_seconds_bucket{le=\"0.0025\"} 3\n",
+            "ringbag_writer_batch_duration_seconds_bucket{le=\"0.005\"} 5\n",
+            "ringbag_writer_batch_duration_seconds_bucket{le=\"0.25\"} 5\n",
+            "ringbag_writer_batch_duration_seconds_bucket{le=\"0.5\"} 6\n",
+            "ringbag_writer_batch_duration_seconds_bucket{le=\"2.5\"} 6\n",
+            "ringbag_writer_batch_duration_seconds_bucket{le=\"+Inf\"} 7\n",
+            "ringbag_writer_batch_duration_seconds_sum 3.5\n",
+            "ringbag_writer_batch_duration_seconds_count 7\n",
+            "# TYPE ringbag_writer_longest_stall_seconds gauge\n",
+            "ringbag_writer_longest_stall_seconds 2.75\n",
+            "# TYPE ringbag_queue_bytes gauge\n",
+            "ringbag_queue_bytes 4096\n",
+            "ringbag_queue_peak_bytes 1048576\n",
+            "ringbag_fsync_longest_seconds 0.125\n",
+            "ringbag_fsyncs_total 9\n",
+            "# TYPE ringbag_splits_deleted_total counter\n",
+            "ringbag_splits_deleted_total 7\n",
+            "ringbag_messages_dropped_total{topic=\"/camera/image\",cause=\"throttled\"} 4\n",
+            "ringbag_messages_dropped_total{topic=\"/imu\",cause=\"throttled\"} 0\n",
+            "# TYPE ringbag_ring_only_messages_total counter\n",
+            "ringbag_ring_only_messages_total{topic=\"/imu\"} 11\n",
+            "ringbag_ring_only_messages_total{topic=\"/camera/image\"} 0\n",
+            "# TYPE ringbag_snapshot_triggers_total counter\n",
+            "ringbag_snapshot_triggers_total{source=\"socket\"} 5\n",
+            "ringbag_snapshot_triggers_total{source=\"signal\"} 1\n",
+            "ringbag_snapshot_triggers_total{source=\"topic\"} 0\n",
+            "ringbag_snapshot_triggers_total{source=\"service\"} 2\n",
+            "ringbag_snapshots_written_total 6\n",
+            "ringbag_snapshots_failed_total 1\n",
+            "# TYPE ringbag_upload_errors_total counter\n",
+            "ringbag_upload_errors_total{kind=\"network\"} 3\n",
+            "ringbag_upload_errors_total{kind=\"configuration\"} 2\n",
+            "ringbag_upload_errors_total{kind=\"server\"} 0\n",
+            "ringbag_upload_errors_total{kind=\"metadata_withheld\"} 0\n",
+        ] {
+            assert!(text.contains(line), "{line:?} missing from\n{text}");
+        }
+        // Every kind the agent can count is listed, and only those.
+        assert_eq!(
+            text.matches("ringbag_upload_errors_total{").count(),
+            crate::upload::error::ERROR_KINDS.len()
+        );
+        // Buckets are cumulative: never decreasing, the last (+Inf) equal to _count.
+        let buckets: Vec<f64> = text
+            .lines()
+            .filter(|l| l.starts_with("ringbag_writer_batch_duration_seconds_bucket{"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(buckets.len(), 12);
+        assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+        assert_eq!(buckets[11], 7.0);
+        // Without a ring there are no snapshot counts; a status file of an older version
+        // (no histogram) still renders an empty, valid one.
+        let mut old = full_status();
+        old.snapshots = None;
+        old.writer = WriterStatus::default();
+        let text = render(&old, State::Recording);
+        assert!(!text.contains("ringbag_snapshot_triggers_total"));
+        assert!(text.contains("ringbag_writer_batch_duration_seconds_bucket{le=\"+Inf\"} 0\n"));
+        assert!(text.contains("ringbag_writer_batch_duration_seconds_count 0\n"));
+    }
+
+    #[test]
+    fn older_status_files_without_the_new_fields_still_read() {
+        let st = full_status();
+        let mut v = serde_json::to_value(&st).unwrap();
+        let o = v.as_object_mut().unwrap();
+        for k in ["splits_deleted", "writer", "snapshots"] {
+            o.remove(k);
+        }
+        for t in o["topics"].as_array_mut().unwrap() {
+            let t = t.as_object_mut().unwrap();
+            t.remove("throttled");
+            t.remove("ring_only");
+        }
+        o["upload"].as_object_mut().unwrap().remove("errors");
+        let back: Status = serde_json::from_value(v).unwrap();
+        assert_eq!(back.splits_deleted, 0);
+        assert_eq!(back.writer, WriterStatus::default());
+        assert_eq!(back.snapshots, None);
+        assert_eq!(back.topics[0].throttled, 0);
+        assert!(back.upload.unwrap().errors.is_empty());
+    }
+
+    #[test]
+    fn promtool_accepts_a_status_with_every_family() {
+        let text = render(&full_status(), State::Recording);
+        let child = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                assert!(
+                    std::env::var_os("RINGBAG_PROMTOOL_REQUIRED").is_none(),
+                    "promtool: {e}, and RINGBAG_PROMTOOL_REQUIRED is set"
+                );
+                eprintln!("promtool not installed: `promtool check metrics` skipped");
+                return;
+            }
+        };
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "promtool check metrics: {}{}\n{text}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        // Every family this module writes is in the text.
+        for family in [
+            "ringbag_writer_batch_duration_seconds",
+            "ringbag_splits_deleted_total",
+            "ringbag_snapshot_triggers_total",
+            "ringbag_snapshots_written_total",
+            "ringbag_snapshots_failed_total",
+            "ringbag_ring_only_messages_total",
+            "ringbag_upload_errors_total",
+            "ringbag_ring_used_bytes",
+            "ringbag_upload_last_success_time_seconds",
+            "ringbag_deleted_before_upload_files_total",
+        ] {
+            assert!(text.contains(&format!("# TYPE {family} ")), "{family}");
+        }
     }
 }

@@ -19,7 +19,7 @@ mod writer_thread;
 pub use burst::{Bursts, NoRoom, BURST_MESSAGE_MAX};
 pub use queue::{Pending, Producer, TopicHandle, NO_TAG};
 pub use room::{Answer, Room};
-pub use stats::{RecordSummary, TopicStats};
+pub use stats::{DurationHistogram, RecordSummary, TopicStats, BATCH_BUCKETS_S};
 pub use syncer::{SyncHealth, WRITEBACK_BYTES, WRITEBACK_INTERVAL};
 pub use writer_thread::{
     Continuous, Pipeline, PipelineConfig, PipelineError, Progress, StopReason, Tap,

@@ -90,6 +90,57 @@ impl TopicStats {
     }
 }
 
+/// Upper bounds of [`DurationHistogram`]'s finite buckets, seconds (`le` in the metrics); a
+/// last bucket, `+Inf`, takes the rest.
+pub const BATCH_BUCKETS_S: [f64; 11] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+const BATCH_BUCKETS_NS: [u64; 11] = [
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+];
+
+/// Durations counted into the fixed buckets [`BATCH_BUCKETS_S`] (plus `+Inf`), with their
+/// count and sum: a Prometheus histogram kept by one writer with relaxed atomic adds (no
+/// lock, no allocation), read by anyone.
+#[derive(Debug, Default)]
+pub struct DurationHistogram {
+    /// Per bucket, not cumulative: `buckets[i]` counts `BATCH_BUCKETS_S[i-1] < d <=
+    /// BATCH_BUCKETS_S[i]`; the last counts `d > 2.5 s`.
+    buckets: [AtomicU64; BATCH_BUCKETS_S.len() + 1],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl DurationHistogram {
+    /// Count one duration of `ns` nanoseconds.
+    pub fn record_ns(&self, ns: u64) {
+        let i = BATCH_BUCKETS_NS.partition_point(|&b| b < ns);
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(ns, Relaxed);
+    }
+
+    /// Per-bucket counts (not cumulative; the last is `+Inf`'s own), the count and the sum in
+    /// ns. Read while being written, the three may disagree by the durations in flight.
+    pub fn snapshot(&self) -> (Vec<u64>, u64, u64) {
+        (
+            self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
+            self.count.load(Relaxed),
+            self.sum_ns.load(Relaxed),
+        )
+    }
+}
+
 /// One topic's line of the exit summary.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TopicSummary {
@@ -243,5 +294,33 @@ impl std::fmt::Display for RecordSummary {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod histogram_tests {
+    use super::*;
+
+    #[test]
+    fn durations_fall_in_the_bucket_whose_bound_is_the_first_not_below_them() {
+        let h = DurationHistogram::default();
+        for ns in [
+            0,
+            1_000_000,
+            1_000_001,
+            2_500_000,
+            7_000_000,
+            2_500_000_000,
+            3_000_000_000,
+        ] {
+            h.record_ns(ns);
+        }
+        let (b, count, sum) = h.snapshot();
+        assert_eq!(b, vec![2, 2, 0, 1, 0, 0, 0, 0, 0, 0, 1, 1]);
+        assert_eq!(count, 7);
+        assert_eq!(
+            sum,
+            1_000_000 + 1_000_001 + 2_500_000 + 7_000_000 + 2_500_000_000 + 3_000_000_000
+        );
     }
 }

@@ -186,6 +186,13 @@ pub struct Progress {
     pub longest_stall_cpu_ns: std::sync::atomic::AtomicU64,
     /// Most bytes seen queued at once (sampled at every turn of the writer loop).
     pub peak_queue_bytes: std::sync::atomic::AtomicU64,
+    /// Bytes queued at the last turn of the writer loop.
+    pub queue_bytes: std::sync::atomic::AtomicU64,
+    /// Each turn's time away from the queue (the span `longest_stall_ns` is the most of), in
+    /// fixed buckets.
+    pub batch_duration: super::stats::DurationHistogram,
+    /// Split files retention deleted (this recording).
+    pub splits_deleted: std::sync::atomic::AtomicU64,
     /// The background syncer (closing fsyncs, write-back of the open split).
     pub sync: Arc<SyncHealth>,
     /// Why the writer stopped on its own with an error (set once, as it stops), for the
@@ -199,7 +206,6 @@ pub struct Pipeline {
     producer: Producer,
     handle: Option<JoinHandle<Result<(BagSummary, StopReason), PipelineError>>>,
     started: Instant,
-    splits_deleted: Arc<std::sync::atomic::AtomicU64>,
     bag_dir: std::path::PathBuf,
 }
 
@@ -247,7 +253,6 @@ impl Pipeline {
             pool_budget,
             bursts: Default::default(),
         });
-        let splits_deleted = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let progress = Arc::new(Progress::default());
         // Closing fsyncs and the open split's write-back run on their own thread, so that
         // neither stalls the writer (and with it the queue).
@@ -285,7 +290,6 @@ impl Pipeline {
             topic_stats: Vec::new(),
             written_scratch: Vec::new(),
             clock: clock.clone(),
-            splits_deleted: splits_deleted.clone(),
             tap,
             last_batch: (0, 0),
             presence: Presence::new(&bag_dir),
@@ -307,7 +311,6 @@ impl Pipeline {
             producer,
             handle,
             started: Instant::now(),
-            splits_deleted,
             bag_dir,
         };
         if p.handle.is_none() {
@@ -390,7 +393,7 @@ impl Pipeline {
         let p = &self.progress;
         let mut summary = RecordSummary {
             wall_time: self.started.elapsed(),
-            splits_deleted: self.splits_deleted.load(Relaxed),
+            splits_deleted: p.splits_deleted.load(Relaxed),
             longest_stall: Duration::from_nanos(p.longest_stall_ns.load(Relaxed)),
             longest_stall_cpu: Duration::from_nanos(p.longest_stall_cpu_ns.load(Relaxed)),
             peak_queue_bytes: p.peak_queue_bytes.load(Relaxed),
@@ -458,7 +461,6 @@ struct WriterCtx {
     /// (an atomic per row would share cache lines with the producers' counters).
     written_scratch: Vec<u64>,
     clock: Arc<dyn TimeSource>,
-    splits_deleted: Arc<std::sync::atomic::AtomicU64>,
     tap: Option<Box<dyn Tap>>,
     /// Messages and bytes of the batch written last, for the slow-turn log line.
     last_batch: (usize, usize),
@@ -665,6 +667,7 @@ impl WriterCtx {
             }
             let queued = self.shared.in_flight.load(Relaxed) as u64;
             self.progress.peak_queue_bytes.fetch_max(queued, Relaxed);
+            self.progress.queue_bytes.store(queued, Relaxed);
             let turn = Turn::start();
             if let Some(what) = self
                 .presence
@@ -802,6 +805,7 @@ impl WriterCtx {
 
     fn note_stall(&self, turn: Turn) {
         let ns = turn.started.elapsed().as_nanos() as u64;
+        self.progress.batch_duration.record_ns(ns);
         let before = self.progress.longest_stall_ns.fetch_max(ns, Relaxed);
         if ns <= before {
             return;
@@ -928,7 +932,7 @@ impl WriterCtx {
             if let Some(ret) = self.retention.as_mut() {
                 let w = self.writer.as_mut().expect("writer present");
                 let d = ret.before_batch(w, growth, newest)?;
-                self.splits_deleted.fetch_add(d, Relaxed);
+                self.progress.splits_deleted.fetch_add(d, Relaxed);
             }
             self.check_free_space(growth)?;
             self.writer
@@ -996,7 +1000,7 @@ impl WriterCtx {
         match self.retention.as_mut() {
             Some(ret) => {
                 let d = ret.rotate(w)?;
-                self.splits_deleted.fetch_add(d, Relaxed);
+                self.progress.splits_deleted.fetch_add(d, Relaxed);
             }
             None => {
                 w.split()?;
@@ -1030,7 +1034,7 @@ impl WriterCtx {
         let verdict = match self.retention.as_mut() {
             Some(ret) => match ret.room_beside(w, bytes, on_disk, headroom)? {
                 Ok(d) => {
-                    self.splits_deleted.fetch_add(d, Relaxed);
+                    self.progress.splits_deleted.fetch_add(d, Relaxed);
                     Ok(())
                 }
                 // Giving room back is always granted (the bag is finished or removed).
@@ -1100,7 +1104,7 @@ impl WriterCtx {
         };
         let w = self.writer.as_mut().expect("writer present");
         let (verdict, deleted) = ret.after_batch(w)?;
-        self.splits_deleted.fetch_add(deleted, Relaxed);
+        self.progress.splits_deleted.fetch_add(deleted, Relaxed);
         let usage = ret.usage(w);
         let p = &self.progress;
         p.budget_bytes.store(usage.bytes, Relaxed);

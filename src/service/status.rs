@@ -32,12 +32,74 @@ pub struct TopicStatus {
     /// Reported lost by the middleware before reaching ringbag (live ROS 2 only).
     #[serde(default)]
     pub lost_in_middleware: u64,
+    /// Accepted and left out of continuous recording by `--topic-rate` (absent in files of
+    /// older versions).
+    #[serde(default)]
+    pub throttled: u64,
+    /// Accepted and kept in the snapshot ring only (`--snapshot-topics`; absent in files of
+    /// older versions).
+    #[serde(default)]
+    pub ring_only: u64,
 }
 
 impl TopicStatus {
     /// Refused or discarded by ringbag, whatever the cause (as `TopicSummary::dropped`).
     pub fn dropped(&self) -> u64 {
         self.dropped_queue_full + self.dropped_oversize + self.dropped_after_stop
+    }
+}
+
+/// A histogram of durations, as the writer keeps it ([`crate::pipeline::DurationHistogram`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct HistogramStatus {
+    /// Upper bounds of the finite buckets, seconds.
+    pub bounds_s: Vec<f64>,
+    /// Per bucket, not cumulative: one per bound, then one above the last (`+Inf`).
+    pub buckets: Vec<u64>,
+    /// Sum of the durations, seconds.
+    pub sum_s: f64,
+    /// How many: the sum of `buckets`.
+    pub count: u64,
+}
+
+/// The writer thread's health (absent in files of older versions: zeros).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct WriterStatus {
+    /// Time away from the queue per writer turn that wrote a batch or rotated.
+    pub batch_duration: HistogramStatus,
+    /// The longest of those, seconds.
+    pub longest_stall_s: f64,
+    /// Bytes queued now, and the most seen queued at once.
+    pub queue_bytes: u64,
+    pub peak_queue_bytes: u64,
+    /// Longest single background fsync/fdatasync, seconds.
+    pub fsync_longest_s: f64,
+    /// Background syncs completed.
+    pub fsyncs: u64,
+}
+
+/// The snapshot thread's counts (this process); null without a ring.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SnapshotCountsStatus {
+    /// Triggers received per source (`socket`, `signal`, `topic`, `service`; all listed).
+    pub triggers: std::collections::BTreeMap<String, u64>,
+    /// Snapshot bags finished and kept.
+    pub written: u64,
+    /// Snapshots that could not be started or were removed unfinished.
+    pub failed: u64,
+}
+
+impl SnapshotCountsStatus {
+    pub fn of(ring: &crate::snapshot::ring::Ring) -> Self {
+        let c = ring.counters();
+        SnapshotCountsStatus {
+            triggers: crate::snapshot::trigger::Origin::ALL
+                .iter()
+                .map(|o| (o.name().to_string(), c.triggers[o.index()].load(Relaxed)))
+                .collect(),
+            written: c.written.load(Relaxed),
+            failed: c.failed.load(Relaxed),
+        }
     }
 }
 
@@ -217,6 +279,15 @@ pub struct Status {
     /// Fleet offload (`[upload]`); null when it is off, absent in files of older versions.
     #[serde(default)]
     pub upload: Option<crate::upload::agent::UploadStatus>,
+    /// Split files retention deleted from this bag (absent in files of older versions).
+    #[serde(default)]
+    pub splits_deleted: u64,
+    /// The writer thread: batch durations, stalls, the queue, background fsyncs.
+    #[serde(default)]
+    pub writer: WriterStatus,
+    /// Triggers and snapshots counted by the snapshot thread; null without a ring.
+    #[serde(default)]
+    pub snapshots: Option<SnapshotCountsStatus>,
 }
 
 impl Status {
@@ -540,6 +611,8 @@ impl Collector {
                     dropped_after_stop: t.dropped_after_stop(),
                     unwritten: t.unwritten(),
                     lost_in_middleware: t.lost_in_middleware(),
+                    throttled: t.throttled(),
+                    ring_only: t.ring_only(),
                 }
             })
             .collect();
@@ -650,7 +723,29 @@ impl Collector {
             }),
             // The service fills it in (the uploader is not the recording's).
             upload: None,
+            splits_deleted: progress.splits_deleted.load(Relaxed),
+            writer: writer_status(progress),
+            snapshots: ring.map(SnapshotCountsStatus::of),
         }
+    }
+}
+
+fn writer_status(p: &Progress) -> WriterStatus {
+    let (buckets, _, sum_ns) = p.batch_duration.snapshot();
+    WriterStatus {
+        batch_duration: HistogramStatus {
+            bounds_s: crate::pipeline::BATCH_BUCKETS_S.to_vec(),
+            // The buckets' own total, not the separate count: read while the writer adds, the
+            // two may differ by a batch, and `+Inf` must equal `_count`.
+            count: buckets.iter().sum(),
+            buckets,
+            sum_s: sum_ns as f64 / 1e9,
+        },
+        longest_stall_s: p.longest_stall_ns.load(Relaxed) as f64 / 1e9,
+        queue_bytes: p.queue_bytes.load(Relaxed),
+        peak_queue_bytes: p.peak_queue_bytes.load(Relaxed),
+        fsync_longest_s: p.sync.longest_ns.load(Relaxed) as f64 / 1e9,
+        fsyncs: p.sync.completed.load(Relaxed),
     }
 }
 

@@ -220,6 +220,21 @@ pub struct Ring {
     /// The file, locked (flock) for this process: a second recorder on the same root must
     /// not recover or overwrite a live ring. The kernel drops the lock when we die.
     _file: nix::fcntl::Flock<File>,
+    /// What the snapshot thread did with this ring in this process (not in the file).
+    counters: SnapshotCounters,
+}
+
+/// Snapshot events counted since the ring was opened in this process, for the metrics: the
+/// snapshot thread adds (relaxed), the status reads. The ring outlives a reload, so do these.
+#[derive(Debug, Default)]
+pub struct SnapshotCounters {
+    /// Triggers received, by [`super::trigger::Origin::index`] (refused, rate-limited and
+    /// extending ones included).
+    pub triggers: [std::sync::atomic::AtomicU64; super::trigger::Origin::ALL.len()],
+    /// Snapshot bags finished and kept.
+    pub written: std::sync::atomic::AtomicU64,
+    /// Snapshots that could not be started or were removed unfinished.
+    pub failed: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Ring {
@@ -232,6 +247,11 @@ impl std::fmt::Debug for Ring {
 }
 
 impl Ring {
+    /// The snapshot thread's counts of triggers and snapshots (this process).
+    pub fn counters(&self) -> &SnapshotCounters {
+        &self.counters
+    }
+
     /// The total file size for a data area of `capacity` bytes.
     pub fn file_size(capacity: u64) -> u64 {
         DATA_AT + capacity
@@ -315,6 +335,7 @@ impl Ring {
             capacity,
             backed: capacity,
             _file: file,
+            counters: SnapshotCounters::default(),
         };
         ring.write_bytes(0, MAGIC);
         ring.write_bytes(H_VERSION as u64, &VERSION.to_le_bytes());
@@ -359,6 +380,7 @@ impl Ring {
             capacity: 0,
             backed: 0,
             _file: file,
+            counters: SnapshotCounters::default(),
         };
         let mut magic = [0u8; 8];
         ring.read_bytes(0, &mut magic);

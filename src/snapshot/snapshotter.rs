@@ -3,7 +3,7 @@
 //! start from a ring a dead recorder left.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -701,6 +701,7 @@ impl Snapshotter {
     }
 
     fn trigger(&mut self, req: &TriggerRequest, origin: Origin, at_ns: Option<i64>) -> Outcome {
+        self.ring.counters().triggers[origin.index()].fetch_add(1, Relaxed);
         if let (Origin::Socket | Origin::Service, Err(why)) = (origin, req.check_reason()) {
             log::warn!("trigger ({origin:?}) refused: {why}");
             return Outcome::Refused { why };
@@ -780,6 +781,7 @@ impl Snapshotter {
             Decision::Start(window) => match self.start(window, &reason, origin) {
                 Ok(bag) => Outcome::Started { bag },
                 Err(e) => {
+                    self.ring.counters().failed.fetch_add(1, Relaxed);
                     log::error!("trigger ({shown_reason}): cannot start the snapshot bag: {e}");
                     Outcome::Refused { why: e.to_string() }
                 }
@@ -964,6 +966,13 @@ impl Snapshotter {
                 false
             }
         };
+        let counters = self.ring.counters();
+        if keep {
+            &counters.written
+        } else {
+            &counters.failed
+        }
+        .fetch_add(1, Relaxed);
         if keep {
             if let Some(tx) = &self.cfg.finished {
                 let _ = tx.send(dir.clone());
@@ -1695,6 +1704,63 @@ mod tests {
         stop.store(true, Relaxed);
         let most = writer.join().unwrap();
         (s.finished, most, dir)
+    }
+
+    #[test]
+    fn the_ring_counts_triggers_by_source_and_snapshots_written_and_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ring, mut w, t) = ring_with_topic(&dir.path().join("ring"), 4 << 20);
+        for i in 0..2_000i64 {
+            w.append(t, i * MS, &i.to_le_bytes()).unwrap();
+        }
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let cfg = Config {
+            root: root.clone(),
+            writer: WriterOptions::new(Flavour::Jazzy),
+            clock: Arc::new(FakeClock(AtomicI64::new(1_000_000 * MS))),
+            finished: None,
+            room: None,
+            batch_bytes: 2 << 20,
+        };
+        let mut s = Snapshotter::new(ring.clone(), cfg);
+        let req = |pre_s: f64| TriggerRequest {
+            reason: Some("count".into()),
+            pre_s: Some(pre_s),
+            post_s: Some(0.5),
+            ..Default::default()
+        };
+        let c = ring.counters();
+        assert!(matches!(
+            s.trigger(&req(1.0), Origin::Socket, Some(1_000 * MS)),
+            Outcome::Started { .. }
+        ));
+        // Extends the open one; then one refused (a negative window): both counted.
+        let out = s.trigger(&req(1.0), Origin::Signal, Some(1_200 * MS));
+        assert!(matches!(out, Outcome::Extended { .. }), "{out:?}");
+        let out = s.trigger(&req(-1.0), Origin::Service, Some(1_300 * MS));
+        assert!(matches!(out, Outcome::Refused { .. }), "{out:?}");
+        let mut turns = 0;
+        while s.open.is_some() {
+            s.pump(false);
+            turns += 1;
+            assert!(turns < 10_000);
+        }
+        assert_eq!(c.written.load(Relaxed), 1);
+        assert_eq!(c.failed.load(Relaxed), 0);
+        // A root that cannot hold a bag any more: the next snapshot fails to start.
+        std::fs::remove_dir_all(&root).unwrap();
+        std::fs::write(&root, b"not a directory").unwrap();
+        let out = s.trigger(&req(0.1), Origin::Topic, Some(1_900 * MS));
+        assert!(matches!(out, Outcome::Refused { .. }), "{out:?}");
+        assert_eq!(c.failed.load(Relaxed), 1);
+        assert_eq!(c.written.load(Relaxed), 1);
+        let by_source: Vec<u64> = Origin::ALL
+            .iter()
+            .map(|o| c.triggers[o.index()].load(Relaxed))
+            .collect();
+        // socket, signal, topic, service
+        assert_eq!(by_source, vec![1, 1, 1, 1]);
     }
 
     #[test]

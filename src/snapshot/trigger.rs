@@ -28,6 +28,31 @@ pub enum Origin {
     Service,
 }
 
+impl Origin {
+    /// Every origin, in [`Origin::index`] order.
+    pub const ALL: [Origin; 4] = [
+        Origin::Socket,
+        Origin::Signal,
+        Origin::Topic,
+        Origin::Service,
+    ];
+
+    /// Its place in [`Origin::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// As serialized (`socket`, `signal`, …): the metrics' `source` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Socket => "socket",
+            Origin::Signal => "signal",
+            Origin::Topic => "topic",
+            Origin::Service => "service",
+        }
+    }
+}
+
 /// One trigger as sent over the control socket (one JSON line).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct TriggerRequest {

@@ -212,6 +212,10 @@ pub struct UploadStatus {
     /// Unix ms of the last verified file; null when none yet.
     pub last_success_unix_ms: Option<u64>,
     pub last_error: Option<String>,
+    /// Failed upload attempts since the agent started, by [`UploadError::kind`] (every kind
+    /// listed, zeros included); absent in files of older versions.
+    #[serde(default)]
+    pub errors: std::collections::BTreeMap<String, u64>,
 }
 
 impl UploadStatus {
@@ -269,6 +273,8 @@ impl UploadStatus {
 struct Shared {
     oldest_backlog_unix_ms: AtomicU64,
     files_uploaded: AtomicU64,
+    /// Failed attempts by kind, indexed as [`super::error::ERROR_KINDS`].
+    errors: [AtomicU64; super::error::ERROR_KINDS.len()],
     /// (when, bytes_sent) at the previous status, for the rate.
     prev: Mutex<Option<(Instant, u64)>>,
 }
@@ -397,6 +403,11 @@ impl UploadAgent {
             files_uploaded: self.shared.files_uploaded.load(Relaxed),
             last_success_unix_ms: (c.last_success_unix_ms > 0).then_some(c.last_success_unix_ms),
             last_error: c.last_error,
+            errors: super::error::ERROR_KINDS
+                .iter()
+                .zip(&self.shared.errors)
+                .map(|(k, n)| (k.to_string(), n.load(Relaxed)))
+                .collect(),
         }
     }
 
@@ -674,6 +685,7 @@ impl AgentThread {
                         log::debug!("upload: {} changed while sent; again later", path.display());
                     }
                     Err(e) if e.class() == ErrorClass::Permanent => {
+                        self.count_error(&e);
                         // This file cannot go as it is (changed, unreadable): say so, go on.
                         log::warn!("upload: {}: {e}", path.display());
                         splits_missing += usize::from(!is_meta);
@@ -685,6 +697,16 @@ impl AgentThread {
         Pass::Idle
     }
 
+    /// One more failure of `e`'s kind (a relaxed add; a cancellation is none).
+    fn count_error(&self, e: &UploadError) {
+        if let Some(i) = e
+            .kind()
+            .and_then(|k| super::error::ERROR_KINDS.iter().position(|&x| x == k))
+        {
+            self.shared.errors[i].fetch_add(1, Relaxed);
+        }
+    }
+
     /// Log `e` once per change (or every [`RELOG_EVERY`]) and say how long to wait.
     fn failed(
         &self,
@@ -692,6 +714,7 @@ impl AgentThread {
         backoff: &mut Backoff,
         last_logged: &mut Option<(String, Instant)>,
     ) -> Pass {
+        self.count_error(e);
         let text = e.to_string();
         let config = e.class() == ErrorClass::Configuration;
         let wait = if config {

@@ -8,6 +8,18 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Every value [`UploadError::kind`] gives, in the order the metrics list them.
+pub const ERROR_KINDS: [&str; 8] = [
+    "configuration",
+    "network",
+    "server",
+    "refused",
+    "verify",
+    "file",
+    "journal",
+    "metadata_withheld",
+];
+
 /// How a caller should treat an [`UploadError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
@@ -121,6 +133,28 @@ impl UploadError {
             | MetadataWithheld { .. } => ErrorClass::Permanent,
             Cancelled => ErrorClass::Cancelled,
         }
+    }
+
+    /// The failure's kind for the `ringbag_upload_errors_total{kind}` counter: one of
+    /// [`ERROR_KINDS`]; `None` for a cancellation (not a failure).
+    pub fn kind(&self) -> Option<&'static str> {
+        use UploadError::*;
+        Some(match self {
+            CredentialsRefused { .. }
+            | NoSuchBucket { .. }
+            | ClockSkewed { .. }
+            | Tls { .. }
+            | Dns { .. }
+            | Setup { .. } => "configuration",
+            Network { .. } => "network",
+            Server { .. } | BadResponse { .. } => "server",
+            Refused { .. } => "refused",
+            VerifyFailed { .. } => "verify",
+            Io { .. } | FileChanged { .. } | FileGone { .. } | TooLarge { .. } => "file",
+            Journal { .. } => "journal",
+            MetadataWithheld { .. } => "metadata_withheld",
+            Cancelled => return None,
+        })
     }
 
     pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> UploadError {
@@ -248,6 +282,58 @@ pub fn age_of(unix_s: i64, now: std::time::SystemTime) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_failure_has_a_kind_of_the_listed_ones_and_configuration_matches_its_class() {
+        let errors = [
+            UploadError::Dns {
+                endpoint: "e".into(),
+            },
+            UploadError::Setup { detail: "d".into() },
+            UploadError::Network {
+                endpoint: "e".into(),
+                detail: "d".into(),
+            },
+            UploadError::BadResponse {
+                key: "k".into(),
+                op: "put",
+                detail: "d".into(),
+            },
+            UploadError::VerifyFailed {
+                key: "k".into(),
+                detail: "d".into(),
+            },
+            UploadError::FileGone { path: "/f".into() },
+            UploadError::Journal {
+                path: "/j".into(),
+                detail: "d".into(),
+            },
+            UploadError::MetadataWithheld { missing: 1 },
+        ];
+        let kinds: Vec<_> = errors.iter().map(|e| e.kind().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "configuration",
+                "configuration",
+                "network",
+                "server",
+                "verify",
+                "file",
+                "journal",
+                "metadata_withheld"
+            ]
+        );
+        for e in &errors {
+            assert!(ERROR_KINDS.contains(&e.kind().unwrap()));
+            assert_eq!(
+                e.kind() == Some("configuration"),
+                e.class() == ErrorClass::Configuration,
+                "{e}"
+            );
+        }
+        assert_eq!(UploadError::Cancelled.kind(), None);
+    }
 
     const OP: Op<'static> = Op {
         endpoint: "https://s3.example.com",

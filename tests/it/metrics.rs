@@ -565,3 +565,96 @@ fn the_daemon_serves_its_metrics_and_a_reload_with_the_same_port_serves_them_aga
     let (code, log) = d.stop();
     assert_eq!(code, Some(0), "{log}");
 }
+
+#[test]
+fn record_metrics_textfile_has_the_batch_histogram_and_the_splits_retention_deleted() {
+    // 20,000 small messages (~2 MB of payload) into 256 KiB splits under a 2 MiB budget:
+    // retention deletes the oldest splits, and every batch lands in the histogram.
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("bag");
+    let prom = tmp.path().join("r.prom");
+    let o = run(&[
+        "record",
+        "--source",
+        "synthetic",
+        "--synthetic-profile",
+        "small",
+        "--synthetic-rate",
+        "max",
+        "--synthetic-count",
+        "20000",
+        "-b",
+        "256KiB",
+        "--max-record-size",
+        "2MiB",
+        "-o",
+        bag.to_str().unwrap(),
+        "--metrics-textfile",
+        prom.to_str().unwrap(),
+        "--metrics-interval",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&prom).unwrap();
+    assert!(text.contains("ringbag_up 0\n"), "{text}");
+    assert!(
+        text.contains("# TYPE ringbag_writer_batch_duration_seconds histogram\n"),
+        "{text}"
+    );
+    // The cumulative buckets, in order: each bucket's increment over the one before is the
+    // batches in it, and their sum (the +Inf bucket) is _count.
+    let cumulative: Vec<(String, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("ringbag_writer_batch_duration_seconds_bucket{le=\"")?;
+            let (le, v) = rest.split_once("\"} ")?;
+            Some((le.to_string(), v.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(cumulative.len(), 12, "{text}");
+    assert_eq!(cumulative.last().unwrap().0, "+Inf");
+    let mut before = 0.0;
+    let mut increments = 0.0;
+    for (le, v) in &cumulative {
+        assert!(*v >= before, "bucket le={le} {v} below {before}:\n{text}");
+        increments += v - before;
+        before = *v;
+    }
+    let count = sample(&text, "ringbag_writer_batch_duration_seconds_count").expect("_count");
+    assert!(count > 0.0, "{text}");
+    assert_eq!(count, increments, "{text}");
+    let sum = sample(&text, "ringbag_writer_batch_duration_seconds_sum").expect("_sum");
+    assert!(sum > 0.0, "{text}");
+    // The same deletions as the exit summary's "deleted by retention N".
+    let summary = stderr(&o);
+    let deleted: f64 = summary
+        .lines()
+        .find_map(|l| {
+            l.split("deleted by retention ")
+                .nth(1)?
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .expect("summary's deleted by retention");
+    assert!(deleted > 0.0, "{summary}");
+    assert_eq!(
+        sample(&text, "ringbag_splits_deleted_total"),
+        Some(deleted),
+        "{text}\n{summary}"
+    );
+    // The writer's gauges are there and sane; the peak is at least the last value.
+    let peak = sample(&text, "ringbag_queue_peak_bytes").expect("peak");
+    let now = sample(&text, "ringbag_queue_bytes").expect("queue bytes");
+    assert!(peak >= now && peak > 0.0, "{text}");
+    let stall = sample(&text, "ringbag_writer_longest_stall_seconds").expect("stall");
+    assert!(stall > 0.0 && stall <= sum, "{text}");
+    assert!(
+        sample(&text, "ringbag_fsync_longest_seconds").is_some(),
+        "{text}"
+    );
+    if let Some((ok, out)) = promtool_check(&text) {
+        assert!(ok, "promtool check metrics: {out}");
+    }
+}
