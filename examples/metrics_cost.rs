@@ -11,63 +11,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringbag::metrics::http::{Body, Server};
-use ringbag::metrics::render::{render, State};
-use ringbag::service::status::{BudgetStatus, RingStatus, Status, TopicStatus};
-use ringbag::upload::agent::UploadStatus;
-
-fn status(topics: usize) -> Status {
-    Status {
-        updated_unix_ms: 1_700_000_000_000,
-        uptime_s: 86_400.0,
-        bag: "/var/lib/ringbag/bags/2026-12-04T10-00-00Z_0001".into(),
-        splits_created: 1234,
-        budget: BudgetStatus {
-            bytes: 200 << 30,
-            max_record_size: Some(256 << 30),
-            files: 3000,
-            max_bag_files: Some(4000),
-            span_s: 36_000.0,
-            max_record_duration_s: Some(86_400.0),
-            free_bytes: Some(40 << 30),
-            partition_bytes: Some(512 << 30),
-            min_free_space: Some(1 << 30),
-            ..Default::default()
-        },
-        topics: (0..topics)
-            .map(|i| TopicStatus {
-                name: format!("/robot/subsystem_{i:02}/sensor/data_raw"),
-                type_name: "sensor_msgs/msg/Image".into(),
-                accepted: 123_456_789 + i as u64,
-                written: 123_456_700 + i as u64,
-                bytes: 987_654_321_000,
-                dropped_queue_full: 12,
-                ..Default::default()
-            })
-            .collect(),
-        ring: Some(RingStatus {
-            capacity_bytes: 2 << 30,
-            used_bytes: 1 << 30,
-            oldest_age_s: Some(30.0),
-            appended: 99_999_999,
-            ..Default::default()
-        }),
-        upload: Some(UploadStatus {
-            backlog_files: 12,
-            backlog_bytes: 3 << 30,
-            oldest_backlog_age_s: Some(600.0),
-            bytes_sent: 1 << 40,
-            files_uploaded: 5000,
-            last_success_unix_ms: Some(1_700_000_000_000),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
+use ringbag::metrics::render::{render, sample_status, State};
 
 fn scrape(addr: std::net::SocketAddr) -> (Duration, usize) {
     let t0 = Instant::now();
     let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     let mut out = Vec::new();
     s.read_to_end(&mut out).unwrap();
     (t0.elapsed(), out.len())
@@ -86,7 +36,7 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(200);
-    let st = status(50);
+    let st = sample_status(50);
     let mut renders = Vec::with_capacity(rounds);
     let mut text = String::new();
     for _ in 0..rounds {

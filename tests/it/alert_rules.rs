@@ -4,9 +4,6 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-use crate::common::RunOutput;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -23,33 +20,8 @@ fn rules_test() -> PathBuf {
 /// `promtool ARGS`: its success and output, or None when promtool is not installed (and
 /// RINGBAG_PROMTOOL_REQUIRED is not set: then its absence fails the test).
 fn promtool(sub: &[&str], file: &Path) -> Option<(bool, String)> {
-    let o = match Command::new("promtool")
-        .args(sub)
-        .arg(file)
-        .current_dir(repo())
-        .run_output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            assert!(
-                std::env::var_os("RINGBAG_PROMTOOL_REQUIRED").is_none(),
-                "promtool: {e}, and RINGBAG_PROMTOOL_REQUIRED is set"
-            );
-            eprintln!(
-                "promtool not installed: `promtool {}` skipped",
-                sub.join(" ")
-            );
-            return None;
-        }
-    };
-    Some((
-        o.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    ))
+    let file = file.to_str().expect("UTF-8 path");
+    crate::common::promtool(&[sub, &[file]].concat(), "")
 }
 
 #[test]

@@ -488,3 +488,41 @@ pub fn unlist_split(dir: &Path, index: usize) -> ringbag::bag::metadata::FileInf
     assert!(dir.join(&gone.path).exists());
     gone
 }
+
+/// `promtool ARGS` with `stdin` fed to it: (success, its output), or None when promtool is not
+/// installed (then the caller skips, saying so) — unless RINGBAG_PROMTOOL_REQUIRED is set, as
+/// scripts/test.sh sets it where it installed Prometheus: then a missing promtool fails.
+pub fn promtool(args: &[&str], stdin: &str) -> Option<(bool, String)> {
+    use std::io::Write;
+    let spawned = Command::new("promtool")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                std::env::var_os("RINGBAG_PROMTOOL_REQUIRED").is_none(),
+                "promtool: {e}, and RINGBAG_PROMTOOL_REQUIRED is set"
+            );
+            eprintln!(
+                "promtool not installed: `promtool {}` skipped",
+                args.join(" ")
+            );
+            return None;
+        }
+    };
+    // A promtool that exits without reading all of stdin is reported by its status below.
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    let o = child.wait_with_output().unwrap();
+    Some((
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    ))
+}

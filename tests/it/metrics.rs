@@ -3,7 +3,7 @@
 //! metrics keys' `--check-config` errors.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
@@ -11,42 +11,20 @@ use nix::unistd::Pid;
 
 use crate::common::{run, stderr, wait_for};
 
-/// `promtool check metrics` on `text`: None when promtool is not installed (and
-/// RINGBAG_PROMTOOL_REQUIRED is not set: then its absence fails the test).
+/// `promtool check metrics` on `text` (None: promtool not installed, see common::promtool).
 fn promtool_check(text: &str) -> Option<(bool, String)> {
-    let child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => {
-            assert!(
-                std::env::var_os("RINGBAG_PROMTOOL_REQUIRED").is_none(),
-                "promtool: {e}, and RINGBAG_PROMTOOL_REQUIRED is set"
-            );
-            eprintln!("promtool not installed: `promtool check metrics` skipped");
-            return None;
-        }
-    };
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
-    Some((
-        o.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    ))
+    crate::common::promtool(&["check", "metrics"], text)
+}
+
+#[test]
+fn promtool_accepts_every_family_ringbag_writes() {
+    let text = ringbag::metrics::render::render(
+        &ringbag::metrics::render::sample_status(50),
+        ringbag::metrics::render::State::Recording,
+    );
+    if let Some((ok, out)) = promtool_check(&text) {
+        assert!(ok, "promtool check metrics: {out}\n{text}");
+    }
 }
 
 /// The value of the sample named exactly `name` (with its labels), if present.

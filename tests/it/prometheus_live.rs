@@ -163,7 +163,10 @@ fn prometheus_scrapes_the_endpoint_and_node_exporter_the_textfile_and_a_stopped_
             .arg(format!("--web.listen-address=127.0.0.1:{node_port}"))
             .arg("--collector.disable-defaults")
             .arg("--collector.textfile")
-            .arg(format!("--collector.textfile.directory={}", textdir.display())),
+            .arg(format!(
+                "--collector.textfile.directory={}",
+                textdir.display()
+            )),
         &tmp.path().join("node.log"),
     );
     let config = tmp.path().join("prometheus.yml");
@@ -183,7 +186,10 @@ fn prometheus_scrapes_the_endpoint_and_node_exporter_the_textfile_and_a_stopped_
     let _prometheus = spawn(
         Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", tmp.path().join("tsdb").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                tmp.path().join("tsdb").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
             .arg("--web.enable-lifecycle"),
         &prom_log,
