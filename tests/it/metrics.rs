@@ -2,7 +2,7 @@
 //! collector, checked by `promtool check metrics` where Prometheus is installed, and the
 //! metrics keys' `--check-config` errors.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -206,33 +206,38 @@ fn the_shipped_config_has_the_node_exporter_textfile_path_commented_in() {
     );
 }
 
+/// `ringbag record` of a synthetic profile (`args`: the profile's flags) with
+/// `--metrics-textfile` every second, to its end: (its output, the last textfile, the bag).
+fn record_with_textfile(tmp: &Path, args: &[&str]) -> (std::process::Output, String, PathBuf) {
+    let bag = tmp.join("bag");
+    let prom = tmp.join("r.prom");
+    let mut a = vec!["record", "--source", "synthetic"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["-o", bag.to_str().unwrap(), "--metrics-textfile"]);
+    a.extend_from_slice(&[prom.to_str().unwrap(), "--metrics-interval", "1"]);
+    let o = run(&a);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&prom).unwrap();
+    assert!(text.contains("ringbag_up 0\n"), "{text}");
+    (o, text, bag)
+}
+
 #[test]
 fn record_metrics_textfile_counts_every_drop_and_every_written_message_at_the_end() {
     // Camera frames and clouds (MBs) never fit a 1 MiB queue: each is dropped as queue full,
     // whatever the machine's speed; IMU and tf go through.
     let tmp = tempfile::tempdir().unwrap();
-    let bag = tmp.path().join("bag");
-    let prom = tmp.path().join("r.prom");
-    let o = run(&[
-        "record",
-        "--source",
-        "synthetic",
-        "--synthetic-profile",
-        "robot",
-        "--synthetic-count",
-        "600",
-        "--max-cache-size",
-        "1MiB",
-        "-o",
-        bag.to_str().unwrap(),
-        "--metrics-textfile",
-        prom.to_str().unwrap(),
-        "--metrics-interval",
-        "1",
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let text = std::fs::read_to_string(&prom).unwrap();
-    assert!(text.contains("ringbag_up 0\n"), "{text}");
+    let (o, text, bag) = record_with_textfile(
+        tmp.path(),
+        &[
+            "--synthetic-profile",
+            "robot",
+            "--synthetic-count",
+            "600",
+            "--max-cache-size",
+            "1MiB",
+        ],
+    );
     let dropped = sample(
         &text,
         "ringbag_messages_dropped_total{topic=\"/camera/front/image_raw\",cause=\"queue_full\"}",
@@ -549,32 +554,21 @@ fn record_metrics_textfile_has_the_batch_histogram_and_the_splits_retention_dele
     // 20,000 small messages (~2 MB of payload) into 256 KiB splits under a 2 MiB budget:
     // retention deletes the oldest splits, and every batch lands in the histogram.
     let tmp = tempfile::tempdir().unwrap();
-    let bag = tmp.path().join("bag");
-    let prom = tmp.path().join("r.prom");
-    let o = run(&[
-        "record",
-        "--source",
-        "synthetic",
-        "--synthetic-profile",
-        "small",
-        "--synthetic-rate",
-        "max",
-        "--synthetic-count",
-        "20000",
-        "-b",
-        "256KiB",
-        "--max-record-size",
-        "2MiB",
-        "-o",
-        bag.to_str().unwrap(),
-        "--metrics-textfile",
-        prom.to_str().unwrap(),
-        "--metrics-interval",
-        "1",
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let text = std::fs::read_to_string(&prom).unwrap();
-    assert!(text.contains("ringbag_up 0\n"), "{text}");
+    let (o, text, _bag) = record_with_textfile(
+        tmp.path(),
+        &[
+            "--synthetic-profile",
+            "small",
+            "--synthetic-rate",
+            "max",
+            "--synthetic-count",
+            "20000",
+            "-b",
+            "256KiB",
+            "--max-record-size",
+            "2MiB",
+        ],
+    );
     assert!(
         text.contains("# TYPE ringbag_writer_batch_duration_seconds histogram\n"),
         "{text}"
