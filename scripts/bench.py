@@ -441,12 +441,57 @@ def metrics_bench(work: Path, quick: bool, rounds: int) -> dict:
             stop.set()
             t.join()
         on["name"] = f"ringbag medium max, metrics on ({i + 1}; {scrapes['ok']} scrapes)"
-        rows += [off, on]
-    offs, ons = rows[0::2], rows[1::2]
-    ratios = {"msg/s on/off (median)": statistics.median(o["msg_s"] for o in ons) / statistics.median(o["msg_s"] for o in offs),
-              "CPU s/GB on/off (median)": statistics.median(o["cpu_s_per_gb"] for o in ons) /
-              statistics.median(o["cpu_s_per_gb"] for o in offs)}
+        hostile = recording_beside_hostile_clients(work, count)
+        hostile["name"] = f"ringbag medium max, 200 idle + slowloris + 1 MB clients ({i + 1})"
+        rows += [off, on, hostile]
+    offs, ons, hostiles = rows[0::3], rows[1::3], rows[2::3]
+
+    def ratio(a: list[dict], b: list[dict], k: str) -> float:
+        return statistics.median(r[k] for r in a) / statistics.median(r[k] for r in b)
+    ratios = {"msg/s on/off (median)": ratio(ons, offs, "msg_s"),
+              "CPU s/GB on/off (median)": ratio(ons, offs, "cpu_s_per_gb"),
+              "longest writer stall on/off (median)": ratio(ons, offs, "stall_ms"),
+              "longest writer stall with hostile clients/off (median)": ratio(hostiles, offs, "stall_ms"),
+              "msg/s with hostile clients/off (median)": ratio(hostiles, offs, "msg_s")}
     return {"cost": cost, "rows": rows, "ratios": ratios}
+
+
+def recording_beside_hostile_clients(work: Path, count: int) -> dict:
+    """The metrics-on row while 200 connections sit idle, one sends its request a byte every
+    100 ms and one sends 1 MB of request head, reconnecting as the server closes them."""
+    import socket
+    import threading
+    port = free_port_range()
+    stop = threading.Event()
+
+    def hostile() -> None:
+        socks: list[socket.socket] = []
+        while not stop.is_set():
+            try:
+                while len(socks) < 200 and not stop.is_set():
+                    socks.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+                big = socket.create_connection(("127.0.0.1", port), timeout=1)
+                try:
+                    big.sendall(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * (1 << 20))
+                except OSError:
+                    pass
+                big.close()
+                socks[0].send(b"G")
+            except OSError:
+                # Not listening yet, or evicted: drop the dead ones and go on.
+                for sk in socks:
+                    sk.close()
+                socks = []
+            stop.wait(0.1)
+        for sk in socks:
+            sk.close()
+    t = threading.Thread(target=hostile)
+    t.start()
+    try:
+        return ringbag(work, "medium", count, "max", ["--metrics-listen", f"127.0.0.1:{port}"])
+    finally:
+        stop.set()
+        t.join()
 
 
 def print_metrics(m: dict) -> None:
@@ -456,8 +501,8 @@ def print_metrics(m: dict) -> None:
           f"scrape over loopback {c['scrape_ms_p50']:.3f} ms p50 / {c['scrape_ms_max']:.3f} ms max (goal < 5 ms), "
           f"{c['rounds']} rounds")
     for r in m["rows"]:
-        print(f"  {r['name']:60} {r['msg_s']:>10.0f} msg/s {r['mb_s']:>8.1f} MB/s {r['cpu_s_per_gb']:>6.2f} CPU s/GB "
-              f"drops {r['drops']}")
+        print(f"  {r['name']:66} {r['msg_s']:>10.0f} msg/s {r['mb_s']:>8.1f} MB/s {r['cpu_s_per_gb']:>6.2f} CPU s/GB "
+              f"stall {r.get('stall_ms', float('nan')):>6.1f} ms drops {r['drops']}")
     for k, v in m["ratios"].items():
         print(f"  {k}: {v:.3f}")
 
