@@ -119,6 +119,12 @@ fn topics(e: &mut Exposition, st: &Status) {
         "Payload bytes accepted, per topic (this bag).",
         &|t: &crate::service::status::TopicStatus| t.bytes,
     );
+    per_topic(
+        e,
+        "ringbag_written_bytes_total",
+        "Payload bytes committed to the bag, per topic (this bag).",
+        &|t: &crate::service::status::TopicStatus| t.written_bytes,
+    );
     e.family(
         "ringbag_messages_dropped_total",
         Kind::Counter,

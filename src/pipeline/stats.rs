@@ -27,6 +27,8 @@ pub struct TopicStats {
     pub written: AtomicU64,
     /// Payload bytes accepted.
     pub bytes: AtomicU64,
+    /// Payload bytes committed to the bag (with `written`, after the commit returned).
+    pub written_bytes: AtomicU64,
     /// Never reached ringbag: lost inside the middleware, as it reported them (the
     /// subscription's message-lost event). Not part of `offered`: these were never offered.
     pub lost_in_middleware: AtomicU64,
@@ -65,6 +67,9 @@ impl TopicStats {
     }
     pub fn bytes(&self) -> u64 {
         self.bytes.load(Relaxed)
+    }
+    pub fn written_bytes(&self) -> u64 {
+        self.written_bytes.load(Relaxed)
     }
     pub fn lost_in_middleware(&self) -> u64 {
         self.lost_in_middleware.load(Relaxed)

@@ -459,7 +459,8 @@ struct WriterCtx {
     topic_stats: Vec<Option<Arc<TopicStats>>>,
     /// Rows written per producer topic id in the current batch, published once per batch
     /// (an atomic per row would share cache lines with the producers' counters).
-    written_scratch: Vec<u64>,
+    /// Per topic id: rows and payload bytes committed by this batch, not yet published.
+    written_scratch: Vec<(u64, u64)>,
     clock: Arc<dyn TimeSource>,
     tap: Option<Box<dyn Tap>>,
     /// Messages and bytes of the batch written last, for the slow-turn log line.
@@ -841,7 +842,7 @@ impl WriterCtx {
             if self.topic_map.len() <= id {
                 self.topic_map.resize(id + 1, None);
                 self.topic_stats.resize(id + 1, None);
-                self.written_scratch.resize(id + 1, 0);
+                self.written_scratch.resize(id + 1, (0, 0));
             }
             self.topic_map[id] = Some(idx);
             self.topic_stats[id] = Some(reg.stats);
@@ -940,8 +941,10 @@ impl WriterCtx {
                 .expect("writer present")
                 .write_rows(chunk)?;
             // Only after COMMIT returned: these rows are in the file.
-            for &id in &ids[done..done + n] {
-                self.written_scratch[id as usize] += 1;
+            for (&id, row) in ids[done..done + n].iter().zip(chunk) {
+                let w = &mut self.written_scratch[id as usize];
+                w.0 += 1;
+                w.1 += row.2.len() as u64;
             }
             // Published per commit, so a later failure in this batch cannot hide them.
             self.publish_written();
@@ -977,12 +980,14 @@ impl WriterCtx {
 
     /// Add the batch's written rows to the topics' counters.
     fn publish_written(&mut self) {
-        for (id, n) in self.written_scratch.iter_mut().enumerate() {
+        for (id, (n, bytes)) in self.written_scratch.iter_mut().enumerate() {
             if *n > 0 {
                 if let Some(Some(stats)) = self.topic_stats.get(id) {
                     stats.written.fetch_add(*n, Relaxed);
+                    stats.written_bytes.fetch_add(*bytes, Relaxed);
                 }
                 *n = 0;
+                *bytes = 0;
             }
         }
     }

@@ -25,6 +25,9 @@ pub struct TopicStatus {
     pub bytes: u64,
     pub accepted: u64,
     pub written: u64,
+    /// Payload bytes committed to the bag (absent in files of older versions).
+    #[serde(default)]
+    pub written_bytes: u64,
     pub dropped_queue_full: u64,
     pub dropped_oversize: u64,
     pub dropped_after_stop: u64,
@@ -606,6 +609,7 @@ impl Collector {
                     bytes: t.bytes(),
                     accepted: t.accepted(),
                     written: t.written(),
+                    written_bytes: t.written_bytes(),
                     dropped_queue_full: t.dropped(),
                     dropped_oversize: t.oversize(),
                     dropped_after_stop: t.dropped_after_stop(),

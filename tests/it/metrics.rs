@@ -270,6 +270,26 @@ fn record_metrics_textfile_counts_every_drop_and_every_written_message_at_the_en
         family_sum(&text, "ringbag_messages_written_total"),
         b.metadata.message_count as f64
     );
+    // And the bytes written per topic are the payloads the bag holds.
+    let mut in_bag = std::collections::BTreeMap::<String, u64>::new();
+    for m in b
+        .messages(&ringbag::bag::reader::ReadFilter::default())
+        .unwrap()
+    {
+        let m = m.unwrap();
+        *in_bag.entry(b.topics[m.topic].name.clone()).or_default() += m.data.len() as u64;
+    }
+    assert!(!in_bag.is_empty());
+    for (topic, bytes) in &in_bag {
+        assert_eq!(
+            sample(
+                &text,
+                &format!("ringbag_written_bytes_total{{topic=\"{topic}\"}}")
+            ),
+            Some(*bytes as f64),
+            "{topic}: {text}"
+        );
+    }
     if let Some((ok, out)) = promtool_check(&text) {
         assert!(ok, "promtool check metrics: {out}");
     }
