@@ -5,6 +5,7 @@
 //! bag reads, and the exit summary's counts add up to what is in the bag.
 
 use crate::common::RunOutput;
+use crate::common::SpawnExecd;
 use std::fs;
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -62,7 +63,7 @@ fn record_sampling(args: &[String], dir: &Path) -> (std::process::ExitStatus, St
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("ringbag starts");
     let mut err = child.stderr.take().expect("stderr piped");
     let reader = std::thread::spawn(move || {
@@ -488,7 +489,7 @@ fn a_reader_of_a_live_bag_never_trips_over_a_split_retention_just_deleted() {
         .args(["-b", "86016", "--max-bag-files", "3", "--log-level", "warn"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
+        .spawn_execd()
         .expect("ringbag starts");
     let (mut opened, mut failures) = (0, Vec::new());
     while child.try_wait().expect("wait").is_none() {

@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use ringbag::bag::writer::{BagWriter, WriterOptions};
@@ -87,42 +86,48 @@ pub trait RunOutput {
 
 impl RunOutput for Command {
     fn run_output(&mut self) -> std::io::Result<Output> {
+        // As `output()` does: no stdin, both outputs captured.
+        self.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn_execd()?
+            .wait_with_output()
+    }
+}
+
+/// `Command::spawn`, returning only once the child has exec'd its program: a child that
+/// deadlocked between fork and exec (see [`RunOutput`]) is killed and started again, up to
+/// three times. On the host `spawn` already waits for the exec, so the first look settles it.
+/// Tests that time the child, signal it or read its output need this under qemu: a stuck
+/// child would otherwise look like a recorder that hangs.
+pub trait SpawnExecd {
+    fn spawn_execd(&mut self) -> std::io::Result<std::process::Child>;
+}
+
+impl SpawnExecd for Command {
+    fn spawn_execd(&mut self) -> std::io::Result<std::process::Child> {
         for _ in 0..3 {
-            // As `output()` does: no stdin, both outputs captured.
-            let child = self
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()?;
-            let pid = child.id();
-            let (tx, rx) = mpsc::channel();
-            std::thread::spawn(move || {
-                let _ = tx.send(child.wait_with_output());
-            });
+            let mut child = self.spawn()?;
             let spawned = Instant::now();
+            // Polls a condition (the kernel's view of the child's command line), not a
+            // timing guess: it ends as soon as the exec happened.
             loop {
-                match rx.recv_timeout(Duration::from_secs(1)) {
-                    Ok(result) => return result,
-                    Err(RecvTimeoutError::Disconnected) => {
-                        return Err(std::io::Error::other("the waiting thread died"))
-                    }
-                    Err(RecvTimeoutError::Timeout) => {
-                        if spawned.elapsed() >= STUCK_BEFORE_EXEC && stuck_before_exec(pid) {
-                            eprintln!(
-                                "child {pid} ({:?}) is stuck between fork and exec after {:?}: \
-                                 killed, started again",
-                                self.get_program(),
-                                spawned.elapsed()
-                            );
-                            let _ = nix::sys::signal::kill(
-                                nix::unistd::Pid::from_raw(pid as i32),
-                                nix::sys::signal::Signal::SIGKILL,
-                            );
-                            let _ = rx.recv();
-                            break;
-                        }
-                    }
+                if !stuck_before_exec(child.id()) {
+                    return Ok(child);
                 }
+                if spawned.elapsed() >= STUCK_BEFORE_EXEC {
+                    eprintln!(
+                        "child {} ({:?}) is stuck between fork and exec after {:?}: \
+                         killed, started again",
+                        child.id(),
+                        self.get_program(),
+                        spawned.elapsed()
+                    );
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
             }
         }
         Err(std::io::Error::other(
@@ -417,7 +422,7 @@ pub fn spawn(args: &[&str]) -> std::process::Child {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("ringbag starts")
 }
 
@@ -499,7 +504,7 @@ pub fn promtool(args: &[&str], stdin: &str) -> Option<(bool, String)> {
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .spawn();
+        .spawn_execd();
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {

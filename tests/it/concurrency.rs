@@ -6,6 +6,7 @@
 //! Bounded: the attack runs for `RINGBAG_RACE_SECS` (default 12) seconds.
 
 use crate::common::RunOutput;
+use crate::common::SpawnExecd;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -93,7 +94,7 @@ fn reindex_and_recover_loops_never_disturb_live_recordings() {
             .arg(&bag)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .spawn()
+            .spawn_execd()
             .expect("spawn recorder");
         live.push(Live {
             bag,

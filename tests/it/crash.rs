@@ -7,6 +7,7 @@
 //! `RINGBAG_CRASH_SEED` (default: the clock); the seed is printed so a failure can be replayed.
 
 use crate::common::RunOutput;
+use crate::common::SpawnExecd;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -91,7 +92,7 @@ fn reindex_cli(bag: &Path, extra: &[&str]) -> serde_json::Value {
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("spawn reindex");
     let out = crate::common::wait_deadline(child, 30)
         .unwrap_or_else(|| panic!("{}: reindex took longer than 30 s", bag.display()));
@@ -136,7 +137,7 @@ fn kill_9_at_random_moments_loses_nothing_that_was_committed() {
             .arg(&status)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()
+            .spawn_execd()
             .expect("spawn record");
         let moment = Duration::from_millis(50 + rng.below(900));
         std::thread::sleep(moment);
@@ -546,7 +547,7 @@ fn record_recover_reindexes_a_killed_bag_before_recording_a_new_one() {
         .arg(&status)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
+        .spawn_execd()
         .expect("spawn");
     // Kill once something is committed in a split after the first.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -883,7 +884,7 @@ fn reindex_and_recovery_leave_a_bag_that_is_being_recorded_alone() {
             .arg(&status)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()
+            .spawn_execd()
             .expect("spawn");
         let deadline = Instant::now() + Duration::from_secs(20);
         while committed(&status) == 0 && Instant::now() < deadline {

@@ -2,6 +2,7 @@
 //! into unlinked files while every commit succeeds and the status looks healthy. The writer
 //! notices within a second, says so (log, exit line, STATUS=) and stops with exit 1.
 
+use crate::common::SpawnExecd;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -65,7 +66,7 @@ fn record_then_delete(victim_is_root: bool) {
         .env_remove("RINGBAG_LOG")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("record starts");
     let lines = read_lines(&mut child);
     assert!(

@@ -2,6 +2,7 @@
 //! nothing written.
 
 use crate::common::RunOutput;
+use crate::common::SpawnExecd;
 use std::fs;
 use std::path::Path;
 
@@ -741,7 +742,7 @@ fn with_closed_stdout(args: &[&str]) -> (Option<i32>, String) {
         .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("ringbag runs");
     // The reader closes before ringbag writes anything: `| head -c0`.
     drop(child.stdout.take());
@@ -942,7 +943,7 @@ fn with_broken_stdout(args: &[&str], closed: bool) -> (Option<i32>, String) {
             .expect("/dev/full");
         cmd.stdout(full);
     }
-    let o = crate::common::wait_deadline(cmd.spawn().expect("ringbag runs"), 60)
+    let o = crate::common::wait_deadline(cmd.spawn_execd().expect("ringbag runs"), 60)
         .expect("ringbag ends within 60 s");
     (o.status.code(), stderr(&o))
 }

@@ -2,6 +2,7 @@
 //! exit summary and the split files' rows, nothing unwritten (`record --status-file` and the
 //! daemon's status file).
 
+use crate::common::SpawnExecd;
 use std::path::{Path, PathBuf};
 
 use crate::common::{spawn, stderr, wait_deadline};
@@ -104,7 +105,7 @@ fn the_daemons_last_status_file_equals_its_exit_summary_and_the_bags_rows() {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("daemon starts");
     let out = wait_deadline(child, 60).expect("the daemon ends after synthetic_count");
     let err = stderr(&out);

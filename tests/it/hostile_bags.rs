@@ -4,6 +4,7 @@
 //! clear line, never hang, never write, and never destroy what is not its own.
 
 use crate::common::RunOutput;
+use crate::common::SpawnExecd;
 use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -22,7 +23,7 @@ fn run_deadline<S: AsRef<OsStr>>(args: &[S], secs: u64) -> Output {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("spawn ringbag");
     let out = crate::common::wait_deadline(child, secs);
     let cmd: Vec<String> = args
@@ -584,7 +585,7 @@ fn killed_recording(root: &Path, profile: &str, size: &str, at_least: u64) -> (P
         .arg(&status)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
+        .spawn_execd()
         .expect("spawn record");
     let committed = || crate::common::status_committed(&status).unwrap_or(0);
     // Kill while the open split is well filled, so that truncating it cuts rows.
@@ -828,7 +829,7 @@ fn run_limited(args: &[PathBuf], secs: u64, bytes: u64) -> Output {
             });
         }
     }
-    crate::common::wait_deadline(cmd.spawn().expect("spawn ringbag"), secs)
+    crate::common::wait_deadline(cmd.spawn_execd().expect("spawn ringbag"), secs)
         .unwrap_or_else(|| panic!("`ringbag {args:?}` hung (killed after {secs} s)"))
 }
 

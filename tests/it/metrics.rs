@@ -2,6 +2,7 @@
 //! collector, checked by `promtool check metrics` where Prometheus is installed, and the
 //! metrics keys' `--check-config` errors.
 
+use crate::common::SpawnExecd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -71,7 +72,7 @@ fn the_daemon_rewrites_the_textfile_each_interval_and_its_last_one_says_down_and
         .args(["daemon", "--config", config.to_str().unwrap()])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .unwrap();
     let read = || std::fs::read_to_string(&prom).unwrap_or_default();
     assert!(
@@ -332,7 +333,7 @@ impl Logged {
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .spawn()
+            .spawn_execd()
             .unwrap();
         let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let err = child.stderr.take().unwrap();

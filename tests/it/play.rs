@@ -2,6 +2,7 @@
 //! that are damaged or still being recorded. Timing is measured by `scripts/bench.sh`; the
 //! checks here are exact or one-sided (a message is never sent before its time).
 
+use crate::common::SpawnExecd;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -398,7 +399,7 @@ fn loop_plays_the_bag_again_until_stopped() {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .unwrap();
     let pid = child.id();
     let out = crate::play_keys::Collected::from(child.stdout.take().unwrap());
@@ -837,7 +838,7 @@ fn play_of_a_bag_whose_recording_deletes_its_splits_meanwhile_never_fails() {
         .arg(&out)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .spawn()
+        .spawn_execd()
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let splits = || -> u64 {
@@ -896,7 +897,7 @@ fn keys_are_off_when_stdin_is_not_a_terminal() {
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .unwrap();
     // Space and the right arrow, which would pause and step on a terminal.
     let mut stdin = child.stdin.take().unwrap();

@@ -163,6 +163,7 @@ impl OnPty {
                 libc::_exit(libc::WEXITSTATUS(status));
             });
         }
+        // A plain spawn: the stand-in shell never execs, so waiting for its exec would never end.
         let mut shell = cmd.spawn().expect("ringbag starts");
         drop(hold);
         let children = format!("/proc/{0}/task/{0}/children", shell.id());

@@ -6,6 +6,7 @@
 //! Skipped with a message where `prometheus` or `prometheus-node-exporter` is not installed,
 //! unless RINGBAG_PROMETHEUS_REQUIRED is set (CI installs them; then a missing one fails).
 
+use crate::common::SpawnExecd;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -49,7 +50,7 @@ fn spawn(cmd: &mut Command, log: &Path) -> Server {
     Server(
         cmd.stdout(Stdio::null())
             .stderr(Stdio::from(f))
-            .spawn()
+            .spawn_execd()
             .unwrap_or_else(|e| panic!("{cmd:?}: {e}")),
     )
 }
@@ -156,7 +157,7 @@ fn prometheus_scrapes_the_endpoint_and_node_exporter_the_textfile_and_a_stopped_
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .unwrap();
     let _node = spawn(
         Command::new("prometheus-node-exporter")

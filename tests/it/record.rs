@@ -1,6 +1,7 @@
 //! Recording end to end through the binary.
 
 use crate::common::RunOutput;
+use crate::common::SpawnExecd;
 use ringbag::bag::reader::{Bag, ReadFilter};
 
 use crate::common::{run, stderr};
@@ -137,7 +138,7 @@ fn sigterm_mid_recording_finishes_a_complete_bag() {
             "4MiB",
         ])
         .stderr(std::process::Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .unwrap();
     // Wait until several splits' worth of data is on disk, then stop it as systemd would.
     assert!(

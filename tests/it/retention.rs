@@ -1,6 +1,7 @@
 //! Circular logging end to end: the size, duration, file-count and free-space budgets hold
 //! while recording, old splits go first, and what remains is a true, readable bag.
 
+use crate::common::SpawnExecd;
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -34,7 +35,7 @@ fn spawn_record(args: &[&str]) -> Child {
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("ringbag starts")
 }
 

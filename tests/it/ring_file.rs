@@ -2,6 +2,7 @@
 //! symbolic link, a directory, a special file, another user's ring, one others may read, or
 //! any other file at the ring's path is bad input (exit 2, one line) and stays as it was.
 
+use crate::common::SpawnExecd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -374,7 +375,7 @@ fn a_daemon_with_a_ring_reports_its_fill_oldest_message_and_open_snapshot_in_sta
             .env_remove("WATCHDOG_USEC")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
-            .spawn()
+            .spawn_execd()
             .expect("daemon starts"),
     );
     let first = wait_ring(&status, 60, "messages in the ring", |r| {

@@ -2,6 +2,7 @@
 //! next start reads each intact record at most once, says what it could not recover and why,
 //! writes only a bag ringbag itself reads (or none), obeys the budget, and records.
 
+use crate::common::SpawnExecd;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -84,7 +85,7 @@ fn restart(root: &Path, name: &str, ring: &Path, extra: &[&str]) -> Option<std::
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("spawn record");
     wait_deadline(child, 60)
 }
@@ -302,7 +303,7 @@ fn records_with_extreme_stamps_are_left_out_and_the_crash_bag_reads_and_plays() 
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("play runs");
     let play = wait_deadline(play, 30).expect("play ends");
     assert!(play.status.success(), "{}", stderr(&play));
@@ -420,7 +421,7 @@ fn a_humble_crash_bag_carries_its_trigger_in_snapshot_yaml_which_info_reindex_an
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .unwrap();
     let play = wait_deadline(play, 30).expect("play ends");
     assert!(play.status.success(), "{}", stderr(&play));

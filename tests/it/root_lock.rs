@@ -2,6 +2,7 @@
 //! holds is refused with one line naming the root and the holder's pid, exit 2, before it
 //! touches anything; the first keeps recording.
 
+use crate::common::SpawnExecd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -26,7 +27,7 @@ fn daemon(config: &Path) -> Child {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("daemon starts")
 }
 

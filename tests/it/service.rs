@@ -2,6 +2,7 @@
 //! bound datagram socket, and signals; `ringbag status`; `--check-config` error lines.
 
 use crate::common::RunOutput;
+use crate::common::SpawnExecd;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -85,7 +86,7 @@ impl Daemon {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("daemon starts");
+        let child = cmd.spawn_execd().expect("daemon starts");
         Daemon {
             child,
             notes,

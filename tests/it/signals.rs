@@ -2,6 +2,7 @@
 //! binary: none ends the process at any moment, a SIGUSR1 burst does not push history out of
 //! a file budget, and a reload keeps the black box's history.
 
+use crate::common::SpawnExecd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -80,7 +81,7 @@ fn daemon(config: &Path) -> Child {
     daemon_command(config)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("daemon starts")
 }
 
@@ -148,7 +149,7 @@ fn record_without_a_ring_logs_sigusr2_once_and_survives_every_request() {
         .env_remove("RINGBAG_LOG")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("record starts");
     wait_until(&mut child, "messages committed", || {
         status_committed(&status).is_some_and(|n| n > 0)

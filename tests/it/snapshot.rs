@@ -2,6 +2,7 @@
 //! socket, the per-topic split and throttle counts, bad input.
 
 use crate::common::RunOutput;
+use crate::common::SpawnExecd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -25,7 +26,7 @@ fn recorder(root: &Path, name: &str, sock: &Path, ring: &Path, extra: &[&str]) -
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("spawn record")
 }
 

@@ -1,6 +1,7 @@
 //! Triggers at the edges: the reason's bound (CLI, socket, the record that survives kill -9),
 //! a slow control-socket client, reasons that try to forge log lines, a trigger storm.
 
+use crate::common::SpawnExecd;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -35,7 +36,7 @@ fn recorder(tmp: &Path, name: &str) -> Child {
         .env_remove("RINGBAG_LOG")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("record starts")
 }
 
@@ -345,7 +346,7 @@ fn a_trigger_sent_during_a_short_freeze_is_stamped_with_its_send_time() {
         .args(["--reason", "frozen", "--post", "0"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("ringbag trigger starts");
     // The freeze under test: shorter than the recorder's bound on a request's age (4 s),
     // long enough that the client (slow to start under an emulator) has sent well before

@@ -1,6 +1,7 @@
 //! Fleet offload against a real S3 store (Garage on loopback): `ringbag upload` and the
 //! engine the daemon drives. Skipped (with a line saying so) where Garage is not available.
 
+use crate::common::SpawnExecd;
 use std::fs;
 use std::path::Path;
 use std::process::Stdio;
@@ -514,7 +515,7 @@ fn killed_mid_multipart(test: &str, corrupt: bool) {
         .arg(&bag)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
+        .spawn_execd()
         .unwrap();
     assert!(
         wait_for(Duration::from_secs(60), || {
@@ -965,7 +966,7 @@ fn run_with_peak_rss(cmd: &mut std::process::Command) -> (Option<i32>, u64, Stri
     let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_execd()
         .expect("spawn");
     let mut stderr_pipe = child.stderr.take().expect("stderr");
     let reader = std::thread::spawn(move || {

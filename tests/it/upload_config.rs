@@ -3,6 +3,7 @@
 //! secret, and says where uploads go when all is well; the daemon records even when the
 //! credentials are missing, and a SIGHUP picks them up.
 
+use crate::common::SpawnExecd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -216,7 +217,7 @@ fn the_daemon_records_without_credentials_and_a_sighup_picks_them_up() {
     without_credentials(&mut c)
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
-    let mut child = c.spawn().expect("daemon starts");
+    let mut child = c.spawn_execd().expect("daemon starts");
     let pid = Pid::from_raw(child.id() as i32);
     let logged = || std::fs::read_to_string(&log).unwrap_or_default();
     let limit = Duration::from_secs(30);

@@ -8,6 +8,7 @@
 //! seconds. Every wait polls a condition with a deadline; `RINGBAG_STRESS_PERCENT` scales the
 //! observation windows (as in bounds.rs).
 
+use crate::common::SpawnExecd;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -122,7 +123,7 @@ impl Setup {
                     .expect("log file"),
             );
         Daemon {
-            child: Some(c.spawn().expect("daemon starts")),
+            child: Some(c.spawn_execd().expect("daemon starts")),
         }
     }
 
