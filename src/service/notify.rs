@@ -79,17 +79,24 @@ impl Extender {
         let done = Arc::new(AtomicBool::new(false));
         let flag = done.clone();
         let usec = u32::try_from(EXTEND_BY.as_micros()).unwrap_or(u32::MAX);
+        let extend = move || {
+            send(&[
+                NotifyState::ExtendTimeoutUsec(usec),
+                NotifyState::Status("recovering unfinished bags"),
+            ])
+        };
+        // The first extension is sent here, before the phase starts, not by the thread: a
+        // thread that is scheduled late (a loaded board, qemu) would otherwise find a short
+        // recovery already over and never say that one ran.
+        extend();
         let handle = std::thread::Builder::new()
             .name("ringbag-extend".into())
             .spawn(move || {
-                let mut last: Option<Instant> = None;
+                let mut last = Instant::now();
                 while !flag.load(Relaxed) {
-                    if last.is_none_or(|t| t.elapsed() >= EXTEND_BY / 3) {
-                        send(&[
-                            NotifyState::ExtendTimeoutUsec(usec),
-                            NotifyState::Status("recovering unfinished bags"),
-                        ]);
-                        last = Some(Instant::now());
+                    if last.elapsed() >= EXTEND_BY / 3 {
+                        extend();
+                        last = Instant::now();
                     }
                     std::thread::park_timeout(Duration::from_millis(100));
                 }
@@ -222,7 +229,19 @@ mod tests {
         *gate.0.lock().expect("gate") = true;
         gate.1.notify_all();
         let _ = p.finish();
-        std::env::remove_var("NOTIFY_SOCKET");
         assert_eq!(stalled, 0, "a stalled writer must not ping the watchdog");
+
+        // A recovery over before the extender's thread first runs still asked for the time:
+        // the first extension is sent by `start` itself.
+        drain(&sock, &mut Vec::new());
+        Extender::start().stop();
+        let mut got = Vec::new();
+        drain(&sock, &mut got);
+        std::env::remove_var("NOTIFY_SOCKET");
+        assert!(
+            got.iter()
+                .any(|m| m.lines().any(|l| l == "EXTEND_TIMEOUT_USEC=30000000")),
+            "{got:?}"
+        );
     }
 }
