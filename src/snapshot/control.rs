@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{RecvTimeoutError, Sender};
 
 use super::snapshotter::{Cmd, Ticket};
-use super::trigger::{Origin, Outcome, TriggerRequest};
+use super::trigger::{ControlCommand, Origin, Outcome, TriggerRequest};
+use crate::pipeline::PauseSwitch;
 
 /// The service's control socket (systemd's `RuntimeDirectory=ringbag`).
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/ringbag/control.sock";
@@ -241,7 +242,11 @@ impl ControlServer {
     /// Only a socket is ever removed: anything else at `path` is [`ControlError::BadPath`]
     /// and left as it was (the same checks as [`check_socket_path`], made again here since
     /// the file may have changed since the settings were checked).
-    pub fn start(path: &Path, tx: Sender<Cmd>) -> Result<ControlServer, ControlError> {
+    pub fn start(
+        path: &Path,
+        tx: Sender<Cmd>,
+        pause: Arc<PauseSwitch>,
+    ) -> Result<ControlServer, ControlError> {
         let io = |source| ControlError::Io {
             path: path.to_path_buf(),
             source,
@@ -261,7 +266,7 @@ impl ControlServer {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("ringbag-control".into())
-                .spawn(move || serve(listener, tx, &stop))
+                .spawn(move || serve(listener, tx, &pause, &stop))
                 .map_err(io)?
         };
         log::info!("control socket {}: listening for triggers", path.display());
@@ -327,7 +332,7 @@ const _: () = assert!(
         <= CLIENT_TIMEOUT.as_secs()
 );
 
-fn serve(listener: UnixListener, tx: Sender<Cmd>, stop: &AtomicBool) {
+fn serve(listener: UnixListener, tx: Sender<Cmd>, pause: &PauseSwitch, stop: &AtomicBool) {
     // Scoped: every connection thread has ended (each notices `stop` within a slice) before
     // `serve` returns, so no sender of triggers outlives the control socket.
     std::thread::scope(|scope| {
@@ -344,7 +349,7 @@ fn serve(listener: UnixListener, tx: Sender<Cmd>, stop: &AtomicBool) {
                     let spawned = std::thread::Builder::new()
                         .name("ringbag-control-client".into())
                         .spawn_scoped(scope, move || {
-                            if let Err(e) = answer(stream, tx, stop) {
+                            if let Err(e) = answer(stream, tx, pause, stop) {
                                 log::warn!("control socket: {e}");
                             }
                         });
@@ -386,7 +391,12 @@ fn refuse_busy(stream: &UnixStream) {
 
 /// One connection: read a request line (within [`REQUEST_DEADLINE`]), hand it to the
 /// snapshot thread, write its answer.
-fn answer(stream: UnixStream, tx: &Sender<Cmd>, stop: &AtomicBool) -> std::io::Result<()> {
+fn answer(
+    stream: UnixStream,
+    tx: &Sender<Cmd>,
+    pause: &PauseSwitch,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
     let outcome = match read_request(&stream, stop)? {
         None => return Ok(()),
@@ -395,6 +405,19 @@ fn answer(stream: UnixStream, tx: &Sender<Cmd>, stop: &AtomicBool) -> std::io::R
             Err(e) => Outcome::Refused {
                 why: format!("not a trigger request: {e}"),
             },
+            // Pause and resume are answered here: a flag, nothing for the snapshot thread
+            // (and no age check: flipping it late is what the client asked for anyway).
+            Ok(TriggerRequest {
+                command: Some(c), ..
+            }) => {
+                let paused = c == ControlCommand::Pause;
+                let changed = pause.set(paused, "control socket");
+                if paused {
+                    Outcome::Paused { changed }
+                } else {
+                    Outcome::Resumed { changed }
+                }
+            }
             Ok(req) => match req.check_reason() {
                 Err(why) => Outcome::Refused { why },
                 Ok(()) => match request_age(&req, unix_now_ns()) {
@@ -666,7 +689,7 @@ mod tests {
                 })
             };
             let (tx, _rx) = crossbeam_channel::bounded(1);
-            let server = ControlServer::start(&path, tx).unwrap();
+            let server = ControlServer::start(&path, tx, Arc::default()).unwrap();
             if let Some(e) = watcher.join().unwrap() {
                 assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
                 refused += 1;
