@@ -403,6 +403,9 @@ pub fn run_with(
     // first split has just opened. (A SIGUSR2 is kept: the ring exists now.)
     let _ = signals::take_rotate();
     hooks.started(&running);
+    if pipeline.pause().is_paused() {
+        log::info!("recording is paused: nothing is written to the bag until it is resumed");
+    }
     let keys = RecordKeys::start(&settings);
     let mut requests = Requests::default();
     while !source_ended.load(std::sync::atomic::Ordering::Acquire) && !pipeline.stopping() {

@@ -41,9 +41,9 @@ impl PauseSwitch {
         let changed = self.paused.swap(paused, Relaxed) != paused;
         if changed {
             if paused {
-                log::info!("Pausing recording ({by}).");
+                log::info!("Pausing recording. ({by})");
             } else {
-                log::info!("Resuming recording ({by}).");
+                log::info!("Resuming recording. ({by})");
             }
         }
         changed
@@ -53,9 +53,9 @@ impl PauseSwitch {
     pub fn toggle(&self, by: &str) -> bool {
         let now = !self.paused.fetch_xor(true, Relaxed);
         if now {
-            log::info!("Pausing recording ({by}).");
+            log::info!("Pausing recording. ({by})");
         } else {
-            log::info!("Resuming recording ({by}).");
+            log::info!("Resuming recording. ({by})");
         }
         now
     }

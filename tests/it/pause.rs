@@ -45,16 +45,16 @@ fn summary_count(err: &str, prefix: &str) -> u64 {
         .unwrap_or_else(|| panic!("no count in `{line}`"))
 }
 
-/// The count after `word ` in the first summary line that has it (`written 12,`).
+/// The count after the first `word ` that a number follows (`written 12,` in the summary).
 fn count_after(err: &str, word: &str) -> u64 {
-    let at = err
-        .find(&format!("{word} "))
-        .unwrap_or_else(|| panic!("no `{word}` in:\n{err}"));
-    err[at + word.len() + 1..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no count after `{word}`"))
+    let pat = format!("{word} ");
+    err.match_indices(&pat)
+        .find_map(|(at, _)| {
+            let rest = &err[at + pat.len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no count after `{word}` in:\n{err}"))
 }
 
 #[test]
@@ -194,9 +194,9 @@ fn pause_and_resume_over_the_control_socket_while_the_ring_keeps_recording() {
     let out = wait_deadline(child, DEADLINE.as_secs()).expect("recorder ends");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("Pausing recording (control socket)."), "{err}");
+    assert!(err.contains("Pausing recording. (control socket)"), "{err}");
     assert!(
-        err.contains("Resuming recording (control socket)."),
+        err.contains("Resuming recording. (control socket)"),
         "{err}"
     );
     // The counts add up: every accepted message was written, paused, or (realtime) dropped.
@@ -323,4 +323,104 @@ fn the_daemon_pauses_over_its_socket_shows_it_in_its_status_and_stays_paused_acr
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `record --start-paused` on a terminal: the space bar resumes and pauses; the terminal is
+/// in raw mode while recording and back as it was at the end.
+#[test]
+fn the_space_bar_resumes_and_pauses_a_recording_on_a_terminal() {
+    use crate::play_keys::OnPty;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("bag");
+    let status = tmp.path().join("status.json");
+    let (out_s, status_s) = (out.to_str().unwrap(), status.to_str().unwrap());
+    let p = OnPty::spawn_ringbag(
+        &[
+            "record",
+            "--source",
+            "synthetic",
+            "--clock",
+            "system",
+            "--synthetic-profile",
+            "small",
+            "--start-paused",
+            "--status-file",
+            status_s,
+            "-o",
+            out_s,
+        ],
+        false,
+    );
+    p.err.wait_for("the keys' hint", |s| {
+        s.contains("Press SPACE for pausing/resuming")
+    });
+    assert!(p.raw(), "the terminal is in raw mode while recording");
+    let st = || status_json(&status).unwrap_or_default();
+    assert!(wait_for(|| st()["paused_messages"].as_u64() > Some(10)));
+    assert_eq!(st()["committed"], 0);
+    p.type_keys(b" ");
+    p.err
+        .wait_for("resumed", |s| s.contains("Resuming recording. (keyboard)"));
+    assert!(wait_for(|| st()["committed"].as_u64() > Some(10)));
+    assert_eq!(st()["paused"], false);
+    p.type_keys(b" ");
+    p.err
+        .wait_for("paused", |s| s.contains("Pausing recording. (keyboard)"));
+    assert!(wait_for(|| st()["paused"] == true));
+    // SIGHUP stays `record`'s request (logged, ignored) with the keys on: not fatal.
+    p.signal(nix::sys::signal::Signal::SIGHUP);
+    p.err.wait_for("SIGHUP ignored", |s| {
+        s.contains("has no configuration to reload; ignored")
+    });
+    assert!(p.raw(), "still recording, the terminal still in raw mode");
+    p.signal(nix::sys::signal::Signal::SIGINT);
+    let (code, _, err, cooked) = p.finish();
+    assert!(code.success(), "{err}");
+    assert!(cooked, "the terminal is put back");
+    assert!(err.contains("recording was paused at the end"), "{err}");
+    assert_eq!(message_count(&out), count_after(&err, "written"), "{err}");
+}
+
+/// `--disable-keyboard-controls`: the space bar is not read, recording stays paused.
+#[test]
+fn disable_keyboard_controls_leaves_the_terminal_alone() {
+    use crate::play_keys::OnPty;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("bag");
+    let status = tmp.path().join("status.json");
+    let (out_s, status_s) = (out.to_str().unwrap(), status.to_str().unwrap());
+    let p = OnPty::spawn_ringbag(
+        &[
+            "record",
+            "--source",
+            "synthetic",
+            "--clock",
+            "system",
+            "--synthetic-profile",
+            "small",
+            "--start-paused",
+            "--disable-keyboard-controls",
+            "--status-file",
+            status_s,
+            "-o",
+            out_s,
+        ],
+        false,
+    );
+    let st = || status_json(&status).unwrap_or_default();
+    assert!(wait_for(|| st()["paused_messages"].as_u64() > Some(10)));
+    assert!(!p.raw(), "the terminal is not touched");
+    p.type_keys(b" \n");
+    // The recorder keeps running paused: the count of paused messages goes on growing.
+    let seen = st()["paused_messages"].as_u64().unwrap();
+    assert!(wait_for(
+        || st()["paused_messages"].as_u64() > Some(seen + 50)
+    ));
+    assert_eq!(st()["paused"], true);
+    assert_eq!(st()["committed"], 0);
+    p.signal(nix::sys::signal::Signal::SIGINT);
+    let (code, _, err, _) = p.finish();
+    assert!(code.success(), "{err}");
+    assert!(!err.contains("Press SPACE"), "{err}");
+    assert_eq!(message_count(&out), 0);
 }
