@@ -1223,6 +1223,18 @@ impl WriterCtx {
                 t.lost_in_middleware().to_string(),
             );
         }
+        // Left out on request (pause), not lost: a reader of the bag can tell a paused gap
+        // from a loss.
+        let paused = sum(TopicStats::paused);
+        if paused > 0 {
+            w.set_custom_data("ringbag.paused_messages", paused.to_string());
+        }
+        for t in topics.iter().filter(|t| t.paused() > 0) {
+            w.set_custom_data(
+                format!("ringbag.paused_messages.{}", t.name),
+                t.paused().to_string(),
+            );
+        }
     }
 
     /// After a failure, release whatever is still queued so producers' budget accounting

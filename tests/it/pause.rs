@@ -77,6 +77,13 @@ fn start_paused_records_nothing_and_counts_every_message_as_paused_not_dropped()
     assert!(o.status.success(), "{err}");
     assert_eq!(message_count(&out), 0, "{err}");
     assert_eq!(summary_count(&err, "accepted"), 500, "{err}");
+    let custom = Bag::open(&out).unwrap().metadata.custom_data;
+    assert_eq!(custom["ringbag.paused_messages"], "500");
+    assert_eq!(custom["ringbag.paused_messages./synthetic/small"], "500");
+    assert_eq!(
+        custom["ringbag.dropped_messages"], "0",
+        "paused is not dropped"
+    );
     assert_eq!(count_after(&err, "written"), 0, "{err}");
     assert_eq!(summary_count(&err, "dropped"), 0, "{err}");
     assert!(
@@ -108,6 +115,8 @@ fn an_unpaused_recording_says_nothing_of_pausing() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert_eq!(message_count(&out), 300);
+    let custom = Bag::open(&out).unwrap().metadata.custom_data;
+    assert!(!custom.contains_key("ringbag.paused_messages"));
     assert!(!err.contains("paused"), "{err}");
     let st = status_json(&status).expect("status file");
     assert_eq!(st["paused"], false);
