@@ -703,6 +703,65 @@ mod tests {
     }
 
     #[test]
+    fn pause_and_resume_flip_the_switch_without_the_snapshot_thread_and_a_trigger_still_goes_to_it()
+    {
+        use super::super::trigger::ControlCommand;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let pause = Arc::new(PauseSwitch::default());
+        let server = ControlServer::start(&path, tx, pause.clone()).unwrap();
+        let ask = |command| {
+            let req = TriggerRequest {
+                command,
+                ..Default::default()
+            };
+            send_trigger(&path, &req).unwrap()
+        };
+        assert_eq!(
+            ask(Some(ControlCommand::Pause)),
+            Outcome::Paused { changed: true }
+        );
+        assert!(pause.is_paused());
+        assert_eq!(
+            ask(Some(ControlCommand::Pause)),
+            Outcome::Paused { changed: false }
+        );
+        assert_eq!(
+            ask(Some(ControlCommand::Resume)),
+            Outcome::Resumed { changed: true }
+        );
+        assert!(!pause.is_paused());
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing reached the snapshot thread"
+        );
+        // A trigger (no `command`, as older clients send it) still goes to the snapshot
+        // thread: answer it from here.
+        let answerer = std::thread::spawn(move || match rx.recv().unwrap() {
+            Cmd::Trigger { reply, ticket, .. } => {
+                assert!(ticket.unwrap().take());
+                reply
+                    .unwrap()
+                    .send(Outcome::Started { bag: "b".into() })
+                    .unwrap();
+            }
+        });
+        assert_eq!(ask(None), Outcome::Started { bag: "b".into() });
+        answerer.join().unwrap();
+        // On the wire: the field is left out of a trigger, and spelled in lowercase.
+        let text = serde_json::to_string(&TriggerRequest::default()).unwrap();
+        assert!(!text.contains("command"), "{text}");
+        let pause_req: TriggerRequest = serde_json::from_str(r#"{"command": "pause"}"#).unwrap();
+        assert_eq!(pause_req.command, Some(ControlCommand::Pause));
+        assert_eq!(
+            serde_json::to_string(&Outcome::Resumed { changed: false }).unwrap(),
+            r#"{"outcome":"resumed","changed":false}"#
+        );
+        server.stop();
+    }
+
+    #[test]
     fn a_request_age_comes_from_its_send_time_and_an_old_one_is_dropped() {
         let now = 1_700_000_000 * S;
         // An older client says nothing: as before, its time is when it was read.
