@@ -1,5 +1,7 @@
 //! The control socket: `ringbag trigger` talks to a running recorder over a unix stream
-//! socket, one JSON line each way (a [`TriggerRequest`], then an [`Outcome`]).
+//! socket, one JSON line each way (a [`TriggerRequest`], then an [`Outcome`]). `ringbag pause`
+//! and `resume` send the same request with its `command` set; those are answered by the
+//! connection thread itself (they flip the [`PauseSwitch`]), never by the snapshot thread.
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
