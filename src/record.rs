@@ -31,8 +31,11 @@ pub struct RecordSettings {
     pub clock: crate::clock::ClockSettings,
     /// Reindex unfinished bags in the output's parent directory before recording.
     pub recover: bool,
-    /// Where to write `{"committed": N, "splits": K}` every ~100 ms.
+    /// Where to write `{"committed": N, "splits": K, "paused": B, "paused_messages": P}`
+    /// every ~100 ms.
     pub status_file: Option<PathBuf>,
+    /// The space bar pauses and resumes (`record` on a terminal; never the service).
+    pub keyboard_controls: bool,
     /// `record` without a floor flag: the default free-space floor (bytes) in
     /// `retention.min_free_space`, said in one line at start. None otherwise.
     pub default_free_floor: Option<u64>,
@@ -209,7 +212,8 @@ pub fn run_with(
                 None,
             ));
         }
-        write_status_counts(st.path, 0, 0).map_err(|e| {
+        let pause = &settings.pipeline.pause;
+        write_status_counts(st.path, 0, 0, pause).map_err(|e| {
             failure(
                 RecordError::StatusFile {
                     path: st.path.to_path_buf(),
@@ -399,6 +403,10 @@ pub fn run_with(
     // first split has just opened. (A SIGUSR2 is kept: the ring exists now.)
     let _ = signals::take_rotate();
     hooks.started(&running);
+    if pipeline.pause().is_paused() {
+        log::info!("recording is paused: nothing is written to the bag until it is resumed");
+    }
+    let keys = RecordKeys::start(&settings);
     let mut requests = Requests::default();
     while !source_ended.load(std::sync::atomic::Ordering::Acquire) && !pipeline.stopping() {
         if signals::stop_requested() {
@@ -410,15 +418,20 @@ pub fn run_with(
         }
         requests.rotate(&running);
         requests.snapshot(snapshots.as_ref());
+        if let Some(k) = &keys {
+            k.poll(pipeline.pause());
+        }
         if let Some(st) = status.as_mut() {
             if last_status.elapsed() >= STATUS_INTERVAL {
                 last_status = std::time::Instant::now();
-                st.update(&progress);
+                st.update(&progress, pipeline.pause());
             }
         }
         // Woken early when the source ends (`SourceEnd`).
         std::thread::park_timeout(Duration::from_millis(20));
     }
+    // The terminal gets its mode back before the summary is printed.
+    drop(keys);
     hooks.finishing(&running);
     producer.request_stop();
     let source_result = source
@@ -448,12 +461,47 @@ pub fn run_with(
         hooks.keep_ring(ring);
     }
     if let Some(st) = status.as_mut() {
-        st.update(&progress);
+        st.update(&progress, &settings.pipeline.pause);
     }
     match (result, source_result) {
         (Err(e), _) => Err(failure(e.into(), Some(summary))),
         (Ok(_), Err(e)) => Err(failure(RecordError::Source(e), Some(summary))),
         (Ok((bag, stop)), Ok(())) => Ok(RecordOutcome { bag, stop, summary }),
+    }
+}
+
+/// `record`'s keyboard controls, as `ros2 bag record` has them: the space bar pauses and
+/// resumes. The terminal handling (raw mode, restored on every way out) is `play`'s.
+struct RecordKeys {
+    /// Held for its Drop, which puts the terminal back.
+    _keyboard: crate::play::keys::Keyboard,
+    commands: crossbeam_channel::Receiver<crate::play::keys::Command>,
+}
+
+impl RecordKeys {
+    /// None when asked not to (`--disable-keyboard-controls`, the service) or when stdin is
+    /// not a terminal of ours.
+    fn start(settings: &RecordSettings) -> Option<RecordKeys> {
+        if !settings.keyboard_controls {
+            return None;
+        }
+        let keyboard = crate::play::keys::Keyboard::start_keeping_sighup()?;
+        // ros2 bag record says this at start (stderr, with the other log lines).
+        log::info!("Press SPACE for pausing/resuming");
+        let commands = keyboard.commands();
+        Some(RecordKeys {
+            _keyboard: keyboard,
+            commands,
+        })
+    }
+
+    /// Act on the keys pressed since the last turn; the arrows (play's) mean nothing here.
+    fn poll(&self, pause: &crate::pipeline::PauseSwitch) {
+        while let Ok(c) = self.commands.try_recv() {
+            if c == crate::play::keys::Command::TogglePause {
+                pause.toggle("keyboard");
+            }
+        }
     }
 }
 
@@ -688,7 +736,12 @@ fn start_snapshots(
         room: None,
         batch_bytes: settings.pipeline.batch_max_bytes,
     };
-    match Snapshots::start(ring.clone(), cfg, rs.control_socket.as_deref()) {
+    match Snapshots::start(
+        ring.clone(),
+        cfg,
+        rs.control_socket.as_deref(),
+        settings.pipeline.pause.clone(),
+    ) {
         Ok(s) => Ok(Some(s)),
         Err(e) => {
             // The start fails (e.g. the control socket cannot be bound) with the ring still
@@ -764,9 +817,14 @@ impl<'a> StatusFile<'a> {
         }
     }
 
-    fn update(&mut self, p: &crate::pipeline::Progress) {
+    fn update(&mut self, p: &crate::pipeline::Progress, pause: &crate::pipeline::PauseSwitch) {
         use std::sync::atomic::Ordering::Relaxed;
-        let r = write_status_counts(self.path, p.committed.load(Relaxed), p.splits.load(Relaxed));
+        let r = write_status_counts(
+            self.path,
+            p.committed.load(Relaxed),
+            p.splits.load(Relaxed),
+            pause,
+        );
         match (r, self.failing) {
             (Ok(()), true) => {
                 self.failing = false;
@@ -800,6 +858,7 @@ fn write_status_counts(
     path: &std::path::Path,
     committed: u64,
     splits: u64,
+    pause: &crate::pipeline::PauseSwitch,
 ) -> Result<(), BagError> {
     let dir = path
         .parent()
@@ -809,7 +868,11 @@ fn write_status_counts(
         .file_name()
         .and_then(|n| n.to_str())
         .ok_or_else(|| BagError::invalid(path, "needs a file name in UTF-8"))?;
-    let text = format!("{{\"committed\": {committed}, \"splits\": {splits}}}\n");
+    let text = format!(
+        "{{\"committed\": {committed}, \"splits\": {splits}, \"paused\": {}, \"paused_messages\": {}}}\n",
+        pause.is_paused(),
+        pause.messages()
+    );
     crate::bag::metadata::write_file_atomic(dir, name, text.as_bytes())
 }
 

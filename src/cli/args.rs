@@ -64,6 +64,11 @@ pub enum Command {
     Status(StatusArgs),
     /// Ask a running recorder for a snapshot bag of its memory ring (`record --snapshot-size`).
     Trigger(TriggerArgs),
+    /// Pause a running recorder's continuous recording over its control socket (like the
+    /// `~/pause` service of `ros2 bag record`); the snapshot ring keeps recording.
+    Pause(PauseArgs),
+    /// Resume a recorder paused by `ringbag pause`, the space bar or `--start-paused`.
+    Resume(PauseArgs),
     /// Upload bags (or every bag of a recording root) to S3-compatible object storage, once.
     Upload(Box<UploadArgs>),
 }
@@ -145,6 +150,13 @@ pub struct TriggerArgs {
         allow_negative_numbers = true
     )]
     pub post: f64,
+    /// The recorder's control socket.
+    #[arg(long, value_name = "PATH", default_value = crate::snapshot::control::DEFAULT_CONTROL_SOCKET)]
+    pub control_socket: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct PauseArgs {
     /// The recorder's control socket.
     #[arg(long, value_name = "PATH", default_value = crate::snapshot::control::DEFAULT_CONTROL_SOCKET)]
     pub control_socket: PathBuf,
@@ -483,8 +495,9 @@ pub struct RecordArgs {
     /// files than exist.
     #[arg(long)]
     pub recover: bool,
-    /// Write `{"committed": N, "splits": K}` to this file (atomically, every ~100 ms): N
-    /// messages are committed to the bag and survive a kill of the process.
+    /// Write `{"committed": N, "splits": K, "paused": B, "paused_messages": P}` to this file
+    /// (atomically, every ~100 ms): N messages are committed to the bag and survive a kill of
+    /// the process; P were left out while paused.
     #[arg(long, value_name = "PATH")]
     pub status_file: Option<PathBuf>,
 
@@ -535,10 +548,18 @@ pub struct RecordArgs {
     /// TYPE (optional): any, std_msgs/msg/Bool or std_msgs/msg/Empty.
     #[arg(long, value_name = "TOPIC[:TYPE]")]
     pub trigger_topic: Option<String>,
-    /// Listen for `ringbag trigger` on this unix socket. [default: none; the service uses
-    /// /run/ringbag/control.sock]
+    /// Listen for `ringbag trigger`, `pause` and `resume` on this unix socket. [default:
+    /// none; the service uses /run/ringbag/control.sock]
     #[arg(long, value_name = "PATH")]
     pub control_socket: Option<PathBuf>,
+    /// Start with recording paused: nothing is written to the bag until it is resumed (the
+    /// space bar, or `ringbag resume` with --control-socket). The snapshot ring records anyway.
+    #[arg(long)]
+    pub start_paused: bool,
+    /// No keyboard controls even on a terminal (they are off anyway when stdin is not one).
+    /// With them, the space bar pauses and resumes recording.
+    #[arg(long)]
+    pub disable_keyboard_controls: bool,
 
     #[command(flatten)]
     pub clock: ClockArgs,

@@ -52,6 +52,8 @@ pub fn main_entry() -> i32 {
         Command::Daemon(a) => cmd_daemon(&a),
         Command::Status(a) => cmd_status(&a),
         Command::Trigger(a) => cmd_trigger(&a),
+        Command::Pause(a) => cmd_pause(&a, true),
+        Command::Resume(a) => cmd_pause(&a, false),
         Command::Upload(a) => upload_cmd::run(&a),
     }
 }
@@ -65,6 +67,7 @@ fn cmd_trigger(a: &args::TriggerArgs) -> i32 {
         pre_s: a.pre,
         post_s: Some(a.post),
         sent_unix_ns: None,
+        command: None,
     };
     if let Err(e) = req.check_reason().and_then(|()| req.windows()) {
         return fail(EXIT_BAD_INPUT, e);
@@ -85,6 +88,51 @@ fn cmd_trigger(a: &args::TriggerArgs) -> i32 {
             ),
         ),
         Ok(Outcome::Refused { why }) => fail(EXIT_FAILURE, format!("refused: {why}")),
+        Ok(other @ (Outcome::Paused { .. } | Outcome::Resumed { .. })) => fail(
+            EXIT_FAILURE,
+            format!("unexpected answer to a trigger: {other:?}"),
+        ),
+        Err(e @ ControlError::NoRecorder { .. }) => fail(EXIT_BAD_INPUT, e),
+        Err(e) => fail(EXIT_FAILURE, e),
+    }
+}
+
+/// `ringbag pause` / `ringbag resume`: flip the recorder's pause switch over its control
+/// socket; one line on stderr says what happened (already paused / running is not an error).
+fn cmd_pause(a: &args::PauseArgs, pause: bool) -> i32 {
+    use crate::snapshot::control::{send_trigger, ControlError};
+    use crate::snapshot::trigger::{ControlCommand, Outcome, TriggerRequest};
+    let req = TriggerRequest {
+        command: Some(if pause {
+            ControlCommand::Pause
+        } else {
+            ControlCommand::Resume
+        }),
+        ..Default::default()
+    };
+    match send_trigger(&a.control_socket, &req) {
+        Ok(Outcome::Paused { changed }) if pause => {
+            eprintln!(
+                "ringbag: recording {}",
+                if changed { "paused" } else { "was already paused" }
+            );
+            EXIT_OK
+        }
+        Ok(Outcome::Resumed { changed }) if !pause => {
+            eprintln!(
+                "ringbag: recording {}",
+                if changed { "resumed" } else { "was not paused" }
+            );
+            EXIT_OK
+        }
+        Ok(Outcome::Refused { why }) => fail(EXIT_FAILURE, format!("refused: {why}")),
+        Ok(other) => fail(
+            EXIT_FAILURE,
+            format!(
+                "{}: the recorder does not know pause/resume (an older ringbag?); it answered {other:?}",
+                a.control_socket.display()
+            ),
+        ),
         Err(e @ ControlError::NoRecorder { .. }) => fail(EXIT_BAD_INPUT, e),
         Err(e) => fail(EXIT_FAILURE, e),
     }

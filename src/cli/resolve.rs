@@ -81,7 +81,8 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
     let output = a.output.clone().unwrap_or_else(default_output_name);
     check_output_path(&output)?;
     let mut retention = retention_policy(a, max_bag_size, max_bag_duration_ns)?;
-    let pipeline = PipelineConfig::for_limits(max_cache_size, max_bag_size, &retention);
+    let mut pipeline = PipelineConfig::for_limits(max_cache_size, max_bag_size, &retention);
+    pipeline.pause = std::sync::Arc::new(crate::pipeline::PauseSwitch::new(a.start_paused));
     // Without a floor flag, a default floor keeps `record` from filling the disk. Set after
     // the pipeline's batch sizes, which stay as they were: the floor is checked before every
     // batch whatever its size, and benchmarks keep their batches.
@@ -156,6 +157,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         clock,
         recover: a.recover,
         status_file: a.status_file.clone(),
+        keyboard_controls: !a.disable_keyboard_controls,
         default_free_floor,
         snapshot,
         upload_retention: Default::default(),

@@ -152,6 +152,19 @@ fn topics(e: &mut Exposition, st: &Status) {
          (--snapshot-topics), per topic (this bag).",
         &|t: &crate::service::status::TopicStatus| t.ring_only,
     );
+    per_topic(
+        e,
+        "ringbag_paused_messages_total",
+        "Messages left out of the bag while recording was paused (ringbag pause, \
+         --start-paused, the space bar; not a loss), per topic (this bag).",
+        &|t: &crate::service::status::TopicStatus| t.paused,
+    );
+    e.single(
+        "ringbag_paused",
+        Kind::Gauge,
+        "1 while recording is paused (the snapshot ring, if any, still records).",
+        f64::from(u8::from(st.paused)),
+    );
     e.single(
         "ringbag_splits_created_total",
         Kind::Counter,
@@ -631,6 +644,8 @@ mod tests {
         st.splits_deleted = 7;
         st.topics[0].throttled = 4;
         st.topics[1].ring_only = 11;
+        st.topics[0].paused = 4;
+        st.paused = true;
         st.writer = WriterStatus {
             batch_duration: HistogramStatus {
                 bounds_s: crate::pipeline::BATCH_BUCKETS_S.to_vec(),
@@ -711,6 +726,10 @@ mod tests {
             "# TYPE ringbag_ring_only_messages_total counter\n",
             "ringbag_ring_only_messages_total{topic=\"/imu\"} 11\n",
             "ringbag_ring_only_messages_total{topic=\"/camera/image\"} 0\n",
+            "# TYPE ringbag_paused_messages_total counter\n",
+            "ringbag_paused_messages_total{topic=\"/camera/image\"} 4\n",
+            "# TYPE ringbag_paused gauge\n",
+            "ringbag_paused 1\n",
             "# TYPE ringbag_snapshot_triggers_total counter\n",
             "ringbag_snapshot_triggers_total{source=\"socket\"} 5\n",
             "ringbag_snapshot_triggers_total{source=\"signal\"} 1\n",
@@ -784,6 +803,8 @@ mod tests {
             "ringbag_snapshots_written_total",
             "ringbag_snapshots_failed_total",
             "ringbag_ring_only_messages_total",
+            "ringbag_paused_messages_total",
+            "ringbag_paused",
             "ringbag_upload_errors_total",
             "ringbag_ring_used_bytes",
             "ringbag_upload_last_success_time_seconds",

@@ -10,6 +10,7 @@
 //! burst of a few hundred (`burst`).
 
 mod burst;
+mod pause;
 mod queue;
 mod room;
 mod stats;
@@ -17,6 +18,7 @@ mod syncer;
 mod writer_thread;
 
 pub use burst::{Bursts, NoRoom, BURST_MESSAGE_MAX};
+pub use pause::PauseSwitch;
 pub use queue::{Pending, Producer, TopicHandle, NO_TAG};
 pub use room::{Answer, Room};
 pub use stats::{DurationHistogram, RecordSummary, TopicStats, BATCH_BUCKETS_S};

@@ -2,9 +2,9 @@
 //! thread (reader). Relaxed ordering: they are statistics, not synchronisation.
 //!
 //! Every message offered to the recorder ends in exactly one place, so the counts add up:
-//! `offered = written + ring_only + throttled + dropped_queue_full + dropped_after_stop +
-//! oversize + unwritten`, where `accepted = written + ring_only + throttled + oversize +
-//! unwritten` (accepted means it entered the queue).
+//! `offered = written + ring_only + throttled + paused + dropped_queue_full +
+//! dropped_after_stop + oversize + unwritten`, where `accepted = written + ring_only +
+//! throttled + paused + oversize + unwritten` (accepted means it entered the queue).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -36,6 +36,8 @@ pub struct TopicStats {
     pub ring_only: AtomicU64,
     /// Accepted and left out of continuous recording by `--topic-rate`: by choice, not lost.
     pub throttled: AtomicU64,
+    /// Accepted and left out of the bag because recording was paused: by request, not lost.
+    pub paused: AtomicU64,
     /// Not a counter: the topic's own pool of large buffers (see `queue::LargePool`), kept
     /// here because this is the one per-topic object that producers and the writer share.
     pub(crate) large_buffers: super::queue::LargePool,
@@ -80,13 +82,17 @@ impl TopicStats {
     pub fn throttled(&self) -> u64 {
         self.throttled.load(Relaxed)
     }
+    pub fn paused(&self) -> u64 {
+        self.paused.load(Relaxed)
+    }
     /// Accepted but neither written nor dropped as oversize: still queued, or discarded when
     /// the writer stopped (`--max-splits`, a full disk, an I/O error). Final once producers
     /// and the writer have stopped.
     pub fn unwritten(&self) -> u64 {
         // Read `written`/`oversize` before `accepted`: both only grow after `accepted` did,
         // so the difference never goes negative between the loads.
-        let done = self.written() + self.oversize() + self.ring_only() + self.throttled();
+        let done =
+            self.written() + self.oversize() + self.ring_only() + self.throttled() + self.paused();
         self.accepted().saturating_sub(done)
     }
     /// Everything offered and not recorded, whatever the cause.
@@ -159,6 +165,8 @@ pub struct TopicSummary {
     pub lost_in_middleware: u64,
     pub ring_only: u64,
     pub throttled: u64,
+    /// Left out while recording was paused (not a loss).
+    pub paused: u64,
 }
 
 impl TopicSummary {
@@ -174,6 +182,7 @@ impl TopicSummary {
             lost_in_middleware: t.lost_in_middleware(),
             ring_only: t.ring_only(),
             throttled: t.throttled(),
+            paused: t.paused(),
         }
     }
     pub fn dropped(&self) -> u64 {
@@ -195,6 +204,9 @@ pub struct RecordSummary {
     /// Kept in the snapshot ring only, and left out by `--topic-rate` (neither is a loss).
     pub ring_only: u64,
     pub throttled: u64,
+    /// Left out while recording was paused (not a loss), and whether it was paused at the end.
+    pub paused: u64,
+    pub paused_at_end: bool,
     pub bytes_accepted: u64,
     pub per_topic: Vec<TopicSummary>,
     pub wall_time: Duration,
@@ -226,6 +238,7 @@ impl RecordSummary {
         self.lost_in_middleware += t.lost_in_middleware;
         self.ring_only += t.ring_only;
         self.throttled += t.throttled;
+        self.paused += t.paused;
         self.per_topic.push(t);
     }
 }
@@ -265,6 +278,18 @@ impl std::fmt::Display for RecordSummary {
                 self.ring_only, self.throttled
             )?;
         }
+        if self.paused > 0 || self.paused_at_end {
+            writeln!(
+                f,
+                "left out while paused {} (not a loss){}",
+                self.paused,
+                if self.paused_at_end {
+                    "; recording was paused at the end"
+                } else {
+                    ""
+                }
+            )?;
+        }
         writeln!(
             f,
             "splits kept {}, deleted by retention {}, bag size now {} bytes",
@@ -296,6 +321,9 @@ impl std::fmt::Display for RecordSummary {
                     "  {:<40} ring only {:>10}  throttled {:>10}",
                     "", t.ring_only, t.throttled
                 )?;
+            }
+            if t.paused > 0 {
+                writeln!(f, "  {:<40} paused {:>10}", "", t.paused)?;
             }
         }
         Ok(())

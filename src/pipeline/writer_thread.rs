@@ -63,6 +63,9 @@ pub struct PipelineConfig {
     pub batch_max_bytes: usize,
     /// ... or when its oldest message has waited this long.
     pub batch_max_delay: Duration,
+    /// Pause and resume (`--start-paused`, keys, the control socket): shared with whoever
+    /// flips it; the writer reads it once per batch ([`super::pause`]).
+    pub pause: Arc<super::PauseSwitch>,
 }
 
 impl Default for PipelineConfig {
@@ -79,6 +82,7 @@ impl Default for PipelineConfig {
             // and 64 KiB messages, 5 alternating runs each: medians within 3 %, either way).
             batch_max_bytes: 2 << 20,
             batch_max_delay: Duration::from_millis(50),
+            pause: Arc::default(),
         }
     }
 }
@@ -207,6 +211,7 @@ pub struct Pipeline {
     handle: Option<JoinHandle<Result<(BagSummary, StopReason), PipelineError>>>,
     started: Instant,
     bag_dir: std::path::PathBuf,
+    pause: Arc<super::PauseSwitch>,
 }
 
 impl Pipeline {
@@ -278,6 +283,7 @@ impl Pipeline {
         progress
             .splits
             .store(u64::from(writer.splits_created()), Relaxed);
+        let pause = cfg.pause.clone();
         let ctx = WriterCtx {
             progress: progress.clone(),
             shared: shared.clone(),
@@ -312,12 +318,18 @@ impl Pipeline {
             handle,
             started: Instant::now(),
             bag_dir,
+            pause,
         };
         if p.handle.is_none() {
             p.shared.writer_gone.store(true, Relaxed);
             p.shared.stop.store(true, Relaxed);
         }
         p
+    }
+
+    /// The pause switch (the one in its [`PipelineConfig`]).
+    pub fn pause(&self) -> &Arc<super::PauseSwitch> {
+        &self.pause
     }
 
     /// Ask the writer to close the open split now and open the next (through retention, as
@@ -398,6 +410,7 @@ impl Pipeline {
             longest_stall_cpu: Duration::from_nanos(p.longest_stall_cpu_ns.load(Relaxed)),
             peak_queue_bytes: p.peak_queue_bytes.load(Relaxed),
             longest_sync: Duration::from_nanos(p.sync.longest_ns.load(Relaxed)),
+            paused_at_end: self.pause.is_paused(),
             ..Default::default()
         };
         // Producers and the writer have stopped: these counts are final and add up.
@@ -879,6 +892,9 @@ impl WriterCtx {
             _ => OversizeLimit::NONE,
         };
         let mut registrations_drained = false;
+        // Once per batch (see `pause`): after the tap, so the snapshot ring keeps recording.
+        let paused = self.cfg.pause.is_paused();
+        let mut paused_messages = 0;
         for (topic, ts, data) in batch.iter().flat_map(Item::messages) {
             let mut idx = self.topic_map.get(topic as usize).copied().flatten();
             if idx.is_none() && !registrations_drained {
@@ -904,12 +920,20 @@ impl WriterCtx {
                     continue;
                 }
             }
+            if paused {
+                if let Some(Some(s)) = self.topic_stats.get(topic as usize) {
+                    s.paused.fetch_add(1, Relaxed);
+                }
+                paused_messages += 1;
+                continue;
+            }
             if !self.fits_budget(topic, data.len(), &limit) {
                 continue;
             }
             rows.push((idx, ts, data));
             ids.push(topic);
         }
+        self.cfg.pause.add_messages(paused_messages);
         let mut done = 0;
         let mut stop = None;
         while done < rows.len() {
@@ -1197,6 +1221,18 @@ impl WriterCtx {
             w.set_custom_data(
                 format!("ringbag.lost_in_middleware.{}", t.name),
                 t.lost_in_middleware().to_string(),
+            );
+        }
+        // Left out on request (pause), not lost: a reader of the bag can tell a paused gap
+        // from a loss.
+        let paused = sum(TopicStats::paused);
+        if paused > 0 {
+            w.set_custom_data("ringbag.paused_messages", paused.to_string());
+        }
+        for t in topics.iter().filter(|t| t.paused() > 0) {
+            w.set_custom_data(
+                format!("ringbag.paused_messages.{}", t.name),
+                t.paused().to_string(),
             );
         }
     }

@@ -1,6 +1,7 @@
 //! Keyboard controls of `ringbag play` on a terminal, as `ros2 bag play` has them: space
 //! pauses and resumes, the right arrow publishes the next message while paused, up and down
-//! change the rate by 10 %.
+//! change the rate by 10 %. `ringbag record` uses the same machinery for its space bar
+//! (pause and resume recording).
 //!
 //! Only when stdin is a terminal and play runs in its foreground. The terminal is put in
 //! non-canonical mode without echo (signals stay on: Ctrl-C is still SIGINT) and put back on
@@ -152,15 +153,25 @@ extern "C" fn on_fatal(sig: libc::c_int) {
     }
 }
 
-const HANDLED: [(Signal, extern "C" fn(libc::c_int)); 4] = [
+type Handled = &'static [(Signal, extern "C" fn(libc::c_int))];
+
+const HANDLED: Handled = &[
     (Signal::SIGTSTP, on_terminal_stop),
     (Signal::SIGCONT, on_continue),
     (Signal::SIGQUIT, on_fatal),
     (Signal::SIGHUP, on_fatal),
 ];
 
+/// `record`'s: SIGHUP stays a request there (`signals`), caught and logged, never fatal.
+const HANDLED_KEEPING_SIGHUP: Handled = &[
+    (Signal::SIGTSTP, on_terminal_stop),
+    (Signal::SIGCONT, on_continue),
+    (Signal::SIGQUIT, on_fatal),
+];
+
 /// Keyboard controls while alive: a thread reading stdin, the terminal in raw mode.
 pub struct Keyboard {
+    handled: Handled,
     commands: Receiver<Command>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -170,6 +181,17 @@ impl Keyboard {
     /// Starts the controls, or returns `None` when stdin is not a terminal (or not ours now:
     /// play runs in the background): then the keys are off without being asked.
     pub fn start() -> Option<Keyboard> {
+        Self::start_handling(HANDLED)
+    }
+
+    /// [`Keyboard::start`] for `record`, whose SIGHUP is a request (see `signals`): the
+    /// terminal is put back on SIGQUIT, Ctrl-Z and every normal way out, and SIGHUP keeps
+    /// the handler it has.
+    pub fn start_keeping_sighup() -> Option<Keyboard> {
+        Self::start_handling(HANDLED_KEEPING_SIGHUP)
+    }
+
+    fn start_handling(handled: Handled) -> Option<Keyboard> {
         use nix::sys::termios::tcgetattr;
         let stdin = std::io::stdin();
         if !nix::unistd::isatty(stdin.as_fd()).unwrap_or(false) {
@@ -190,7 +212,7 @@ impl Keyboard {
         let _ = SAVED.set(saved);
         let _ = RAW.set(raw);
         crate::signals::set_death_hook(restore);
-        for (sig, handler) in HANDLED {
+        for &(sig, handler) in handled {
             let action = SigAction::new(
                 SigHandler::Handler(handler),
                 SaFlags::SA_RESTART,
@@ -200,7 +222,7 @@ impl Keyboard {
             // are set above, before this.
             if let Err(e) = unsafe { sigaction(sig, &action) } {
                 log::warn!("keyboard controls off: cannot handle {sig}: {e}");
-                Self::reset_handlers();
+                Self::reset_handlers(handled);
                 return None;
             }
         }
@@ -208,23 +230,24 @@ impl Keyboard {
         apply_raw();
         if !APPLIED.load(SeqCst) {
             WANTED.store(false, SeqCst);
-            Self::reset_handlers();
+            Self::reset_handlers(handled);
             return None;
         }
         let (tx, commands) = crossbeam_channel::unbounded();
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::Builder::new()
-            .name("play-keys".into())
+            .name("ringbag-keys".into())
             .spawn(move || read_keys(&tx, &s))
             .ok();
         if thread.is_none() {
             WANTED.store(false, SeqCst);
             restore();
-            Self::reset_handlers();
+            Self::reset_handlers(handled);
             return None;
         }
         Some(Keyboard {
+            handled,
             commands,
             stop,
             thread,
@@ -235,8 +258,8 @@ impl Keyboard {
         self.commands.clone()
     }
 
-    fn reset_handlers() {
-        for (sig, _) in HANDLED {
+    fn reset_handlers(handled: Handled) {
+        for &(sig, _) in handled {
             let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
             // SAFETY: restoring the default disposition.
             let _ = unsafe { sigaction(sig, &dfl) };
@@ -252,7 +275,7 @@ impl Drop for Keyboard {
         }
         WANTED.store(false, SeqCst);
         restore();
-        Self::reset_handlers();
+        Self::reset_handlers(self.handled);
     }
 }
 

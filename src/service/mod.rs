@@ -160,6 +160,7 @@ pub fn record_settings(
         // The root is a recording root: recover what a crash left, budget over every bag.
         recover: true,
         status_file: None,
+        keyboard_controls: false,
         // The service's floor is its config's (`min_free_space`, off by default).
         default_free_floor: None,
         snapshot: c.snapshot.clone(),
@@ -226,6 +227,9 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
     let mut uploader: Option<UploadAgent> = None;
     let mut metrics = crate::metrics::Publisher::off();
     let mut last_status = None;
+    // Pause and resume (`ringbag pause` / `resume`) hold across reloads: a reload must not
+    // start recording what the operator paused.
+    let pause = std::sync::Arc::new(crate::pipeline::PauseSwitch::default());
     loop {
         if metrics.settings() != &checked.metrics {
             // The old endpoint closes first: the new one may listen on the same port.
@@ -247,7 +251,8 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
         let root = checked.output_root.clone();
         keep_uploader(&mut uploader, &checked);
         let bag = root.join(next_bag_name(&root, chrono::Utc::now()));
-        let settings = record_settings(&checked, bag.clone(), uploader.as_ref());
+        let mut settings = record_settings(&checked, bag.clone(), uploader.as_ref());
+        settings.pipeline.pause = pause.clone();
         collector.reset_rates();
         let mut hooks = Hooks {
             config_path,

@@ -43,6 +43,10 @@ pub struct TopicStatus {
     /// older versions).
     #[serde(default)]
     pub ring_only: u64,
+    /// Accepted and left out of the bag while recording was paused (absent in files of
+    /// older versions).
+    #[serde(default)]
+    pub paused: u64,
 }
 
 impl TopicStatus {
@@ -291,6 +295,13 @@ pub struct Status {
     /// Triggers and snapshots counted by the snapshot thread; null without a ring.
     #[serde(default)]
     pub snapshots: Option<SnapshotCountsStatus>,
+    /// Recording is paused (`ringbag pause`); the ring, if any, still records. Absent in
+    /// files of older versions (false).
+    #[serde(default)]
+    pub paused: bool,
+    /// Messages of this bag left out while paused: the sum of the topics' `paused`.
+    #[serde(default)]
+    pub paused_messages: u64,
 }
 
 impl Status {
@@ -301,10 +312,19 @@ impl Status {
         if let Some(why) = &self.stopped {
             parts.push(format!("STOPPED: {why}"));
         }
+        if self.paused {
+            parts.push(format!(
+                "PAUSED ({} messages not recorded)",
+                self.paused_messages
+            ));
+        }
         parts.push(format!(
             "{:.0} msg/s, {:.2} MB/s, {} dropped",
             self.messages_per_s, self.mb_per_s, self.dropped
         ));
+        if !self.paused && self.paused_messages > 0 {
+            parts.push(format!("{} left out while paused", self.paused_messages));
+        }
         if self.lost_in_middleware > 0 {
             parts.push(format!("{} lost in middleware", self.lost_in_middleware));
         }
@@ -365,6 +385,12 @@ impl Status {
             age.as_secs_f64()
         );
         let _ = writeln!(s, "bag:   {}", self.bag.display());
+        let _ = writeln!(
+            s,
+            "recording: {}, {} messages left out while paused",
+            if self.paused { "paused" } else { "running" },
+            self.paused_messages
+        );
         if let Some(split) = &self.split {
             let _ = writeln!(
                 s,
@@ -617,6 +643,7 @@ impl Collector {
                     lost_in_middleware: t.lost_in_middleware(),
                     throttled: t.throttled(),
                     ring_only: t.ring_only(),
+                    paused: t.paused(),
                 }
             })
             .collect();
@@ -656,6 +683,7 @@ impl Collector {
         let source = clock.source_name().to_string();
         let dropped = topic_status.iter().map(TopicStatus::dropped).sum();
         let lost_in_middleware = topic_status.iter().map(|t| t.lost_in_middleware).sum();
+        let paused_messages = topic_status.iter().map(|t| t.paused).sum();
         let bag = s.output.clone();
         let split_index = progress.splits.load(Relaxed);
         let split = (split_index > 0).then(|| {
@@ -730,6 +758,8 @@ impl Collector {
             splits_deleted: progress.splits_deleted.load(Relaxed),
             writer: writer_status(progress),
             snapshots: ring.map(SnapshotCountsStatus::of),
+            paused: s.pipeline.pause.is_paused(),
+            paused_messages,
         }
     }
 }
@@ -886,5 +916,43 @@ mod tests {
         old.as_object_mut().unwrap().remove("deleted_before_upload");
         let back: Status = serde_json::from_value(old).unwrap();
         assert_eq!(back.deleted_before_upload, None);
+    }
+
+    #[test]
+    fn the_paused_state_and_count_show_in_the_line_the_human_report_and_the_json() {
+        let mut st = Status::default();
+        st.clock.source = "system".into();
+        assert!(!st.line().contains("PAUSED") && !st.line().contains("paused"));
+        assert!(st
+            .human(Duration::ZERO)
+            .contains("recording: running, 0 messages left out while paused\n"));
+        st.paused = true;
+        st.paused_messages = 42;
+        assert!(
+            st.line()
+                .starts_with("PAUSED (42 messages not recorded); 0 msg/s"),
+            "{}",
+            st.line()
+        );
+        assert!(st
+            .human(Duration::ZERO)
+            .contains("recording: paused, 42 messages left out while paused\n"));
+        st.paused = false;
+        assert!(
+            st.line().contains("; 42 left out while paused;"),
+            "{}",
+            st.line()
+        );
+        let v = serde_json::to_value(&st).unwrap();
+        assert_eq!(
+            (v["paused"].clone(), v["paused_messages"].clone()),
+            (false.into(), 42.into())
+        );
+        // Status files of earlier versions (no such fields) read as running, none paused.
+        let mut old = v;
+        old.as_object_mut().unwrap().remove("paused");
+        old.as_object_mut().unwrap().remove("paused_messages");
+        let back: Status = serde_json::from_value(old).unwrap();
+        assert!(!back.paused && back.paused_messages == 0);
     }
 }

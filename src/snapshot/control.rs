@@ -1,5 +1,7 @@
 //! The control socket: `ringbag trigger` talks to a running recorder over a unix stream
-//! socket, one JSON line each way (a [`TriggerRequest`], then an [`Outcome`]).
+//! socket, one JSON line each way (a [`TriggerRequest`], then an [`Outcome`]). `ringbag pause`
+//! and `resume` send the same request with its `command` set; those are answered by the
+//! connection thread itself (they flip the [`PauseSwitch`]), never by the snapshot thread.
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -12,7 +14,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{RecvTimeoutError, Sender};
 
 use super::snapshotter::{Cmd, Ticket};
-use super::trigger::{Origin, Outcome, TriggerRequest};
+use super::trigger::{ControlCommand, Origin, Outcome, TriggerRequest};
+use crate::pipeline::PauseSwitch;
 
 /// The service's control socket (systemd's `RuntimeDirectory=ringbag`).
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/ringbag/control.sock";
@@ -241,7 +244,11 @@ impl ControlServer {
     /// Only a socket is ever removed: anything else at `path` is [`ControlError::BadPath`]
     /// and left as it was (the same checks as [`check_socket_path`], made again here since
     /// the file may have changed since the settings were checked).
-    pub fn start(path: &Path, tx: Sender<Cmd>) -> Result<ControlServer, ControlError> {
+    pub fn start(
+        path: &Path,
+        tx: Sender<Cmd>,
+        pause: Arc<PauseSwitch>,
+    ) -> Result<ControlServer, ControlError> {
         let io = |source| ControlError::Io {
             path: path.to_path_buf(),
             source,
@@ -261,7 +268,7 @@ impl ControlServer {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("ringbag-control".into())
-                .spawn(move || serve(listener, tx, &stop))
+                .spawn(move || serve(listener, tx, &pause, &stop))
                 .map_err(io)?
         };
         log::info!("control socket {}: listening for triggers", path.display());
@@ -327,7 +334,7 @@ const _: () = assert!(
         <= CLIENT_TIMEOUT.as_secs()
 );
 
-fn serve(listener: UnixListener, tx: Sender<Cmd>, stop: &AtomicBool) {
+fn serve(listener: UnixListener, tx: Sender<Cmd>, pause: &PauseSwitch, stop: &AtomicBool) {
     // Scoped: every connection thread has ended (each notices `stop` within a slice) before
     // `serve` returns, so no sender of triggers outlives the control socket.
     std::thread::scope(|scope| {
@@ -344,7 +351,7 @@ fn serve(listener: UnixListener, tx: Sender<Cmd>, stop: &AtomicBool) {
                     let spawned = std::thread::Builder::new()
                         .name("ringbag-control-client".into())
                         .spawn_scoped(scope, move || {
-                            if let Err(e) = answer(stream, tx, stop) {
+                            if let Err(e) = answer(stream, tx, pause, stop) {
                                 log::warn!("control socket: {e}");
                             }
                         });
@@ -386,7 +393,12 @@ fn refuse_busy(stream: &UnixStream) {
 
 /// One connection: read a request line (within [`REQUEST_DEADLINE`]), hand it to the
 /// snapshot thread, write its answer.
-fn answer(stream: UnixStream, tx: &Sender<Cmd>, stop: &AtomicBool) -> std::io::Result<()> {
+fn answer(
+    stream: UnixStream,
+    tx: &Sender<Cmd>,
+    pause: &PauseSwitch,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
     let outcome = match read_request(&stream, stop)? {
         None => return Ok(()),
@@ -395,6 +407,19 @@ fn answer(stream: UnixStream, tx: &Sender<Cmd>, stop: &AtomicBool) -> std::io::R
             Err(e) => Outcome::Refused {
                 why: format!("not a trigger request: {e}"),
             },
+            // Pause and resume are answered here: a flag, nothing for the snapshot thread
+            // (and no age check: flipping it late is what the client asked for anyway).
+            Ok(TriggerRequest {
+                command: Some(c), ..
+            }) => {
+                let paused = c == ControlCommand::Pause;
+                let changed = pause.set(paused, "control socket");
+                if paused {
+                    Outcome::Paused { changed }
+                } else {
+                    Outcome::Resumed { changed }
+                }
+            }
             Ok(req) => match req.check_reason() {
                 Err(why) => Outcome::Refused { why },
                 Ok(()) => match request_age(&req, unix_now_ns()) {
@@ -666,7 +691,7 @@ mod tests {
                 })
             };
             let (tx, _rx) = crossbeam_channel::bounded(1);
-            let server = ControlServer::start(&path, tx).unwrap();
+            let server = ControlServer::start(&path, tx, Arc::default()).unwrap();
             if let Some(e) = watcher.join().unwrap() {
                 assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
                 refused += 1;
@@ -677,6 +702,65 @@ mod tests {
         assert_eq!(refused, 0, "connects refused out of {starts} starts");
         // No private name is left behind.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn pause_and_resume_flip_the_switch_without_the_snapshot_thread_and_a_trigger_still_goes_to_it()
+    {
+        use super::super::trigger::ControlCommand;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let pause = Arc::new(PauseSwitch::default());
+        let server = ControlServer::start(&path, tx, pause.clone()).unwrap();
+        let ask = |command| {
+            let req = TriggerRequest {
+                command,
+                ..Default::default()
+            };
+            send_trigger(&path, &req).unwrap()
+        };
+        assert_eq!(
+            ask(Some(ControlCommand::Pause)),
+            Outcome::Paused { changed: true }
+        );
+        assert!(pause.is_paused());
+        assert_eq!(
+            ask(Some(ControlCommand::Pause)),
+            Outcome::Paused { changed: false }
+        );
+        assert_eq!(
+            ask(Some(ControlCommand::Resume)),
+            Outcome::Resumed { changed: true }
+        );
+        assert!(!pause.is_paused());
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing reached the snapshot thread"
+        );
+        // A trigger (no `command`, as older clients send it) still goes to the snapshot
+        // thread: answer it from here.
+        let answerer = std::thread::spawn(move || match rx.recv().unwrap() {
+            Cmd::Trigger { reply, ticket, .. } => {
+                assert!(ticket.unwrap().take());
+                reply
+                    .unwrap()
+                    .send(Outcome::Started { bag: "b".into() })
+                    .unwrap();
+            }
+        });
+        assert_eq!(ask(None), Outcome::Started { bag: "b".into() });
+        answerer.join().unwrap();
+        // On the wire: the field is left out of a trigger, and spelled in lowercase.
+        let text = serde_json::to_string(&TriggerRequest::default()).unwrap();
+        assert!(!text.contains("command"), "{text}");
+        let pause_req: TriggerRequest = serde_json::from_str(r#"{"command": "pause"}"#).unwrap();
+        assert_eq!(pause_req.command, Some(ControlCommand::Pause));
+        assert_eq!(
+            serde_json::to_string(&Outcome::Resumed { changed: false }).unwrap(),
+            r#"{"outcome":"resumed","changed":false}"#
+        );
+        server.stop();
     }
 
     #[test]

@@ -358,6 +358,7 @@ impl Snapshots {
         ring: Arc<Ring>,
         mut cfg: snapshotter::Config,
         control_socket: Option<&Path>,
+        pause: Arc<crate::pipeline::PauseSwitch>,
     ) -> Result<Snapshots, SnapshotError> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (ftx, frx) = crossbeam_channel::unbounded();
@@ -365,7 +366,7 @@ impl Snapshots {
         let room = Arc::new(Room::default());
         cfg.room = Some(room.clone());
         let control = control_socket
-            .map(|p| control::ControlServer::start(p, tx.clone()))
+            .map(|p| control::ControlServer::start(p, tx.clone(), pause))
             .transpose()?;
         let worker = snapshotter::Snapshotter::new(ring.clone(), cfg);
         let thread = std::thread::Builder::new()

@@ -69,6 +69,20 @@ pub struct TriggerRequest {
     /// request its client has given up on, and stamps the trigger with the send time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent_unix_ns: Option<i64>,
+    /// What is asked: absent (`ringbag trigger`, or an older client) is a snapshot trigger;
+    /// `pause` / `resume` pause and resume the continuous recording, the other fields then
+    /// ignored. An older recorder ignores the unknown field and would take the request as a
+    /// trigger: `ringbag pause` / `resume` accept only a `paused` / `resumed` answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<ControlCommand>,
+}
+
+/// A control socket request other than a trigger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ControlCommand {
+    Pause,
+    Resume,
 }
 
 /// What the recorder did with a trigger (the control socket's one-line reply).
@@ -81,6 +95,10 @@ pub enum Outcome {
     Extended { bag: String },
     /// Refused: too many snapshots in a short time.
     RateLimited { suppressed: u64 },
+    /// Recording is paused now; `changed` false when it already was.
+    Paused { changed: bool },
+    /// Recording is running now; `changed` false when it already was.
+    Resumed { changed: bool },
     /// Refused: the request was invalid, or the recorder is stopping.
     Refused { why: String },
 }

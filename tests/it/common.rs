@@ -10,8 +10,14 @@ use ringbag::bag::{Flavour, QosProfile, TopicInfo};
 
 /// The `ringbag` binary. Under cross testing the binary is for another architecture, so
 /// `RINGBAG_TEST_RUNNER` (e.g. `qemu-aarch64-static -L /usr/aarch64-linux-gnu`) prefixes it.
+///
+/// Its stdin is /dev/null unless a test sets another: `record` and `play` take keyboard
+/// controls on a terminal, and children of a `cargo test` run from one would otherwise all put
+/// that terminal in raw mode at once (each saving the others' raw mode as the one to restore).
 pub fn ringbag() -> Command {
-    with_runner(Path::new(env!("CARGO_BIN_EXE_ringbag")))
+    let mut c = with_runner(Path::new(env!("CARGO_BIN_EXE_ringbag")));
+    c.stdin(Stdio::null());
+    c
 }
 
 /// `ringbag` run as the unprivileged user `nobody` through `setpriv` (root, as in CI,

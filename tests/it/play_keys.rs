@@ -86,7 +86,7 @@ fn wait_until(what: &str, cond: impl Fn() -> bool) {
 /// it: a session leader (the stand-in shell, forked from this test) owns the terminal, and
 /// play runs in a process group of its own in the foreground. (Play as the session leader
 /// would be an orphaned process group, where Ctrl-Z is ignored.)
-struct OnPty {
+pub(crate) struct OnPty {
     /// The stand-in shell.
     shell: Child,
     /// play, the shell's child.
@@ -94,7 +94,7 @@ struct OnPty {
     master: OwnedFd,
     slave: OwnedFd,
     out: Option<Collected>,
-    err: Collected,
+    pub(crate) err: Collected,
     /// Closing it lets the shell exit once play has ended (the terminal stays readable until
     /// then: when a session leader exits, its terminal is hung up).
     release: Option<OwnedFd>,
@@ -102,14 +102,22 @@ struct OnPty {
 
 impl OnPty {
     fn spawn(args: &[&str], read_stdout: bool) -> OnPty {
+        let all: Vec<&str> = ["play", "--sink", "echo"]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        OnPty::spawn_ringbag(&all, read_stdout)
+    }
+
+    /// `ringbag ARGS` (any command) on a pseudo-terminal, as [`OnPty::spawn`] runs play.
+    pub(crate) fn spawn_ringbag(args: &[&str], read_stdout: bool) -> OnPty {
         use std::os::fd::AsRawFd;
         let pty = nix::pty::openpty(None, None).expect("openpty");
         let stdin = pty.slave.try_clone().expect("dup slave");
         let (hold, release) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
         let hold_fd = hold.as_raw_fd();
         let mut cmd = crate::common::ringbag();
-        cmd.args(["play", "--sink", "echo"])
-            .args(args)
+        cmd.args(args)
             .env_remove("RINGBAG_LOG")
             .stdin(Stdio::from(stdin))
             .stdout(Stdio::piped())
@@ -193,7 +201,7 @@ impl OnPty {
         self.out.as_ref().expect("stdout is read")
     }
 
-    fn type_keys(&self, keys: &[u8]) {
+    pub(crate) fn type_keys(&self, keys: &[u8]) {
         assert_eq!(nix::unistd::write(&self.master, keys).unwrap(), keys.len());
     }
 
@@ -202,7 +210,7 @@ impl OnPty {
     }
 
     /// The terminal is in play's mode: no canonical input, no echo.
-    fn raw(&self) -> bool {
+    pub(crate) fn raw(&self) -> bool {
         !self
             .lflags()
             .intersects(LocalFlags::ICANON | LocalFlags::ECHO)
@@ -221,13 +229,18 @@ impl OnPty {
             .and_then(|(_, rest)| rest.chars().next())
     }
 
+    /// Send `sig` to the child (not to the stand-in shell).
+    pub(crate) fn signal(&self, sig: Signal) {
+        kill(self.pid, sig).expect("signal the child");
+    }
+
     fn out_lines(&self) -> usize {
         self.out().text().lines().count()
     }
 
     /// Wait for play to end; (exit status, stdout, stderr, whether the terminal was in its
     /// original mode after play ended).
-    fn finish(mut self) -> (std::process::ExitStatus, String, String, bool) {
+    pub(crate) fn finish(mut self) -> (std::process::ExitStatus, String, String, bool) {
         wait_until("play to end", || self.state().is_none_or(|s| s == 'Z'));
         let cooked = self.cooked();
         drop(self.release.take());

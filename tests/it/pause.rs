@@ -1,0 +1,435 @@
+//! Pause and resume of `ringbag record`: `--start-paused`, `ringbag pause` / `resume` over the
+//! control socket, the space bar on a terminal. Paused messages are counted as such (never
+//! as drops) in the exit summary and the status file; the snapshot ring keeps recording.
+
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use ringbag::bag::reader::Bag;
+
+use crate::common::{
+    bags_named, ringbag, sigint, status_json, trigger, wait_deadline, RunOutput, SpawnExecd,
+};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn wait_for(cond: impl FnMut() -> bool) -> bool {
+    crate::common::wait_for(DEADLINE, cond)
+}
+
+fn message_count(bag: &Path) -> u64 {
+    Bag::open(bag).expect("bag opens").metadata.message_count
+}
+
+/// `ringbag pause|resume --control-socket SOCK`.
+fn control(what: &str, sock: &Path) -> std::process::Output {
+    ringbag()
+        .arg(what)
+        .arg("--control-socket")
+        .arg(sock)
+        .run_output()
+        .expect("ringbag runs")
+}
+
+/// The `name count` of the exit summary's line that starts with `prefix` (e.g. "accepted").
+fn summary_count(err: &str, prefix: &str) -> u64 {
+    let line = err
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no `{prefix}` line in:\n{err}"));
+    line[prefix.len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in `{line}`"))
+}
+
+/// The count after the first `word ` that a number follows (`written 12,` in the summary).
+fn count_after(err: &str, word: &str) -> u64 {
+    let pat = format!("{word} ");
+    err.match_indices(&pat)
+        .find_map(|(at, _)| {
+            let rest = &err[at + pat.len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no count after `{word}` in:\n{err}"))
+}
+
+#[test]
+fn start_paused_records_nothing_and_counts_every_message_as_paused_not_dropped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("bag");
+    let status = tmp.path().join("status.json");
+    let o = ringbag()
+        .args(["record", "--source", "synthetic", "--clock", "system"])
+        .args(["--synthetic-profile", "small", "--synthetic-rate", "max"])
+        .args(["--synthetic-count", "500", "--start-paused"])
+        .arg("--status-file")
+        .arg(&status)
+        .arg("-o")
+        .arg(&out)
+        .env_remove("RINGBAG_LOG")
+        .run_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(message_count(&out), 0, "{err}");
+    assert_eq!(summary_count(&err, "accepted"), 500, "{err}");
+    let custom = Bag::open(&out).unwrap().metadata.custom_data;
+    assert_eq!(custom["ringbag.paused_messages"], "500");
+    assert_eq!(custom["ringbag.paused_messages./synthetic/small"], "500");
+    assert_eq!(
+        custom["ringbag.dropped_messages"], "0",
+        "paused is not dropped"
+    );
+    assert_eq!(count_after(&err, "written"), 0, "{err}");
+    assert_eq!(summary_count(&err, "dropped"), 0, "{err}");
+    assert!(
+        err.contains("left out while paused 500 (not a loss); recording was paused at the end\n"),
+        "{err}"
+    );
+    let st = status_json(&status).expect("status file");
+    assert_eq!(st["committed"], 0);
+    assert_eq!(st["paused"], true);
+    assert_eq!(st["paused_messages"], 500);
+}
+
+#[test]
+fn an_unpaused_recording_says_nothing_of_pausing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("bag");
+    let status = tmp.path().join("status.json");
+    let o = ringbag()
+        .args(["record", "--source", "synthetic", "--clock", "system"])
+        .args(["--synthetic-profile", "small", "--synthetic-rate", "max"])
+        .args(["--synthetic-count", "300"])
+        .arg("--status-file")
+        .arg(&status)
+        .arg("-o")
+        .arg(&out)
+        .env_remove("RINGBAG_LOG")
+        .run_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(message_count(&out), 300);
+    let custom = Bag::open(&out).unwrap().metadata.custom_data;
+    assert!(!custom.contains_key("ringbag.paused_messages"));
+    assert!(!err.contains("paused"), "{err}");
+    let st = status_json(&status).expect("status file");
+    assert_eq!(st["paused"], false);
+    assert_eq!(st["paused_messages"], 0);
+}
+
+/// A realtime recorder of the `small` profile, started paused, with a ring and a control
+/// socket in `tmp`. `--snapshot-topics` names another topic, so that `/synthetic/small` is
+/// recorded continuously too (without it every topic is ring-only).
+fn paused_recorder(tmp: &Path) -> Child {
+    ringbag()
+        .args(["record", "--source", "synthetic", "--clock", "system"])
+        .args(["--synthetic-profile", "small", "--log-level", "info"])
+        .args(["--snapshot-size", "8MiB", "--start-paused"])
+        .args(["--snapshot-topics", "/ring/only"])
+        .arg("--snapshot-file")
+        .arg(tmp.join("ring"))
+        .arg("--control-socket")
+        .arg(tmp.join("control.sock"))
+        .arg("--status-file")
+        .arg(tmp.join("status.json"))
+        .arg("-o")
+        .arg(tmp.join("root").join("bag"))
+        .env_remove("RINGBAG_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn_execd()
+        .expect("record starts")
+}
+
+#[test]
+fn pause_and_resume_over_the_control_socket_while_the_ring_keeps_recording() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("control.sock");
+    let status = tmp.path().join("status.json");
+    let child = paused_recorder(tmp.path());
+    let st = || status_json(&status).unwrap_or_default();
+    assert!(
+        wait_for(|| st()["paused_messages"].as_u64() > Some(50)),
+        "messages counted as paused"
+    );
+    assert_eq!(st()["paused"], true);
+    assert_eq!(st()["committed"], 0, "nothing written while paused");
+    // The ring kept recording: a snapshot taken while paused holds messages.
+    let t = trigger(&sock, &["--reason", "while-paused", "--post", "0"]);
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+
+    let r = control("resume", &sock);
+    assert!(r.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&r.stderr),
+        "ringbag: recording resumed\n"
+    );
+    let r = control("resume", &sock);
+    assert_eq!(
+        String::from_utf8_lossy(&r.stderr),
+        "ringbag: recording was not paused\n"
+    );
+    assert!(
+        wait_for(|| st()["committed"].as_u64() > Some(50)),
+        "recording resumed"
+    );
+    assert_eq!(st()["paused"], false);
+
+    let p = control("pause", &sock);
+    assert!(p.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&p.stderr),
+        "ringbag: recording paused\n"
+    );
+    let p = control("pause", &sock);
+    assert_eq!(
+        String::from_utf8_lossy(&p.stderr),
+        "ringbag: recording was already paused\n"
+    );
+    assert!(wait_for(|| st()["paused"] == true));
+    let paused_before = st()["paused_messages"].as_u64().unwrap();
+    assert!(
+        wait_for(|| st()["paused_messages"].as_u64() > Some(paused_before)),
+        "paused again"
+    );
+
+    sigint(&child);
+    let out = wait_deadline(child, DEADLINE.as_secs()).expect("recorder ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("Pausing recording. (control socket)"), "{err}");
+    assert!(
+        err.contains("Resuming recording. (control socket)"),
+        "{err}"
+    );
+    // The counts add up: every accepted message was written, paused, or (realtime) dropped.
+    let bag = tmp.path().join("root").join("bag");
+    let written = count_after(&err, "written");
+    let paused = summary_count(&err, "left out while paused");
+    assert_eq!(message_count(&bag), written, "{err}");
+    assert_eq!(
+        summary_count(&err, "accepted"),
+        written + paused + count_after(&err, "unwritten"),
+        "{err}"
+    );
+    assert!(written > 50 && paused > 50, "{err}");
+    assert!(err.contains("recording was paused at the end"), "{err}");
+    let final_status = st();
+    assert_eq!(final_status["paused_messages"].as_u64(), Some(paused));
+    assert_eq!(final_status["committed"].as_u64(), Some(written));
+    // The snapshot taken while paused.
+    let root = tmp.path().join("root");
+    assert!(wait_for(|| bags_named(&root, "while-paused")
+        .first()
+        .is_some_and(|b| b.join("metadata.yaml").is_file())));
+    let snap = bags_named(&root, "while-paused").remove(0);
+    assert!(message_count(&snap) > 0, "the ring recorded while paused");
+}
+
+#[test]
+fn pause_and_resume_without_a_recorder_are_one_line_and_exit_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("none.sock");
+    for what in ["pause", "resume"] {
+        let o = control(what, &sock);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{what}: {err}");
+        assert_eq!(err.lines().count(), 1, "{what}: {err}");
+        assert!(
+            err.starts_with(&format!(
+                "ringbag: error: {}: no recorder is listening",
+                sock.display()
+            )),
+            "{what}: {err}"
+        );
+    }
+}
+
+#[test]
+fn the_daemon_pauses_over_its_socket_shows_it_in_its_status_and_stays_paused_across_a_reload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let status = tmp.path().join("status.json");
+    let sock = tmp.path().join("control.sock");
+    let config = tmp.path().join("ringbag.toml");
+    let extra = format!(
+        "snapshot_size = \"8MiB\"\nsnapshot_file = \"{}\"\ncontrol_socket = \"{}\"\n\
+         snapshot_topics = [\"/ring/only\"]\n",
+        tmp.path().join("ring").display(),
+        sock.display()
+    );
+    std::fs::write(
+        &config,
+        crate::common::small_daemon_config(&root, &status, &extra),
+    )
+    .unwrap();
+    let child = crate::common::daemon_command(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn_execd()
+        .expect("daemon starts");
+    let st = || status_json(&status).unwrap_or_default();
+    assert!(
+        wait_for(|| st()["committed"].as_u64() > Some(0)),
+        "the daemon records"
+    );
+    assert_eq!(st()["paused"], false);
+    let p = control("pause", &sock);
+    assert_eq!(
+        String::from_utf8_lossy(&p.stderr),
+        "ringbag: recording paused\n"
+    );
+    assert!(wait_for(
+        || st()["paused"] == true && st()["paused_messages"].as_u64() > Some(10)
+    ));
+    let s = ringbag()
+        .args(["status", "--file"])
+        .arg(&status)
+        .run_output()
+        .unwrap();
+    let human = String::from_utf8_lossy(&s.stdout);
+    assert!(human.starts_with("PAUSED ("), "{human}");
+    assert!(human.contains("\nrecording: paused, "), "{human}");
+    let j = ringbag()
+        .args(["status", "--json", "--file"])
+        .arg(&status)
+        .run_output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&j.stdout).expect("status --json");
+    assert_eq!(v["paused"], true);
+    assert!(v["topics"][0]["paused"].as_u64() > Some(0), "{v}");
+
+    // A reload starts a new bag: still paused, nothing written into it.
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let first_bag = st()["bag"].clone();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    assert!(wait_for(
+        || st()["bag"] != first_bag && st()["paused_messages"].as_u64() > Some(10)
+    ));
+    assert_eq!(st()["paused"], true);
+    assert_eq!(
+        st()["committed"],
+        0,
+        "the new bag records nothing while paused"
+    );
+    let r = control("resume", &sock);
+    assert_eq!(
+        String::from_utf8_lossy(&r.stderr),
+        "ringbag: recording resumed\n"
+    );
+    assert!(wait_for(|| st()["committed"].as_u64() > Some(0)));
+    assert_eq!(st()["paused"], false);
+    sigint(&child);
+    let out = wait_deadline(child, DEADLINE.as_secs()).expect("daemon ends");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `record --start-paused` on a terminal: the space bar resumes and pauses; the terminal is
+/// in raw mode while recording and back as it was at the end.
+#[test]
+fn the_space_bar_resumes_and_pauses_a_recording_on_a_terminal() {
+    use crate::play_keys::OnPty;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("bag");
+    let status = tmp.path().join("status.json");
+    let (out_s, status_s) = (out.to_str().unwrap(), status.to_str().unwrap());
+    let p = OnPty::spawn_ringbag(
+        &[
+            "record",
+            "--source",
+            "synthetic",
+            "--clock",
+            "system",
+            "--synthetic-profile",
+            "small",
+            "--start-paused",
+            "--status-file",
+            status_s,
+            "-o",
+            out_s,
+        ],
+        false,
+    );
+    p.err.wait_for("the keys' hint", |s| {
+        s.contains("Press SPACE for pausing/resuming")
+    });
+    assert!(p.raw(), "the terminal is in raw mode while recording");
+    let st = || status_json(&status).unwrap_or_default();
+    assert!(wait_for(|| st()["paused_messages"].as_u64() > Some(10)));
+    assert_eq!(st()["committed"], 0);
+    p.type_keys(b" ");
+    p.err
+        .wait_for("resumed", |s| s.contains("Resuming recording. (keyboard)"));
+    assert!(wait_for(|| st()["committed"].as_u64() > Some(10)));
+    assert_eq!(st()["paused"], false);
+    p.type_keys(b" ");
+    p.err
+        .wait_for("paused", |s| s.contains("Pausing recording. (keyboard)"));
+    assert!(wait_for(|| st()["paused"] == true));
+    // SIGHUP stays `record`'s request (logged, ignored) with the keys on: not fatal.
+    p.signal(nix::sys::signal::Signal::SIGHUP);
+    p.err.wait_for("SIGHUP ignored", |s| {
+        s.contains("has no configuration to reload; ignored")
+    });
+    assert!(p.raw(), "still recording, the terminal still in raw mode");
+    p.signal(nix::sys::signal::Signal::SIGINT);
+    let (code, _, err, cooked) = p.finish();
+    assert!(code.success(), "{err}");
+    assert!(cooked, "the terminal is put back");
+    assert!(err.contains("recording was paused at the end"), "{err}");
+    assert_eq!(message_count(&out), count_after(&err, "written"), "{err}");
+}
+
+/// `--disable-keyboard-controls`: the space bar is not read, recording stays paused.
+#[test]
+fn disable_keyboard_controls_leaves_the_terminal_alone() {
+    use crate::play_keys::OnPty;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("bag");
+    let status = tmp.path().join("status.json");
+    let (out_s, status_s) = (out.to_str().unwrap(), status.to_str().unwrap());
+    let p = OnPty::spawn_ringbag(
+        &[
+            "record",
+            "--source",
+            "synthetic",
+            "--clock",
+            "system",
+            "--synthetic-profile",
+            "small",
+            "--start-paused",
+            "--disable-keyboard-controls",
+            "--status-file",
+            status_s,
+            "-o",
+            out_s,
+        ],
+        false,
+    );
+    let st = || status_json(&status).unwrap_or_default();
+    assert!(wait_for(|| st()["paused_messages"].as_u64() > Some(10)));
+    assert!(!p.raw(), "the terminal is not touched");
+    p.type_keys(b" \n");
+    // The recorder keeps running paused: the count of paused messages goes on growing.
+    let seen = st()["paused_messages"].as_u64().unwrap();
+    assert!(wait_for(
+        || st()["paused_messages"].as_u64() > Some(seen + 50)
+    ));
+    assert_eq!(st()["paused"], true);
+    assert_eq!(st()["committed"], 0);
+    p.signal(nix::sys::signal::Signal::SIGINT);
+    let (code, _, err, _) = p.finish();
+    assert!(code.success(), "{err}");
+    assert!(!err.contains("Press SPACE"), "{err}");
+    assert_eq!(message_count(&out), 0);
+}
