@@ -336,6 +336,10 @@ pub struct PlayArgs {
     /// the echo sink has nothing to wait for, and the ros sink says once that it cannot wait.
     #[arg(long, value_name = "TIMEOUT", allow_negative_numbers = true)]
     pub wait_for_all_acked: Option<i64>,
+    /// rosbag2's sqlite3 storage config YAML: checked; its `read:` pragmas are refused (exit 2),
+    /// as ringbag's reader sets its own connection limits; `write:` is the recorder's.
+    #[arg(long, value_name = "FILE")]
+    pub storage_config_file: Option<PathBuf>,
     /// Accepted for ros2 bag's scripts; no effect: ringbag never publishes loaned messages.
     #[arg(long)]
     pub disable_loan_message: bool,
@@ -491,6 +495,12 @@ pub struct RecordArgs {
     /// SQLite tuning and durability: write-optimized, resilient, none (rosbag2 default).
     #[arg(long, value_enum, default_value = "write-optimized")]
     pub storage_preset_profile: StoragePreset,
+    /// rosbag2's sqlite3 storage config YAML (`write: pragmas: [..]`): cache_size, mmap_size,
+    /// temp_store and a synchronous no weaker than the preset's are applied; pragmas the
+    /// preset's guarantees rest on (journal_mode, locking_mode, page_size, a weaker
+    /// synchronous) and unknown ones are refused (exit 2). `read:` is play's.
+    #[arg(long, value_name = "FILE")]
+    pub storage_config_file: Option<PathBuf>,
     /// Extra KEY=VALUE stored in the bag's custom_data (repeatable; Jazzy format).
     #[arg(long, num_args = 1..)]
     pub custom_data: Vec<String>,

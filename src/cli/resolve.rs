@@ -156,6 +156,14 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
     for line in unrecorded_policy_topics(&selection(a), &snapshot.policy, "--") {
         log::warn!("{line}");
     }
+    let extra_pragmas = match a.storage_config_file.as_deref() {
+        Some(f) => {
+            crate::bag::storage_config::load(f, a.storage_preset_profile)
+                .map_err(|e| format!("--storage-config-file {e}"))?
+                .write_pragmas
+        }
+        None => String::new(),
+    };
     Ok(RecordSettings {
         output,
         writer: WriterOptions {
@@ -164,6 +172,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
             max_bag_size,
             max_bag_duration_ns,
             custom_data,
+            extra_pragmas,
         },
         pipeline,
         retention,
@@ -475,6 +484,10 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
         return Err(format!(
             "--storage {id}: not supported; ringbag reads sqlite3 bags only"
         ));
+    }
+    if let Some(f) = a.storage_config_file.as_deref() {
+        crate::bag::storage_config::load_for_play(f)
+            .map_err(|e| format!("--storage-config-file {e}"))?;
     }
     if !a.clock_topics.is_empty() || a.clock_topics_all {
         let flag = if a.clock_topics_all {

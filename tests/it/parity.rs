@@ -356,3 +356,85 @@ fn long_flags_reads_argparse_and_clap_help() {
     let got: Vec<String> = long_flags(clap).into_iter().collect();
     assert_eq!(got, ["--all", "--all-topics"]);
 }
+
+#[test]
+fn storage_config_file_applies_safe_write_pragmas_and_refuses_the_rest_in_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("sqlite.yaml");
+    let c = cfg.to_str().unwrap();
+    std::fs::write(
+        &cfg,
+        "write:\n  pragmas: [\"synchronous = NORMAL\", \"cache_size = -16384\"]\n",
+    )
+    .unwrap();
+    let bag = tmp.path().join("ok");
+    let o = run(&[
+        "record",
+        "--source",
+        "synthetic",
+        "--synthetic-rate",
+        "max",
+        "--synthetic-count",
+        "300",
+        "--log-level",
+        "error",
+        "--storage-config-file",
+        c,
+        "-o",
+        bag.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let b = ringbag::bag::reader::Bag::open(&bag).expect("open");
+    assert_eq!(b.metadata.message_count, 300);
+
+    let never = tmp.path().join("never");
+    let n = never.to_str().unwrap();
+    for (pragma, preset, says) in [
+        (
+            "journal_mode = MEMORY",
+            "write-optimized",
+            "the journal is the storage preset's",
+        ),
+        (
+            "synchronous = OFF",
+            "resilient",
+            "weaker than the resilient preset's synchronous=NORMAL",
+        ),
+        ("page_size = 8192", "write-optimized", "page size"),
+        (
+            "wal_autocheckpoint = 0",
+            "resilient",
+            "not one ringbag knows",
+        ),
+    ] {
+        std::fs::write(&cfg, format!("write:\n  pragmas: [\"{pragma}\"]\n")).unwrap();
+        let args = [
+            "record",
+            "--source",
+            "synthetic",
+            "--storage-preset-profile",
+            preset,
+            "--storage-config-file",
+            c,
+            "-o",
+            n,
+        ];
+        assert_bad_input(
+            &args,
+            &["--storage-config-file ", c, "write: pragma", says],
+            &never,
+        );
+    }
+    // play reads: the write section is the recorder's; read pragmas are refused.
+    std::fs::write(&cfg, "write:\n  pragmas: [\"journal_mode = OFF\"]\n").unwrap();
+    let b = bag.to_str().unwrap();
+    let o = run(&["play", b, "--sink", "echo", "--storage-config-file", c]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 300);
+    std::fs::write(&cfg, "read:\n  pragmas: [\"cache_size = 100\"]\n").unwrap();
+    assert_bad_input(
+        &["play", b, "--sink", "echo", "--storage-config-file", c],
+        &["read: pragma \"cache_size = 100\": not applied"],
+        &never,
+    );
+}
