@@ -343,12 +343,11 @@ pub struct PlayArgs {
     /// Accepted for ros2 bag's scripts; no effect: ringbag never publishes loaned messages.
     #[arg(long)]
     pub disable_loan_message: bool,
-    /// Publish /clock when a message of these topics is played (ros2 bag's flag). Not yet
-    /// supported: refused (exit 2); use --clock HZ.
+    /// Publish /clock with the message's time right before each message of these topics (the
+    /// bag's names) is played. Takes every value up to the next option.
     #[arg(long, num_args = 1.., value_name = "TOPIC", conflicts_with = "clock")]
     pub clock_topics: Vec<String>,
-    /// Publish /clock before every message (ros2 bag's flag). Not yet supported: refused
-    /// (exit 2); use --clock HZ.
+    /// Publish /clock with the message's time right before every message played.
     #[arg(long, conflicts_with_all = ["clock", "clock_topics"])]
     pub clock_topics_all: bool,
     /// Messages read ahead of playback, at most (>= 1).

@@ -489,16 +489,6 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
         crate::bag::storage_config::load_for_play(f)
             .map_err(|e| format!("--storage-config-file {e}"))?;
     }
-    if !a.clock_topics.is_empty() || a.clock_topics_all {
-        let flag = if a.clock_topics_all {
-            "--clock-topics-all"
-        } else {
-            "--clock-topics"
-        };
-        return Err(format!(
-            "{flag}: not yet supported; --clock HZ publishes /clock at a fixed rate"
-        ));
-    }
     if let Some(ms) = a.wait_for_all_acked {
         if ms < 0 {
             return Err(format!(
@@ -562,6 +552,13 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
         read_ahead_messages: usize::try_from(a.read_ahead_queue_size).unwrap_or(usize::MAX),
         read_ahead_bytes,
         clock_hz: a.clock,
+        clock_before: if a.clock_topics_all {
+            crate::play::ClockBefore::All
+        } else if a.clock_topics.is_empty() {
+            crate::play::ClockBefore::Never
+        } else {
+            crate::play::ClockBefore::Topics(names("--clock-topics", &a.clock_topics)?)
+        },
         qos_overrides,
         rt_priority: a.rt_priority,
     })
@@ -905,13 +902,19 @@ mod record_flag_tests {
         assert!(play(&["--wait-for-all-acked", "1500"]).is_ok());
         let e = play(&["--wait-for-all-acked", "-1"]).err().unwrap();
         assert!(e.starts_with("--wait-for-all-acked -1: must be 0"), "{e}");
-        let e = play(&["--clock-topics", "/tf"]).err().unwrap();
-        assert!(e.starts_with("--clock-topics: not yet supported"), "{e}");
-        let e = play(&["--clock-topics-all"]).err().unwrap();
-        assert!(
-            e.starts_with("--clock-topics-all: not yet supported"),
-            "{e}"
+        let s = play(&["--clock-topics", "tf", "/imu"]).unwrap();
+        assert_eq!(
+            s.clock_before,
+            crate::play::ClockBefore::Topics(vec!["/tf".into(), "/imu".into()])
         );
+        let s = play(&["--clock-topics-all"]).unwrap();
+        assert_eq!(s.clock_before, crate::play::ClockBefore::All);
+        assert_eq!(
+            play(&[]).unwrap().clock_before,
+            crate::play::ClockBefore::Never
+        );
+        let e = play(&["--clock-topics", "a//b"]).err().unwrap();
+        assert!(e.starts_with("--clock-topics a//b"), "{e}");
         // As ros2 bag: --clock, --clock-topics and --clock-topics-all exclude each other.
         assert!(play(&["--clock", "--clock-topics-all"]).is_err());
         assert!(play(&["-s", "sqlite3"]).is_ok());

@@ -136,7 +136,7 @@ fn record_flags_without_a_meaning_on_the_synthetic_source_are_one_line_and_exit_
 }
 
 #[test]
-fn play_accepts_jazzy_ack_and_loan_flags_and_refuses_clock_topics_in_one_line() {
+fn play_jazzy_flags_ack_loan_and_clock_topics_through_the_echo_sink() {
     let tmp = tempfile::tempdir().unwrap();
     let bag = tmp.path().join("bag");
     write_bag(
@@ -170,23 +170,35 @@ fn play_accepts_jazzy_ack_and_loan_flags_and_refuses_clock_topics_in_one_line() 
         assert_eq!(played(&o), played(&plain), "{cmd:?}");
     }
     let never = tmp.path().join("never");
-    for (extra, needle) in [
-        (
-            vec!["--wait-for-all-acked", "-5"],
-            "--wait-for-all-acked -5: must be 0",
-        ),
-        (
-            vec!["--clock-topics", "/a"],
-            "--clock-topics: not yet supported",
-        ),
-        (
-            vec!["--clock-topics-all"],
-            "--clock-topics-all: not yet supported",
-        ),
+    assert_bad_input(
+        &["play", b, "--sink", "echo", "--wait-for-all-acked", "-5"],
+        &["--wait-for-all-acked -5: must be 0"],
+        &never,
+    );
+    // --clock-topics: /clock with the message's time right before each message of those
+    // topics (the bag's names, before --remap); --clock-topics-all: before every message.
+    for (extra, before) in [
+        (vec!["--clock-topics", "a"], vec!["/a"]),
+        (vec!["--clock-topics-all"], vec!["/a", "/b"]),
+        (vec!["--clock-topics", "/b", "-m", "/b:=/c"], vec!["/c"]),
     ] {
         let mut cmd = vec!["play", b, "--sink", "echo"];
         cmd.extend(extra.iter().copied());
-        assert_bad_input(&cmd, &[needle], &never);
+        let o = run(&cmd);
+        assert!(o.status.success(), "{cmd:?}: {}", stderr(&o));
+        let lines = played(&o);
+        let msgs: Vec<&String> = lines.iter().filter(|l| !l.contains(" /clock ")).collect();
+        assert_eq!(msgs.len(), 10, "{cmd:?}: {lines:?}");
+        let mut expect = Vec::new();
+        for m in &msgs {
+            let (bag_ns, rest) = m.split_once(' ').unwrap();
+            let topic = rest.split(' ').next().unwrap();
+            if before.contains(&topic) {
+                expect.push(format!("{bag_ns} /clock rosgraph_msgs/msg/Clock 12"));
+            }
+            expect.push(m.to_string());
+        }
+        assert_eq!(lines, expect, "{cmd:?}");
     }
 }
 
