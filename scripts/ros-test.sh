@@ -2,7 +2,8 @@
 # The live ROS 2 tests against one real distro: builds the `ros` feature against it and runs
 # tests/ros_live.rs in full (the rcl take loop, QoS adaptation, message definitions and type
 # hashes, `~/snapshot`, play to real topics, and the distro's own `ros2 bag`: info, play and
-# reindex on ringbag's bags of both formats, and a recording beside `ros2 bag record`).
+# reindex on ringbag's bags of both formats, and a recording beside `ros2 bag record`); for
+# jazzy also the README's `ros2 bag` parity table against `ros2 bag record/play --help`.
 #
 #   scripts/ros-test.sh humble|jazzy [--no-install] [-- test-binary args, e.g. a name filter]
 #
@@ -64,6 +65,15 @@ set +e
 nice -n "${RINGBAG_NICE:-10}" cargo test --release --features ros --test ros_live -- \
     --test-threads 1 "$@" 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
+# The README's `ros2 bag` parity table against this distro's own `ros2 bag record/play --help`
+# (tests/it/parity.rs): Jazzy's flags are the reference, so the jazzy stage runs it, with the
+# sourced Jazzy and RINGBAG_ROS_REQUIRED set (no skip). Same features and profile as above:
+# only the test binary is built on top of ros_live's build. Skipped when a filter was given.
+if [[ "$DISTRO" == jazzy && $# -eq 0 ]]; then
+    nice -n "${RINGBAG_NICE:-10}" cargo test --release --features ros --test it -- \
+        parity::every_jazzy_record_and_play_flag_has_a_parity_row_that_holds 2>&1 | tee -a "$LOG"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+fi
 set -e
 # The `ros` code compiled against real bindings (the Jazzy type-hash paths included) must be
 # as warning-free as the doc-only clippy check. Checked in the output (cargo replays a cached

@@ -80,6 +80,10 @@ pub struct ServiceConfig {
     #[serde(default)]
     pub exclude_topics: Vec<String>,
     #[serde(default)]
+    pub topic_types: Vec<String>,
+    #[serde(default)]
+    pub exclude_topic_types: Vec<String>,
+    #[serde(default)]
     pub include_hidden_topics: bool,
     pub max_bag_size: Option<Quantity>,
     pub max_bag_duration: Option<Quantity>,
@@ -424,6 +428,8 @@ impl ServiceConfig {
             regex: self.regex.clone(),
             exclude_regex: self.exclude_regex.clone(),
             exclude_topics: self.exclude_topics.clone(),
+            topic_types: self.topic_types.clone(),
+            exclude_topic_types: self.exclude_topic_types.clone(),
             include_hidden_topics: self.include_hidden_topics,
             ..Default::default()
         }
@@ -741,6 +747,11 @@ impl ServiceConfig {
                         ("regex", config.regex.is_some()),
                         ("exclude_regex", config.exclude_regex.is_some()),
                         ("exclude_topics", !config.exclude_topics.is_empty()),
+                        ("topic_types", !config.topic_types.is_empty()),
+                        (
+                            "exclude_topic_types",
+                            !config.exclude_topic_types.is_empty(),
+                        ),
                     ]
                     .into_iter()
                     .find_map(|(k, set)| set.then_some(k))
@@ -1329,9 +1340,32 @@ mod tests {
                 .synthetic_topics,
             0b11
         );
+        // Jazzy's type keys, as --topic-types / --exclude-topic-types.
+        assert_eq!(
+            check("topic_types = [\"sensor_msgs/msg/Imu\", \"tf2_msgs/msg/TFMessage\"]\n")
+                .unwrap()
+                .synthetic_topics,
+            0b11
+        );
+        assert_eq!(
+            check("exclude_topic_types = [\"sensor_msgs/msg/Image\", \"sensor_msgs/msg/PointCloud2\"]\n")
+                .unwrap()
+                .synthetic_topics,
+            0b11
+        );
         for (text, key, says) in [
             ("topics = [\"/camera/image_raw\"]\n", "topics", "keeps none"),
             ("regex = \"^/nothing\"\n", "regex", "keeps none"),
+            (
+                "topic_types = [\"std_msgs/msg/String\"]\n",
+                "topic_types",
+                "keeps none",
+            ),
+            (
+                "exclude_topic_types = [\"Imu\"]\n",
+                "exclude_topic_types",
+                "not a type name",
+            ),
         ] {
             let e = check(text).map(|_| ()).unwrap_err().to_string();
             assert!(e.starts_with("c.toml:"), "{e}");

@@ -14,6 +14,7 @@ pub mod reader;
 pub mod reindex;
 pub mod schema;
 pub mod sqlguard;
+pub mod storage_config;
 pub mod writer;
 pub mod yamlguard;
 

@@ -35,6 +35,9 @@ pub struct WriterOptions {
     /// Split when the open file would span more than this; 0 = never.
     pub max_bag_duration_ns: i64,
     pub custom_data: BTreeMap<String, String>,
+    /// `--storage-config-file`'s write pragmas (`storage_config`, validated against the
+    /// preset), run on each split's connection after the preset's own.
+    pub extra_pragmas: String,
 }
 
 impl WriterOptions {
@@ -45,6 +48,7 @@ impl WriterOptions {
             max_bag_size: 0,
             max_bag_duration_ns: 0,
             custom_data: BTreeMap::new(),
+            extra_pragmas: String::new(),
         }
     }
 }
@@ -878,6 +882,7 @@ impl BagWriter {
         let setup = || -> rusqlite::Result<()> {
             conn.execute_batch(&preset.create_pragmas(page_size))?;
             apply_pragmas(&conn, &preset.write_pragmas())?;
+            apply_pragmas(&conn, &self.opts.extra_pragmas)?;
             create_tables(&conn, self.opts.flavour)?;
             if self.opts.flavour == Flavour::Jazzy {
                 // rosbag2 Jazzy writes a placeholder row at open and the final one at close.
@@ -908,7 +913,9 @@ impl BagWriter {
         let conn = Connection::open_with_flags(&path, flags).map_err(BagError::sqlite(&path))?;
         // Per-connection settings (locking mode, synchronous, cache) are set again; the
         // journal mode and page size live in the file.
-        apply_pragmas(&conn, &preset.write_pragmas()).map_err(BagError::sqlite(&path))?;
+        apply_pragmas(&conn, &preset.write_pragmas())
+            .and_then(|()| apply_pragmas(&conn, &self.opts.extra_pragmas))
+            .map_err(BagError::sqlite(&path))?;
         let guarded = preset.commits_can_tear();
         if guarded {
             switch_journal(&conn, &path, GUARD_JOURNAL_MODE)?;
@@ -1361,6 +1368,38 @@ pub fn remove_split_file(ops: &dyn StorageOps, path: &Path) -> Result<(), BagErr
 mod tests {
     use super::*;
     use crate::bag::schema::{LARGE_PAGE_SIZE, SMALL_PAGE_SIZE};
+
+    #[test]
+    fn storage_config_pragmas_run_after_the_presets_on_every_split() {
+        let dir = tempfile::tempdir().unwrap();
+        let bag = dir.path().join("b");
+        let mut w = BagWriter::create(
+            &bag,
+            WriterOptions {
+                extra_pragmas: "PRAGMA synchronous=FULL;PRAGMA cache_size=-1234;".into(),
+                ..WriterOptions::new(Flavour::Jazzy)
+            },
+        )
+        .unwrap();
+        for _ in 0..2 {
+            let conn = &w.split.as_ref().expect("an open split").conn;
+            let sync: i64 = conn
+                .query_row("PRAGMA synchronous", [], |r| r.get(0))
+                .unwrap();
+            let cache: i64 = conn
+                .query_row("PRAGMA cache_size", [], |r| r.get(0))
+                .unwrap();
+            // FULL = 2, over write-optimized's OFF; the cache over its 8 MiB.
+            assert_eq!((sync, cache), (2, -1234));
+            // The preset's own settings stay.
+            let journal: String = conn
+                .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                .unwrap();
+            assert_ne!(journal, "wal");
+            w.split().unwrap();
+        }
+        w.finish().unwrap();
+    }
 
     #[test]
     fn the_page_size_is_large_only_for_large_splits_of_large_messages() {

@@ -71,6 +71,27 @@ pub enum Command {
     Resume(PauseArgs),
     /// Upload bags (or every bag of a recording root) to S3-compatible object storage, once.
     Upload(Box<UploadArgs>),
+    /// Print the plugins ringbag has, as `ros2 bag list` names them.
+    List(ListArgs),
+}
+
+/// `ringbag list`: `ros2 bag list`'s plugin kinds, answered with what ringbag itself does.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Which plugins: storage, converter, compressor or decompressor.
+    #[arg(value_enum)]
+    pub plugin_type: PluginKind,
+    /// Also say what each one is.
+    #[arg(short, long)]
+    pub verbose: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PluginKind {
+    Storage,
+    Converter,
+    Compressor,
+    Decompressor,
 }
 
 /// `ringbag upload`: the settings of a ringbag.toml `[upload]` table, as flags or from the
@@ -255,6 +276,9 @@ pub enum SinkKind {
 pub struct PlayArgs {
     /// Bag directory, or a single .db3 file.
     pub bag: PathBuf,
+    /// Storage plugin of the bag (ros2 bag's flag). Only sqlite3 [default: sqlite3].
+    #[arg(short = 's', long, value_name = "ID")]
+    pub storage: Option<String>,
     /// Play only these topics (and those matching -e) [default: all]. Takes every value up to
     /// the next option: give BAG first.
     #[arg(long, num_args = 1.., value_name = "TOPIC")]
@@ -319,6 +343,25 @@ pub struct PlayArgs {
     /// Start paused (space resumes; needs the keyboard controls).
     #[arg(short = 'p', long)]
     pub start_paused: bool,
+    /// At the end, wait up to TIMEOUT ms (0 = forever) for subscribers to acknowledge every
+    /// message (ros2 bag's flag; must be >= 0). ringbag's sinks expose no acknowledgements:
+    /// the echo sink has nothing to wait for, and the ros sink says once that it cannot wait.
+    #[arg(long, value_name = "TIMEOUT", allow_negative_numbers = true)]
+    pub wait_for_all_acked: Option<i64>,
+    /// rosbag2's sqlite3 storage config YAML: checked; its `read:` pragmas are refused (exit 2),
+    /// as ringbag's reader sets its own connection limits; `write:` is the recorder's.
+    #[arg(long, value_name = "FILE")]
+    pub storage_config_file: Option<PathBuf>,
+    /// Accepted for ros2 bag's scripts; no effect: ringbag never publishes loaned messages.
+    #[arg(long)]
+    pub disable_loan_message: bool,
+    /// Publish /clock with the message's time right before each message of these topics (the
+    /// bag's names) is played. Takes every value up to the next option.
+    #[arg(long, num_args = 1.., value_name = "TOPIC", conflicts_with = "clock")]
+    pub clock_topics: Vec<String>,
+    /// Publish /clock with the message's time right before every message played.
+    #[arg(long, conflicts_with_all = ["clock", "clock_topics"])]
+    pub clock_topics_all: bool,
     /// Messages read ahead of playback, at most (>= 1).
     #[arg(long, value_name = "N", default_value_t = crate::play::DEFAULT_READ_AHEAD_MESSAGES as u64, allow_negative_numbers = true)]
     pub read_ahead_queue_size: u64,
@@ -382,11 +425,19 @@ pub enum SyntheticRate {
 
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// Topics to record. ROS source: empty with neither -a nor -e records nothing; synthetic
-    /// source: the profile's topics to keep (none given: all).
+    /// Topics to record (Humble's spelling of --topics). ROS source: empty with neither -a
+    /// nor -e records nothing; synthetic source: the profile's topics to keep (none given: all).
     pub topics: Vec<String>,
+    /// Topics to record (Jazzy's spelling; adds to the positional list). Takes every value up
+    /// to the next option.
+    #[arg(long = "topics", num_args = 1.., value_name = "TOPIC")]
+    pub topics_flag: Vec<String>,
+    /// Record topics of these message types, exact names such as sensor_msgs/msg/Imu (as well
+    /// as the named topics and -e matches).
+    #[arg(long, num_args = 1.., value_name = "TYPE")]
+    pub topic_types: Vec<String>,
     /// Record all topics.
-    #[arg(short = 'a', long)]
+    #[arg(short = 'a', long, visible_alias = "all-topics")]
     pub all: bool,
     /// Record topics matching this regular expression.
     #[arg(short = 'e', long)]
@@ -397,6 +448,25 @@ pub struct RecordArgs {
     /// Exclude these topics (repeatable).
     #[arg(long, num_args = 1..)]
     pub exclude_topics: Vec<String>,
+    /// Exclude topics of these message types (exact names, e.g. sensor_msgs/msg/Image).
+    #[arg(long, num_args = 1.., value_name = "TYPE")]
+    pub exclude_topic_types: Vec<String>,
+    /// ROS source: also record topics that have no publisher yet, subscribed with the default
+    /// QoS (or the overrides file's). The synthetic source publishes every topic: no effect.
+    #[arg(long)]
+    pub include_unpublished_topics: bool,
+    /// Do not record topics that nobody subscribes to (ros2 bag's flag). Not yet supported:
+    /// refused (exit 2) on both sources.
+    #[arg(long)]
+    pub ignore_leaf_topics: bool,
+    /// ROS source: the recorder's node name [default: rosbag2_recorder, as ros2 bag]. The
+    /// synthetic source has no node: refused there.
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// Stamp with the /clock topic's time (ros2 bag's flag). Not yet supported: refused
+    /// (exit 2); ringbag stamps with --clock (system or PTP).
+    #[arg(long)]
+    pub use_sim_time: bool,
     /// Also record hidden topics (a name part starting with `_`).
     #[arg(long)]
     pub include_hidden_topics: bool,
@@ -436,6 +506,12 @@ pub struct RecordArgs {
     /// SQLite tuning and durability: write-optimized, resilient, none (rosbag2 default).
     #[arg(long, value_enum, default_value = "write-optimized")]
     pub storage_preset_profile: StoragePreset,
+    /// rosbag2's sqlite3 storage config YAML (`write: pragmas: [..]`): cache_size, mmap_size,
+    /// temp_store and a synchronous no weaker than the preset's are applied; pragmas the
+    /// preset's guarantees rest on (journal_mode, locking_mode, page_size, a weaker
+    /// synchronous) and unknown ones are refused (exit 2). `read:` is play's.
+    #[arg(long, value_name = "FILE")]
+    pub storage_config_file: Option<PathBuf>,
     /// Extra KEY=VALUE stored in the bag's custom_data (repeatable; Jazzy format).
     #[arg(long, num_args = 1..)]
     pub custom_data: Vec<String>,

@@ -64,6 +64,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
     } else {
         SourceKind::Synthetic
     });
+    source_only_flags(a, source_kind)?;
     let source = match source_kind {
         SourceKind::Synthetic => SourceSettings::Synthetic(GeneratorConfig {
             profile: a.synthetic_profile,
@@ -139,9 +140,31 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
             ));
         }
     }
+    // The `~/snapshot` service is served under the default node name (its node is built
+    // before the source's options reach it); a renamed recorder would announce a service
+    // name that does not match, so that pair waits until the service follows --node-name.
+    if source_kind == SourceKind::Ros && snapshot.ring.is_some() {
+        if let Some(name) = a.node_name.as_deref() {
+            if name != crate::source::select::DEFAULT_NODE_NAME {
+                return Err(format!(
+                    "--node-name {name}: not yet supported with --snapshot-size (the ~/snapshot \
+                     service is /{}/snapshot)",
+                    crate::source::select::DEFAULT_NODE_NAME
+                ));
+            }
+        }
+    }
     for line in unrecorded_policy_topics(&selection(a), &snapshot.policy, "--") {
         log::warn!("{line}");
     }
+    let extra_pragmas = match a.storage_config_file.as_deref() {
+        Some(f) => {
+            crate::bag::storage_config::load(f, a.storage_preset_profile)
+                .map_err(|e| format!("--storage-config-file {e}"))?
+                .write_pragmas
+        }
+        None => String::new(),
+    };
     Ok(RecordSettings {
         output,
         writer: WriterOptions {
@@ -150,6 +173,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
             max_bag_size,
             max_bag_duration_ns,
             custom_data,
+            extra_pragmas,
         },
         pipeline,
         retention,
@@ -328,16 +352,75 @@ fn ros_options(a: &RecordArgs) -> Result<crate::source::select::RosSourceOptions
     Ok(opts)
 }
 
-/// The selection flags (topics, -a, -e, exclusions, hidden), shared by both sources.
+/// The selection flags (topics, -a, -e, types, exclusions, hidden), shared by both sources.
+/// The positional topics (Humble) and `--topics` (Jazzy) are one list, as in ros2 bag.
 fn selection(a: &RecordArgs) -> crate::source::select::RosSourceOptions {
     crate::source::select::RosSourceOptions {
-        topics: a.topics.clone(),
+        topics: a.topics.iter().chain(&a.topics_flag).cloned().collect(),
         all: a.all,
         regex: a.regex.clone(),
         exclude_regex: a.exclude_regex.clone(),
         exclude_topics: a.exclude_topics.clone(),
+        topic_types: a.topic_types.clone(),
+        exclude_topic_types: a.exclude_topic_types.clone(),
         include_hidden_topics: a.include_hidden_topics,
+        include_unpublished_topics: a.include_unpublished_topics,
+        node_name: a
+            .node_name
+            .clone()
+            .unwrap_or_else(|| crate::source::select::DEFAULT_NODE_NAME.to_string()),
         ..Default::default()
+    }
+}
+
+/// ros2 bag's flags that only a live graph gives a meaning to, or that ringbag does not do
+/// yet: refused with one line rather than accepted and ignored (a script relying on one
+/// would record something else than it asked for).
+fn source_only_flags(a: &RecordArgs, source: SourceKind) -> Result<(), String> {
+    if a.use_sim_time {
+        return Err(match source {
+            SourceKind::Synthetic => {
+                "--use-sim-time: the synthetic source has no /clock to follow (--source ros only)"
+                    .into()
+            }
+            SourceKind::Ros => "--use-sim-time: not yet supported; ringbag stamps with --clock \
+                                (system or PTP time)"
+                .into(),
+        });
+    }
+    if a.ignore_leaf_topics {
+        return Err(match source {
+            SourceKind::Synthetic => "--ignore-leaf-topics: the synthetic source's topics have \
+                                      no subscribers, so it would record nothing"
+                .into(),
+            SourceKind::Ros => "--ignore-leaf-topics: not yet supported".into(),
+        });
+    }
+    if let Some(name) = a.node_name.as_deref() {
+        if source == SourceKind::Synthetic {
+            return Err(format!(
+                "--node-name {name}: the synthetic source has no ROS node (--source ros only)"
+            ));
+        }
+        check_node_name(name)?;
+    }
+    Ok(())
+}
+
+/// rcl's rule for a node's base name: letters, digits and `_`, not starting with a digit.
+/// Checked here so that a bad name is bad input, not a failure of the node's creation.
+fn check_node_name(name: &str) -> Result<(), String> {
+    let ok = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "--node-name {name:?}: not a node name (letters, digits and _, not starting with a digit)"
+        ))
     }
 }
 
@@ -399,6 +482,22 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
             ));
         }
     }
+    if let Some(id) = a.storage.as_deref().filter(|&id| id != "sqlite3") {
+        return Err(format!(
+            "--storage {id}: not supported; ringbag reads sqlite3 bags only"
+        ));
+    }
+    if let Some(f) = a.storage_config_file.as_deref() {
+        crate::bag::storage_config::load_for_play(f)
+            .map_err(|e| format!("--storage-config-file {e}"))?;
+    }
+    if let Some(ms) = a.wait_for_all_acked {
+        if ms < 0 {
+            return Err(format!(
+                "--wait-for-all-acked {ms}: must be 0 (wait forever) or a timeout in ms"
+            ));
+        }
+    }
     if let Some(p) = a.rt_priority {
         if !(1..=99).contains(&p) {
             return Err(format!(
@@ -455,6 +554,13 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
         read_ahead_messages: usize::try_from(a.read_ahead_queue_size).unwrap_or(usize::MAX),
         read_ahead_bytes,
         clock_hz: a.clock,
+        clock_before: if a.clock_topics_all {
+            crate::play::ClockBefore::All
+        } else if a.clock_topics.is_empty() {
+            crate::play::ClockBefore::Never
+        } else {
+            crate::play::ClockBefore::Topics(names("--clock-topics", &a.clock_topics)?)
+        },
         qos_overrides,
         rt_priority: a.rt_priority,
     })
@@ -697,6 +803,126 @@ pub fn metrics_settings(a: &RecordArgs) -> Result<crate::config::MetricsSettings
         interval,
         listen,
     })
+}
+
+#[cfg(test)]
+mod record_flag_tests {
+    use super::*;
+    use clap::Parser;
+
+    fn record(flags: &[&str]) -> RecordArgs {
+        let mut argv = vec!["ringbag", "record"];
+        argv.extend_from_slice(flags);
+        match super::super::args::Cli::try_parse_from(argv) {
+            Ok(c) => match c.command {
+                super::super::args::Command::Record(a) => *a,
+                other => panic!("{other:?}"),
+            },
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn play(flags: &[&str]) -> Result<crate::play::PlaySettings, String> {
+        let mut argv = vec!["ringbag", "play", "bag"];
+        argv.extend_from_slice(flags);
+        match super::super::args::Cli::try_parse_from(argv) {
+            Ok(c) => match c.command {
+                super::super::args::Command::Play(a) => play_settings(&a),
+                other => panic!("{other:?}"),
+            },
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    #[test]
+    fn jazzy_and_humble_spellings_of_the_topic_list_are_one_list() {
+        let a = record(&["/imu", "--topics", "/tf", "points", "--all-topics"]);
+        let sel = selection(&a);
+        assert_eq!(sel.topics, ["/imu", "/tf", "points"]);
+        assert!(sel.all, "--all-topics is -a");
+        assert!(selection(&record(&["-a"])).all);
+        assert!(selection(&record(&["--all"])).all);
+    }
+
+    #[test]
+    fn type_flags_take_several_values_and_reach_the_selection() {
+        let a = record(&[
+            "--topic-types",
+            "sensor_msgs/msg/Imu",
+            "tf2_msgs/msg/TFMessage",
+            "--exclude-topic-types",
+            "sensor_msgs/msg/Image",
+            "--include-unpublished-topics",
+        ]);
+        let sel = selection(&a);
+        assert_eq!(
+            sel.topic_types,
+            ["sensor_msgs/msg/Imu", "tf2_msgs/msg/TFMessage"]
+        );
+        assert_eq!(sel.exclude_topic_types, ["sensor_msgs/msg/Image"]);
+        assert!(sel.include_unpublished_topics);
+    }
+
+    #[test]
+    fn node_name_defaults_to_rosbag2s_and_is_checked() {
+        assert_eq!(selection(&record(&[])).node_name, "rosbag2_recorder");
+        let a = record(&["--node-name", "my_rec"]);
+        assert_eq!(selection(&a).node_name, "my_rec");
+        assert!(source_only_flags(&a, SourceKind::Ros).is_ok());
+        let e = source_only_flags(&a, SourceKind::Synthetic).unwrap_err();
+        assert!(
+            e.starts_with("--node-name my_rec: the synthetic source"),
+            "{e}"
+        );
+        for bad in ["1rec", "a-b", "a/b", ""] {
+            let e = source_only_flags(&record(&["--node-name", bad]), SourceKind::Ros).unwrap_err();
+            assert!(e.starts_with("--node-name"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn flags_without_a_meaning_on_a_source_are_refused_not_ignored() {
+        for (flag, source, says) in [
+            ("--use-sim-time", SourceKind::Synthetic, "no /clock"),
+            ("--use-sim-time", SourceKind::Ros, "not yet supported"),
+            (
+                "--ignore-leaf-topics",
+                SourceKind::Synthetic,
+                "no subscribers",
+            ),
+            ("--ignore-leaf-topics", SourceKind::Ros, "not yet supported"),
+        ] {
+            let e = source_only_flags(&record(&[flag]), source).unwrap_err();
+            assert!(e.starts_with(flag) && e.contains(says), "{flag}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn play_parity_flags() {
+        assert!(play(&["--disable-loan-message", "--wait-for-all-acked", "0"]).is_ok());
+        assert!(play(&["--wait-for-all-acked", "1500"]).is_ok());
+        let e = play(&["--wait-for-all-acked", "-1"]).err().unwrap();
+        assert!(e.starts_with("--wait-for-all-acked -1: must be 0"), "{e}");
+        let s = play(&["--clock-topics", "tf", "/imu"]).unwrap();
+        assert_eq!(
+            s.clock_before,
+            crate::play::ClockBefore::Topics(vec!["/tf".into(), "/imu".into()])
+        );
+        let s = play(&["--clock-topics-all"]).unwrap();
+        assert_eq!(s.clock_before, crate::play::ClockBefore::All);
+        assert_eq!(
+            play(&[]).unwrap().clock_before,
+            crate::play::ClockBefore::Never
+        );
+        let e = play(&["--clock-topics", "a//b"]).err().unwrap();
+        assert!(e.starts_with("--clock-topics a//b"), "{e}");
+        // As ros2 bag: --clock, --clock-topics and --clock-topics-all exclude each other.
+        assert!(play(&["--clock", "--clock-topics-all"]).is_err());
+        assert!(play(&["-s", "sqlite3"]).is_ok());
+        let e = play(&["--storage", "mcap"]).err().unwrap();
+        assert!(e.starts_with("--storage mcap: not supported"), "{e}");
+    }
 }
 
 #[cfg(test)]

@@ -62,10 +62,43 @@ pub struct PlaySettings {
     pub read_ahead_bytes: u64,
     /// Publish `/clock` at this rate.
     pub clock_hz: Option<f64>,
+    /// Publish `/clock` with a message's time right before it (`--clock-topics[-all]`).
+    pub clock_before: ClockBefore,
     /// Per-topic publisher QoS, by the bag's topic name.
     pub qos_overrides: QosOverrides,
     /// Run the scheduler thread SCHED_FIFO at this priority (1..=99).
     pub rt_priority: Option<i32>,
+}
+
+/// `--clock-topics` / `--clock-topics-all`: which played messages `/clock` is updated for,
+/// just before each (with the message's recorded time), as ros2 bag play does.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ClockBefore {
+    #[default]
+    Never,
+    /// These topics of the bag (its names, before `--remap`).
+    Topics(Vec<String>),
+    /// Every message.
+    All,
+}
+
+impl ClockBefore {
+    /// Per topic of the bag (in `topics`' order): whether `/clock` precedes its messages.
+    fn per_topic(&self, topics: &[crate::bag::TopicInfo]) -> Vec<bool> {
+        match self {
+            ClockBefore::Never => Vec::new(),
+            ClockBefore::All => vec![true; topics.len()],
+            ClockBefore::Topics(names) => {
+                for n in names
+                    .iter()
+                    .filter(|n| !topics.iter().any(|t| &t.name == *n))
+                {
+                    log::warn!("--clock-topics: the bag has no topic {n}");
+                }
+                topics.iter().map(|t| names.contains(&t.name)).collect()
+            }
+        }
+    }
 }
 
 impl PlaySettings {
@@ -85,6 +118,7 @@ impl PlaySettings {
             read_ahead_messages: DEFAULT_READ_AHEAD_MESSAGES,
             read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
             clock_hz: None,
+            clock_before: ClockBefore::Never,
             qos_overrides: QosOverrides::new(),
             rt_priority: None,
         }
@@ -240,9 +274,10 @@ pub fn play_bag(
         &settings.selection,
         &settings.remap,
         &settings.qos_overrides,
-        settings.clock_hz.is_some(),
+        settings.clock_hz.is_some() || settings.clock_before != ClockBefore::Never,
     )
     .map_err(|e| PlayError::BadInput(e.to_string()))?;
+    let clock_before = settings.clock_before.per_topic(&bag.topics);
     for w in &plan.warnings {
         log::warn!("{w}");
     }
@@ -317,7 +352,7 @@ pub fn play_bag(
             })
             .map_err(|e| PlayError::Sink(format!("cannot start the reader thread: {e}")))?;
         let keys = commands.is_some();
-        let scheduler = schedule::Scheduler::new(
+        let mut scheduler = schedule::Scheduler::new(
             sink,
             &plan,
             queue,
@@ -328,6 +363,7 @@ pub fn play_bag(
             clock_period_ns,
             settings.rt_priority,
         );
+        scheduler.clock_before = clock_before;
         if keys {
             eprintln!(
                 "ringbag: keys: space pause/resume, right arrow next message (while paused), up/down rate +/-10%"

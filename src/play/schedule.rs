@@ -109,6 +109,9 @@ pub struct Scheduler<'a> {
     pub clock_period_ns: Option<i64>,
     /// `--rt-priority`.
     pub rt_priority: Option<i32>,
+    /// Per topic of the bag: `/clock` is published with each of its messages' time just
+    /// before the message (`--clock-topics`, `--clock-topics-all`); empty: never.
+    pub clock_before: Vec<bool>,
     pub report: PlayReport,
     next_clock: i64,
     /// The last `/clock` published in this pass: `/clock` never goes back within a pass,
@@ -149,6 +152,7 @@ impl<'a> Scheduler<'a> {
             span,
             clock_period_ns,
             rt_priority,
+            clock_before: Vec::new(),
             report: PlayReport::default(),
             step: false,
             flushed: true,
@@ -218,6 +222,16 @@ impl<'a> Scheduler<'a> {
             match self.wait_for(m.timestamp)? {
                 Wait::Stop => break,
                 Wait::Due => {}
+            }
+            if let (Some(true), Some(clock)) =
+                (self.clock_before.get(m.topic).copied(), self.plan.clock)
+            {
+                // The message's own time, never back within a pass (as the ticks).
+                let t = m.timestamp.max(self.last_clock);
+                self.last_clock = t;
+                if !Self::sink_result(self.sink.publish(clock, t, &clock_cdr(t)))? {
+                    return Ok(self.report);
+                }
             }
             if !Self::sink_result(self.sink.publish(topic, m.timestamp, &m.data))? {
                 return Ok(self.report);

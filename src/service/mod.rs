@@ -148,6 +148,7 @@ pub fn record_settings(
             max_bag_size: c.budgets.max_bag_size,
             max_bag_duration_ns: c.budgets.max_bag_duration_ns,
             custom_data: BTreeMap::new(),
+            extra_pragmas: String::new(),
         },
         pipeline: PipelineConfig::for_limits(
             c.max_cache_size,

@@ -1,5 +1,5 @@
 //! The ROS service `~/snapshot` (`std_srvs/srv/Trigger`) of the recorder node, as rosbag2's
-//! snapshot mode offers it: `ros2 service call /ringbag_recorder/snapshot std_srvs/srv/Trigger`.
+//! snapshot mode offers it: `ros2 service call /rosbag2_recorder/snapshot std_srvs/srv/Trigger`.
 //!
 //! The recorder's subscriptions live on their own rcl node; the service gets a small r2r node
 //! of its own (`ringbag_recorder_snapshot`) in its own thread, with the recorder's node name in

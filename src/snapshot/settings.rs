@@ -39,8 +39,11 @@ pub fn unrecorded_policy_topics(
         );
     named
         .filter_map(|(option, topic, target)| {
-            let why = match selector.decide(topic) {
+            // Types are only known once the topic is seen: with --topic-types, a topic that
+            // no name rule picks may still be picked by its type, so only certain cases warn.
+            let why = match selector.decide(topic, &[]) {
                 Decision::Record => return None,
+                Decision::NotSelected if !sel.topic_types.is_empty() => return None,
                 Decision::NotSelected => "not selected",
                 Decision::Hidden => "hidden, and --include-hidden-topics is off",
                 Decision::Excluded => "excluded",

@@ -58,10 +58,15 @@ pub fn select_topics(
     profile: SyntheticProfile,
     sel: &RosSourceOptions,
 ) -> Result<u64, TopicChoiceError> {
-    let names: Vec<String> = profile.topics().into_iter().map(|t| t.info.name).collect();
+    let (names, types): (Vec<String>, Vec<String>) = profile
+        .topics()
+        .into_iter()
+        .map(|t| (t.info.name, t.info.type_name))
+        .unzip();
     if !sel.picks_topics()
         && sel.exclude_regex.is_none()
         && sel.exclude_topics.is_empty()
+        && sel.exclude_topic_types.is_empty()
         && !sel.include_hidden_topics
     {
         return Ok(ALL_TOPICS);
@@ -71,7 +76,7 @@ pub fn select_topics(
     let mask = names
         .iter()
         .enumerate()
-        .filter(|(_, n)| selector.decide(n) == Decision::Record)
+        .filter(|&(i, n)| selector.decide(n, std::slice::from_ref(&types[i])) == Decision::Record)
         .fold(0u64, |m, (i, _)| {
             m | 1u64.checked_shl(i as u32).unwrap_or(0)
         });

@@ -26,8 +26,9 @@ use crate::bag::qos::{Durability, History, Liveliness, Reliability};
 use crate::bag::{MessageDefinition, QosProfile, TopicInfo};
 use crate::pipeline::{Bursts, Producer, TopicHandle};
 
-/// The recorder's node name, as `rosbag2_recorder` for ros2 bag.
-pub const RECORDER_NODE_NAME: &str = "ringbag_recorder";
+/// The recorder's node name without `--node-name`: ros2 bag's `rosbag2_recorder`, so that
+/// fleet tools find `/rosbag2_recorder/snapshot` where they would find rosbag2's.
+pub const RECORDER_NODE_NAME: &str = super::select::DEFAULT_NODE_NAME;
 
 /// Longest wait: bounds how late a stop request or a discovery poll is noticed.
 const SPIN_SLICE: Duration = Duration::from_millis(20);
@@ -132,12 +133,13 @@ pub fn run(opts: &RosSourceOptions, producer: Producer) -> Result<(), RosSourceE
 pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<(), RosSourceError> {
     let selector = TopicSelector::new(opts)?;
     let overrides = load_qos_overrides(opts.qos_profile_overrides_path.as_deref())?;
-    let node = RclNode::new(RECORDER_NODE_NAME).map_err(RosSourceError::Init)?;
+    let node = RclNode::new(&opts.node_name).map_err(RosSourceError::Init)?;
     let mut rec = Recorder {
         node,
         selector,
         overrides,
         subscription_depth: opts.subscription_depth,
+        include_unpublished: opts.include_unpublished_topics,
         // rosbag2 Jazzy reads definitions from the sourced environment's share/ directories
         // at subscription time; so does ringbag (each type's text is built once).
         definitions: DefinitionCache::new(AmentPrefixPath::from_env()),
@@ -189,6 +191,8 @@ struct Recorder<'t, T: RecordTarget> {
     overrides: QosOverrides,
     /// `--subscription-depth`: 0 keep-all, else the least keep-last depth.
     subscription_depth: u64,
+    /// `--include-unpublished-topics`: subscribe without waiting for a publisher.
+    include_unpublished: bool,
     definitions: DefinitionCache<AmentPrefixPath>,
     target: &'t T,
     /// Indexed by the node's `SubId`.
@@ -223,7 +227,7 @@ impl<T: RecordTarget> Recorder<'_, T> {
             .collect();
         topics.sort();
         for (name, types) in topics {
-            match self.selector.decide(&name) {
+            match self.selector.decide(&name, &types) {
                 Decision::Record => {}
                 Decision::Hidden => {
                     self.warn_once(&name, || {
@@ -247,10 +251,12 @@ impl<T: RecordTarget> Recorder<'_, T> {
                     continue;
                 }
             };
-            if publishers.is_empty() {
+            if publishers.is_empty() && !self.include_unpublished {
                 // Subscribers only: wait for a publisher so its offered QoS can be matched.
                 continue;
             }
+            // With --include-unpublished-topics and no publisher, no offers: the request is
+            // the default profile (or the override file's), as rosbag2 subscribes then.
             let offers: Vec<QosProfile> = publishers.iter().map(|p| from_r2r_qos(&p.qos)).collect();
             let type_hash = publishers
                 .iter()

@@ -28,6 +28,9 @@ pub const DEFAULT_SUBSCRIPTION_DEPTH: u64 = 10;
 /// happens in ringbag's own bounded queue, where it is counted per topic.
 pub const DEFAULT_SUBSCRIPTION_HISTORY: u64 = 0;
 
+/// The recorder's node name when `--node-name` is not given, as `ros2 bag record`'s.
+pub const DEFAULT_NODE_NAME: &str = "rosbag2_recorder";
+
 /// What to record from a live ROS 2 graph; mirrors `ros2 bag record`'s selection flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RosSourceOptions {
@@ -41,6 +44,15 @@ pub struct RosSourceOptions {
     pub exclude_regex: Option<String>,
     /// `--exclude-topics`: drop these exact names.
     pub exclude_topics: Vec<String>,
+    /// `--topic-types`: topics of these exact type names (`pkg/msg/Type`), as named topics.
+    pub topic_types: Vec<String>,
+    /// `--exclude-topic-types`: drop topics of these exact type names.
+    pub exclude_topic_types: Vec<String>,
+    /// `--include-unpublished-topics`: subscribe to selected topics that have no publisher
+    /// yet (default QoS, or the override file's), instead of waiting for one.
+    pub include_unpublished_topics: bool,
+    /// `--node-name`: the recorder's node name.
+    pub node_name: String,
     /// `-p/--polling-interval`: how often the graph is polled for new topics.
     pub polling_interval: Duration,
     /// `--no-discovery`: subscribe only to topics seen at start.
@@ -62,6 +74,10 @@ impl Default for RosSourceOptions {
             regex: None,
             exclude_regex: None,
             exclude_topics: Vec::new(),
+            topic_types: Vec::new(),
+            exclude_topic_types: Vec::new(),
+            include_unpublished_topics: false,
+            node_name: DEFAULT_NODE_NAME.to_string(),
             polling_interval: DEFAULT_POLLING_INTERVAL,
             no_discovery: false,
             include_hidden_topics: false,
@@ -74,7 +90,7 @@ impl Default for RosSourceOptions {
 /// Why a selection or an override file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SelectError {
-    #[error("no topics selected: name topics, or use -a/--all or -e/--regex")]
+    #[error("no topics selected: name topics, or use -a/--all, -e/--regex or --topic-types")]
     NothingSelected,
     #[error("invalid {flag} pattern {pattern:?}: {}", regex_error_line(.source))]
     BadRegex {
@@ -83,6 +99,10 @@ pub enum SelectError {
         #[source]
         source: regex::Error,
     },
+    #[error(
+        "{flag} {name:?}: not a type name; expected the full name, such as sensor_msgs/msg/Imu"
+    )]
+    BadTypeName { flag: &'static str, name: String },
     #[error("invalid topic name {name:?}: {reason}")]
     BadTopicName { name: String, reason: &'static str },
     #[error("polling interval must be greater than zero")]
@@ -154,7 +174,7 @@ pub enum Decision {
     NotSelected,
     /// Matched, but hidden and `--include-hidden-topics` is off.
     Hidden,
-    /// Removed by `--exclude-topics` or `--exclude-regex`.
+    /// Removed by `--exclude-topics`, `--exclude-regex` or `--exclude-topic-types`.
     Excluded,
 }
 
@@ -166,6 +186,8 @@ pub struct TopicSelector {
     regex: Option<Regex>,
     exclude_regex: Option<Regex>,
     exclude_topics: Vec<String>,
+    topic_types: Vec<String>,
+    exclude_topic_types: Vec<String>,
     include_hidden: bool,
 }
 
@@ -183,10 +205,10 @@ fn compile(flag: &'static str, pattern: &Option<String>) -> Result<Option<Regex>
 }
 
 impl RosSourceOptions {
-    /// Whether the options pick topics by themselves (a name, `-a` or `-e`), rather than
-    /// only excluding some or saying nothing.
+    /// Whether the options pick topics by themselves (a name, `-a`, `-e` or a type), rather
+    /// than only excluding some or saying nothing.
     pub fn picks_topics(&self) -> bool {
-        !self.topics.is_empty() || self.all || self.regex.is_some()
+        !self.topics.is_empty() || self.all || self.regex.is_some() || !self.topic_types.is_empty()
     }
 }
 
@@ -224,6 +246,8 @@ impl TopicSelector {
             regex: compile("-e/--regex", &opts.regex)?,
             exclude_regex: compile("--exclude-regex", &opts.exclude_regex)?,
             exclude_topics,
+            topic_types: checked_types("--topic-types", &opts.topic_types)?,
+            exclude_topic_types: checked_types("--exclude-topic-types", &opts.exclude_topic_types)?,
             include_hidden: opts.include_hidden_topics,
         })
     }
@@ -233,7 +257,15 @@ impl TopicSelector {
         &self.topics
     }
 
-    pub fn decide(&self, name: &str) -> Decision {
+    /// Whether the topic `name`, published with `types`, is recorded. rosbag2 compares type
+    /// names exactly as the graph reports them (`pkg/msg/Type`), so does this. Where the
+    /// types are not known yet (the snapshot options' warnings), `&[]`: the type rules then
+    /// neither select nor exclude.
+    pub fn decide(&self, name: &str, types: &[String]) -> Decision {
+        let typed = |list: &[String]| types.iter().any(|t| list.contains(t));
+        if typed(&self.exclude_topic_types) {
+            return Decision::Excluded;
+        }
         if self.exclude_topics.iter().any(|t| t == name)
             || self
                 .exclude_regex
@@ -246,7 +278,9 @@ impl TopicSelector {
         if self.topics.iter().any(|t| t == name) {
             return Decision::Record;
         }
-        let matched = self.all || self.regex.as_ref().is_some_and(|r| r.is_match(name));
+        let matched = self.all
+            || typed(&self.topic_types)
+            || self.regex.as_ref().is_some_and(|r| r.is_match(name));
         if !matched {
             return Decision::NotSelected;
         }
@@ -255,6 +289,26 @@ impl TopicSelector {
         }
         Decision::Record
     }
+}
+
+/// A type name as the graph reports it: `pkg/msg/Type` (also `pkg/srv/…`, `pkg/action/…`).
+/// Anything else could never match, so a typo (`sensor_msgs/Imu`, ROS 1's spelling) is refused
+/// rather than recording nothing.
+fn checked_types(flag: &'static str, types: &[String]) -> Result<Vec<String>, SelectError> {
+    for t in types {
+        let parts: Vec<&str> = t.split('/').collect();
+        let ok = parts.len() == 3
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+        if !ok {
+            return Err(SelectError::BadTypeName {
+                flag,
+                name: t.clone(),
+            });
+        }
+    }
+    Ok(types.to_vec())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -562,10 +616,10 @@ mod tests {
         })
         .unwrap();
         assert_eq!(sel.named_topics(), ["/imu", "/tf"]);
-        assert_eq!(sel.decide("/imu"), Decision::Record);
-        assert_eq!(sel.decide("/tf"), Decision::Record);
-        assert_eq!(sel.decide("/camera"), Decision::NotSelected);
-        assert_eq!(sel.decide("/imu_raw"), Decision::NotSelected);
+        assert_eq!(sel.decide("/imu", &[]), Decision::Record);
+        assert_eq!(sel.decide("/tf", &[]), Decision::Record);
+        assert_eq!(sel.decide("/camera", &[]), Decision::NotSelected);
+        assert_eq!(sel.decide("/imu_raw", &[]), Decision::NotSelected);
     }
 
     #[test]
@@ -575,13 +629,13 @@ mod tests {
             ..opts()
         };
         let sel = TopicSelector::new(&o).unwrap();
-        assert_eq!(sel.decide("/rosout"), Decision::Record);
-        assert_eq!(sel.decide("/_hidden"), Decision::Hidden);
-        assert_eq!(sel.decide("/fib/_action/feedback"), Decision::Hidden);
-        assert_eq!(sel.decide("/a_b/c_"), Decision::Record);
+        assert_eq!(sel.decide("/rosout", &[]), Decision::Record);
+        assert_eq!(sel.decide("/_hidden", &[]), Decision::Hidden);
+        assert_eq!(sel.decide("/fib/_action/feedback", &[]), Decision::Hidden);
+        assert_eq!(sel.decide("/a_b/c_", &[]), Decision::Record);
         o.include_hidden_topics = true;
         let sel = TopicSelector::new(&o).unwrap();
-        assert_eq!(sel.decide("/fib/_action/feedback"), Decision::Record);
+        assert_eq!(sel.decide("/fib/_action/feedback", &[]), Decision::Record);
     }
 
     #[test]
@@ -591,7 +645,7 @@ mod tests {
             ..opts()
         })
         .unwrap();
-        assert_eq!(sel.decide("/_secret"), Decision::Record);
+        assert_eq!(sel.decide("/_secret", &[]), Decision::Record);
     }
 
     #[test]
@@ -602,9 +656,9 @@ mod tests {
             ..opts()
         })
         .unwrap();
-        assert_eq!(sel.decide("/front/camera/image"), Decision::Record);
-        assert_eq!(sel.decide("/tf"), Decision::Record);
-        assert_eq!(sel.decide("/imu"), Decision::NotSelected);
+        assert_eq!(sel.decide("/front/camera/image", &[]), Decision::Record);
+        assert_eq!(sel.decide("/tf", &[]), Decision::Record);
+        assert_eq!(sel.decide("/imu", &[]), Decision::NotSelected);
     }
 
     #[test]
@@ -617,10 +671,77 @@ mod tests {
             ..opts()
         })
         .unwrap();
-        assert_eq!(sel.decide("/tf"), Decision::Excluded);
-        assert_eq!(sel.decide("/rosout"), Decision::Excluded);
-        assert_eq!(sel.decide("/camera/image"), Decision::Excluded);
-        assert_eq!(sel.decide("/front/camera/image"), Decision::Record);
+        assert_eq!(sel.decide("/tf", &[]), Decision::Excluded);
+        assert_eq!(sel.decide("/rosout", &[]), Decision::Excluded);
+        assert_eq!(sel.decide("/camera/image", &[]), Decision::Excluded);
+        assert_eq!(sel.decide("/front/camera/image", &[]), Decision::Record);
+    }
+
+    #[test]
+    fn topic_types_select_by_exact_type_and_union_with_names() {
+        let imu = ["sensor_msgs/msg/Imu".to_string()];
+        let tf = ["tf2_msgs/msg/TFMessage".to_string()];
+        let sel = TopicSelector::new(&RosSourceOptions {
+            topics: vec!["/tf".into()],
+            topic_types: vec!["sensor_msgs/msg/Imu".into()],
+            ..opts()
+        })
+        .unwrap();
+        assert_eq!(sel.decide("/imu", &imu), Decision::Record);
+        assert_eq!(sel.decide("/tf", &tf), Decision::Record);
+        assert_eq!(sel.decide("/rosout", &tf), Decision::NotSelected);
+        // Exact names only: no prefix or package match.
+        let img = ["sensor_msgs/msg/ImuRaw".to_string()];
+        assert_eq!(sel.decide("/imu_raw", &img), Decision::NotSelected);
+        // A type selection alone picks topics, as -a or -e do.
+        assert!(RosSourceOptions {
+            topic_types: vec!["a/msg/B".into()],
+            ..opts()
+        }
+        .picks_topics());
+    }
+
+    #[test]
+    fn excluded_types_win_over_names_types_and_all() {
+        let imu = ["sensor_msgs/msg/Imu".to_string()];
+        let sel = TopicSelector::new(&RosSourceOptions {
+            topics: vec!["/imu".into()],
+            all: true,
+            topic_types: vec!["sensor_msgs/msg/Imu".into()],
+            exclude_topic_types: vec!["sensor_msgs/msg/Imu".into()],
+            ..opts()
+        })
+        .unwrap();
+        assert_eq!(sel.decide("/imu", &imu), Decision::Excluded);
+        assert_eq!(
+            sel.decide("/tf", &["tf2_msgs/msg/TFMessage".to_string()]),
+            Decision::Record
+        );
+        // Types not known yet: the type rules neither pick nor drop.
+        assert_eq!(sel.decide("/imu", &[]), Decision::Record);
+    }
+
+    #[test]
+    fn malformed_type_names_are_refused_with_their_flag() {
+        for (flag, bad) in [
+            ("--topic-types", "sensor_msgs/Imu"),
+            ("--topic-types", "Imu"),
+            ("--exclude-topic-types", "a//b"),
+            ("--exclude-topic-types", "a/msg/B c"),
+        ] {
+            let mut o = RosSourceOptions {
+                all: true,
+                ..opts()
+            };
+            if flag == "--topic-types" {
+                o.topic_types = vec![bad.into()];
+            } else {
+                o.exclude_topic_types = vec![bad.into()];
+            }
+            let e = TopicSelector::new(&o).unwrap_err().to_string();
+            assert!(e.starts_with(flag) && e.contains(bad), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod hostile_bags;
 mod install;
 mod metrics;
 mod netproxy;
+mod parity;
 mod pause;
 mod play;
 mod play_keys;
