@@ -191,3 +191,89 @@ fn a_truncated_or_corrupt_zstd_split_is_left_out_with_one_warning_and_the_rest_p
         assert_eq!(fs::read_dir(&private).unwrap().count(), 0, "{case}");
     }
 }
+
+#[test]
+fn reindex_rebuilds_the_metadata_of_a_compressed_bag_as_rosbag2_writes_it_and_leaves_the_splits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("z");
+    let written = write_bag(&bag, Flavour::Jazzy, &TOPICS, 60, 50);
+    compress_like_rosbag2(&bag);
+    let want = BagMetadata::read(&bag).unwrap();
+    let splits: Vec<(String, Vec<u8>)> = snapshot(&bag)
+        .into_iter()
+        .filter(|(n, _)| n.ends_with(".zstd"))
+        .collect();
+    fs::remove_file(bag.join("metadata.yaml")).unwrap();
+    let private = tmp.path().join("tmpdir");
+    let out = run_with_tmpdir(&private, &["reindex", "--json", bag.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(report["message_count"].as_u64(), Some(120), "{report:#}");
+    let got = BagMetadata::read(&bag).unwrap();
+    assert_eq!(got.relative_file_paths, want.relative_file_paths);
+    assert_eq!(got.files, want.files);
+    assert_eq!(
+        (
+            got.compression_format.as_str(),
+            got.compression_mode.as_str()
+        ),
+        ("zstd", "FILE")
+    );
+    assert_eq!(got.message_count, 120);
+    // The compressed splits are read, never rewritten; nothing is left in TMPDIR.
+    let after: Vec<(String, Vec<u8>)> = snapshot(&bag)
+        .into_iter()
+        .filter(|(n, _)| n.ends_with(".zstd"))
+        .collect();
+    assert!(after == splits, "reindex rewrote a compressed split");
+    assert_eq!(fs::read_dir(&private).unwrap().count(), 0);
+    let out = run_with_tmpdir(
+        &private,
+        &[
+            "play",
+            bag.to_str().unwrap(),
+            "--sink",
+            "echo",
+            "-r",
+            "1000",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(echoed(&stdout(&out)).len(), written.len());
+}
+
+#[test]
+fn reindex_leaves_a_damaged_zstd_split_untouched_and_reports_its_messages_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("z");
+    write_bag(&bag, Flavour::Humble, &TOPICS, 60, 50);
+    compress_like_rosbag2(&bag);
+    let victim = bag.join("z_1.db3.zstd");
+    let z = fs::read(&victim).unwrap();
+    fs::write(&victim, &z[..z.len() / 2]).unwrap();
+    let out = ringbag()
+        .args(["reindex", "--json", bag.to_str().unwrap()])
+        .run_output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
+    let lost: Vec<(String, u64)> = report["splits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["file"].as_str().unwrap().to_string(),
+                s["messages_lost"].as_u64().unwrap_or(u64::MAX),
+            )
+        })
+        .collect();
+    assert!(
+        lost.contains(&("z_1.db3.zstd".to_string(), 50)),
+        "{report:#}\n{}",
+        stderr(&out)
+    );
+    assert_eq!(fs::read(&victim).unwrap(), &z[..z.len() / 2]);
+    let m = BagMetadata::read(&bag).unwrap();
+    assert_eq!(m.relative_file_paths, ["z_0.db3.zstd", "z_2.db3.zstd"]);
+    assert_eq!(m.message_count, 70);
+}
