@@ -277,3 +277,29 @@ fn reindex_leaves_a_damaged_zstd_split_untouched_and_reports_its_messages_lost()
     assert_eq!(m.relative_file_paths, ["z_0.db3.zstd", "z_2.db3.zstd"]);
     assert_eq!(m.message_count, 70);
 }
+
+#[test]
+fn a_split_there_both_plain_and_as_a_partial_zstd_is_read_from_the_db3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("z");
+    let written = write_bag(&bag, Flavour::Jazzy, &TOPICS, 60, 50);
+    // As a compression cut short leaves it: the whole `.db3` and the start of its `.zstd`.
+    let z = zstd::encode_all(&fs::read(bag.join("z_1.db3")).unwrap()[..], 1).unwrap();
+    fs::write(bag.join("z_1.db3.zstd"), &z[..z.len() / 3]).unwrap();
+    fs::remove_file(bag.join("metadata.yaml")).unwrap();
+    let b = bag.to_str().unwrap();
+    let private = tmp.path().join("tmpdir");
+    let out = run_with_tmpdir(&private, &["play", b, "--sink", "echo", "-r", "1000"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        echoed(&stdout(&out)).len(),
+        written.len(),
+        "{}",
+        stderr(&out)
+    );
+    let out = run_with_tmpdir(&private, &["reindex", b]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let m = BagMetadata::read(&bag).unwrap();
+    assert_eq!(m.relative_file_paths, ["z_0.db3", "z_1.db3", "z_2.db3"]);
+    assert_eq!((m.message_count, m.compression_mode.as_str()), (120, ""));
+}
