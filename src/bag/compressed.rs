@@ -6,9 +6,8 @@
 //! SQLite needs a file, so a compressed split is read through a decompressed copy. rosbag2
 //! writes that copy beside the `.zstd` (in the bag directory); ringbag's readers never write
 //! in a bag (a bag in a read-only directory reads, and reading never races a recorder or an
-//! uploader over the directory's files), so the copy goes to a private file in the temporary
-//! directory (`TMPDIR`, else `/tmp`), streamed through a fixed-size buffer so memory stays
-//! bounded whatever the split's size. The copy is unlinked as soon as SQLite has opened it:
+//! uploader over the directory's files), so the copy goes to a private file in [`scratch_dir`],
+//! streamed through a fixed-size buffer so memory stays bounded whatever the split's size. The copy is unlinked as soon as SQLite has opened it:
 //! the connection's descriptor keeps it alive, and nothing is left behind when the reader
 //! ends or is killed (bar the instant between the copy and the open).
 
@@ -31,6 +30,18 @@ pub fn is_zstd(path: &Path) -> bool {
     path.to_str().is_some_and(|s| s.ends_with(".db3.zstd"))
 }
 
+/// Where decompressed copies go: `TMPDIR` when set, else `/var/tmp`, else `/tmp`. Not `/tmp`
+/// first: on many systems (Jetson images included) it is a tmpfs, where a copy of a split of
+/// gigabytes would take that much RAM; `/var/tmp` is on disk by convention (FHS). Copies are
+/// unlinked at once, so its persistence across reboots never matters.
+pub fn scratch_dir() -> PathBuf {
+    match std::env::var_os("TMPDIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None if Path::new("/var/tmp").is_dir() => PathBuf::from("/var/tmp"),
+        None => PathBuf::from("/tmp"),
+    }
+}
+
 /// A decompressed copy of a compressed split, removed when dropped (so also when the
 /// decompression or the open fails half-way).
 #[derive(Debug)]
@@ -46,7 +57,7 @@ impl Drop for Decompressed {
 }
 
 /// Decompress `src` (a `.db3.zstd`) into a fresh private file (mode 0600, created exclusively)
-/// in the temporary directory. A truncated or corrupt stream is an `Invalid` error naming
+/// in [`scratch_dir`]. A truncated or corrupt stream is an `Invalid` error naming
 /// `src`, so a tolerant reader leaves the split out with one warning.
 pub fn decompress(src: &Path) -> Result<Decompressed, BagError> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -56,7 +67,7 @@ pub fn decompress(src: &Path) -> Result<Decompressed, BagError> {
         .and_then(|n| n.to_str())
         .and_then(|n| n.strip_suffix(ZSTD_SUFFIX))
         .unwrap_or("split.db3");
-    let dir = std::env::temp_dir();
+    let dir = scratch_dir();
     let path = dir.join(format!(
         ".ringbag-{}-{}-{name}",
         std::process::id(),
@@ -99,7 +110,7 @@ mod tests {
         fs::write(&src, zstd::encode_all(&plain[..], 3).unwrap()).unwrap();
         let d = decompress(&src).unwrap();
         assert_eq!(fs::read(&d.path).unwrap(), plain);
-        assert!(d.path.starts_with(std::env::temp_dir()));
+        assert!(d.path.starts_with(scratch_dir()));
         assert!(d.path.to_str().unwrap().ends_with("b_0.db3"));
         let p = d.path.clone();
         drop(d);
@@ -127,7 +138,7 @@ mod tests {
     /// This process's copies of splits named `name`.
     fn leftovers(name: &str) -> usize {
         let me = format!(".ringbag-{}-", std::process::id());
-        fs::read_dir(std::env::temp_dir())
+        fs::read_dir(scratch_dir())
             .unwrap()
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
