@@ -25,6 +25,13 @@ pub const ZSTD_SUFFIX: &str = ".zstd";
 /// What metadata.yaml's `compression_format` says for zstd.
 pub const ZSTD_FORMAT: &str = "zstd";
 
+/// rosbag2's zstd level (`kDefaultZstdCompressionLevel`).
+pub const DEFAULT_LEVEL: i32 = 1;
+
+/// The suffix of a `.zstd` being written (`.<split>.db3.zstd.partial`): hidden and not a split
+/// name, so no reader, uploader or retention takes it for one; `reindex` removes a stale one.
+pub const PARTIAL_SUFFIX: &str = ".zstd.partial";
+
 /// True when `path` names a zstd-compressed split (`….db3.zstd`).
 pub fn is_zstd(path: &Path) -> bool {
     path.to_str().is_some_and(|s| s.ends_with(".db3.zstd"))
@@ -96,6 +103,49 @@ pub fn decompress(src: &Path) -> Result<Decompressed, BagError> {
     }
 }
 
+/// Compress the closed split `src` (`<name>.db3`) into `<name>.db3.zstd` as rosbag2's zstd
+/// plugin does (one zstd frame of the whole file, at `level`), with the frame's content size
+/// in its header (rosbag2's older whole-buffer decompressor needs it). Crash-safe: the frame
+/// is written to `.<name>.db3.zstd.partial`, fsynced, renamed and the directory fsynced, so a
+/// `.db3.zstd` is complete whenever it exists; `src` is left for the caller to remove once
+/// metadata.yaml names the `.zstd`. Returns the `.zstd` path.
+pub fn compress_file(src: &Path, level: i32) -> Result<PathBuf, BagError> {
+    let name = src
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| BagError::invalid(src, "not a split file name"))?;
+    let dir = match src.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let dst = dir.join(format!("{name}{ZSTD_SUFFIX}"));
+    let partial = Decompressed {
+        path: dir.join(format!(".{name}{PARTIAL_SUFFIX}")),
+    };
+    let mut input = fs::File::open(src).map_err(BagError::io(src))?;
+    let len = input.metadata().map_err(BagError::io(src))?.len();
+    let out = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&partial.path)
+        .map_err(BagError::io(&partial.path))?;
+    let io_err = BagError::io(&partial.path);
+    let mut enc = zstd::stream::write::Encoder::new(out, level).map_err(BagError::io(src))?;
+    enc.include_contentsize(true).map_err(BagError::io(src))?;
+    enc.set_pledged_src_size(Some(len))
+        .map_err(BagError::io(src))?;
+    // Exactly the pledged length: a closed split does not grow, and zstd fails the frame
+    // rather than write a wrong content size if it did.
+    io::copy(&mut io::Read::take(&mut input, len), &mut enc).map_err(BagError::io(src))?;
+    let out = enc.finish().map_err(io_err)?;
+    out.sync_all().map_err(BagError::io(&partial.path))?;
+    fs::rename(&partial.path, &dst).map_err(BagError::io(&dst))?;
+    super::metadata::sync_dir(dir)?;
+    Ok(dst)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,6 +194,37 @@ mod tests {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .filter(|n| n.starts_with(&me) && n.ends_with(name))
             .count()
+    }
+
+    #[test]
+    fn compress_file_writes_one_frame_with_its_content_size_and_no_partial_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("b_3.db3");
+        let plain: Vec<u8> = (0..500_000u32)
+            .flat_map(|i| (i % 97).to_le_bytes())
+            .collect();
+        fs::write(&src, &plain).unwrap();
+        let dst = compress_file(&src, DEFAULT_LEVEL).unwrap();
+        assert_eq!(dst, dir.path().join("b_3.db3.zstd"));
+        let z = fs::read(&dst).unwrap();
+        assert!(z.len() < plain.len() / 10, "{} bytes", z.len());
+        assert_eq!(
+            zstd::zstd_safe::get_frame_content_size(&z).ok(),
+            Some(Some(plain.len() as u64))
+        );
+        assert_eq!(zstd::decode_all(&z[..]).unwrap(), plain);
+        assert_eq!(
+            fs::read(&src).unwrap(),
+            plain,
+            "the .db3 is the caller's to remove"
+        );
+        let mut names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["b_3.db3", "b_3.db3.zstd"]);
+        assert_eq!(fs::read(&decompress(&dst).unwrap().path).unwrap(), plain);
     }
 
     #[test]

@@ -1017,7 +1017,8 @@ impl Drop for TempFile {
 }
 
 /// Under the bag lock, temp files of this bag belong to no live process: remove salvage
-/// files and metadata.yaml temp files left by a reindex or writer that died.
+/// files, metadata.yaml temp files and partial `.zstd` files left by a reindex or writer that
+/// died.
 fn remove_stale_temp_files(bag: &Path) -> Result<(), BagError> {
     let Ok(entries) = fs::read_dir(bag) else {
         return Ok(());
@@ -1028,7 +1029,10 @@ fn remove_stale_temp_files(bag: &Path) -> Result<(), BagError> {
             continue;
         };
         let stale = name.ends_with(SALVAGE_TMP_SUFFIX)
-            || (name.starts_with(&format!(".{METADATA_FILE}")) && name.ends_with(".tmp"));
+            || (name.starts_with(&format!(".{METADATA_FILE}")) && name.ends_with(".tmp"))
+            // A compression cut short; its `.db3` is still there (removed only after the
+            // `.zstd` is complete and listed).
+            || (name.starts_with('.') && name.ends_with(super::compressed::PARTIAL_SUFFIX));
         if stale && e.file_type().is_ok_and(|t| t.is_file()) {
             let p = e.path();
             fs::remove_file(&p).map_err(BagError::io(&p))?;

@@ -303,3 +303,33 @@ fn a_split_there_both_plain_and_as_a_partial_zstd_is_read_from_the_db3() {
     assert_eq!(m.relative_file_paths, ["z_0.db3", "z_1.db3", "z_2.db3"]);
     assert_eq!((m.message_count, m.compression_mode.as_str()), (120, ""));
 }
+
+#[test]
+fn compress_file_makes_what_the_readers_read_and_reindex_removes_a_partial_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("z");
+    let written = write_bag(&bag, Flavour::Humble, &TOPICS, 60, 50);
+    let mut m = BagMetadata::read(&bag).unwrap();
+    for rel in &mut m.relative_file_paths {
+        let plain = bag.join(&*rel);
+        ringbag::bag::compressed::compress_file(&plain, 1).expect("compress");
+        fs::remove_file(plain).unwrap();
+        rel.push_str(".zstd");
+    }
+    (m.compression_format, m.compression_mode) = ("zstd".into(), "FILE".into());
+    m.write_atomic(&bag, Flavour::Humble).unwrap();
+    // A compression killed half-way: its hidden partial file beside a complete split.
+    fs::write(bag.join(".z_2.db3.zstd.partial"), b"(\xb5/\xfd").unwrap();
+    let b = bag.to_str().unwrap();
+    let private = tmp.path().join("tmpdir");
+    let out = run_with_tmpdir(&private, &["play", b, "--sink", "echo", "-r", "1000"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let want: Vec<(String, i64)> = written.iter().map(|(t, ts, _)| (t.clone(), *ts)).collect();
+    assert_eq!(echoed(&stdout(&out)), want);
+    let out = run_with_tmpdir(&private, &["reindex", b]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!bag.join(".z_2.db3.zstd.partial").exists());
+    let after = BagMetadata::read(&bag).unwrap();
+    assert_eq!(after.relative_file_paths, m.relative_file_paths);
+    assert_eq!(after.message_count, 120);
+}
