@@ -1258,12 +1258,28 @@ fn record_mixed(bag: &std::path::Path, flavour: &str) {
 
 /// A bag of this build's recorder in `flavour`'s format is what the sourced distro's own
 /// `ros2 bag` reads: `info` counts every row of every split, and `play` publishes every
-/// message's bytes in order.
-fn ros2_bag_describes_and_plays(flavour: &str) {
+/// message's bytes in order. `compress`: every split is first compressed by
+/// `bag::compressed::compress_file` into rosbag2's file mode (the `.db3` removed, metadata.yaml
+/// naming the `.zstd`, as rosbag2 writes it), which `ros2 bag play` decompresses with its own
+/// zstd plugin.
+fn ros2_bag_describes_and_plays(flavour: &str, compress: bool) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let bag = tmp.path().join("mixed");
     record_mixed(&bag, flavour);
     let rows = rows_in(&bag);
+    if compress {
+        let mut m = ringbag::bag::BagMetadata::read(&bag).expect("metadata.yaml");
+        for rel in &mut m.relative_file_paths {
+            let plain = bag.join(&*rel);
+            ringbag::bag::compressed::compress_file(&plain, 1).expect("compress");
+            std::fs::remove_file(plain).expect("rm .db3");
+            rel.push_str(".zstd");
+        }
+        m.compression_format = "zstd".into();
+        m.compression_mode = "FILE".into();
+        let f = m.flavour();
+        m.write_atomic(&bag, f).expect("metadata.yaml");
+    }
     let (total, per_topic) = counts(&rows);
     assert_eq!(total, 400, "{per_topic:?}");
     assert!(
@@ -1304,13 +1320,26 @@ fn ros2_bag_describes_and_plays(flavour: &str) {
 #[test]
 fn the_real_ros2_bag_describes_and_plays_a_humble_format_bag() {
     require_ros2_cli!();
-    ros2_bag_describes_and_plays("humble");
+    ros2_bag_describes_and_plays("humble", false);
 }
 
 #[test]
 fn the_real_ros2_bag_describes_and_plays_a_jazzy_format_bag() {
     require_ros2_cli!();
-    ros2_bag_describes_and_plays("jazzy");
+    ros2_bag_describes_and_plays("jazzy", false);
+}
+
+/// The sourced distro's `ros2 bag info` and `play` (its zstd plugin) read splits compressed by
+/// ringbag's `compress_file`, in its own distro's format.
+#[test]
+fn the_real_ros2_bag_describes_and_plays_splits_compressed_by_ringbag() {
+    require_ros2_cli!();
+    let flavour = if sourced_distro() == "humble" {
+        "humble"
+    } else {
+        "jazzy"
+    };
+    ros2_bag_describes_and_plays(flavour, true);
 }
 
 /// After kill -9 in the middle of a split, `ringbag reindex` leaves a bag in `flavour`'s
