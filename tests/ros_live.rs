@@ -1258,12 +1258,28 @@ fn record_mixed(bag: &std::path::Path, flavour: &str) {
 
 /// A bag of this build's recorder in `flavour`'s format is what the sourced distro's own
 /// `ros2 bag` reads: `info` counts every row of every split, and `play` publishes every
-/// message's bytes in order.
-fn ros2_bag_describes_and_plays(flavour: &str) {
+/// message's bytes in order. `compress`: every split is first compressed by
+/// `bag::compressed::compress_file` into rosbag2's file mode (the `.db3` removed, metadata.yaml
+/// naming the `.zstd`, as rosbag2 writes it), which `ros2 bag play` decompresses with its own
+/// zstd plugin.
+fn ros2_bag_describes_and_plays(flavour: &str, compress: bool) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let bag = tmp.path().join("mixed");
     record_mixed(&bag, flavour);
     let rows = rows_in(&bag);
+    if compress {
+        let mut m = ringbag::bag::BagMetadata::read(&bag).expect("metadata.yaml");
+        for rel in &mut m.relative_file_paths {
+            let plain = bag.join(&*rel);
+            ringbag::bag::compressed::compress_file(&plain, 1).expect("compress");
+            std::fs::remove_file(plain).expect("rm .db3");
+            rel.push_str(".zstd");
+        }
+        m.compression_format = "zstd".into();
+        m.compression_mode = "FILE".into();
+        let f = m.flavour();
+        m.write_atomic(&bag, f).expect("metadata.yaml");
+    }
     let (total, per_topic) = counts(&rows);
     assert_eq!(total, 400, "{per_topic:?}");
     assert!(
@@ -1304,13 +1320,26 @@ fn ros2_bag_describes_and_plays(flavour: &str) {
 #[test]
 fn the_real_ros2_bag_describes_and_plays_a_humble_format_bag() {
     require_ros2_cli!();
-    ros2_bag_describes_and_plays("humble");
+    ros2_bag_describes_and_plays("humble", false);
 }
 
 #[test]
 fn the_real_ros2_bag_describes_and_plays_a_jazzy_format_bag() {
     require_ros2_cli!();
-    ros2_bag_describes_and_plays("jazzy");
+    ros2_bag_describes_and_plays("jazzy", false);
+}
+
+/// The sourced distro's `ros2 bag info` and `play` (its zstd plugin) read splits compressed by
+/// ringbag's `compress_file`, in its own distro's format.
+#[test]
+fn the_real_ros2_bag_describes_and_plays_splits_compressed_by_ringbag() {
+    require_ros2_cli!();
+    let flavour = if sourced_distro() == "humble" {
+        "humble"
+    } else {
+        "jazzy"
+    };
+    ros2_bag_describes_and_plays(flavour, true);
 }
 
 /// After kill -9 in the middle of a split, `ringbag reindex` leaves a bag in `flavour`'s
@@ -1604,4 +1633,112 @@ fn records_the_same_as_ros2_bag_record_beside_it() {
             "message definitions"
         );
     }
+}
+
+/// Messages in a bag `ros2 bag record --compression-mode file` is writing: the rows of its
+/// `.db3` splits, and of each split already compressed (a `.zstd` beside its `.db3` is still
+/// being written and not counted).
+fn rows_now_compressed(bag: &std::path::Path) -> u64 {
+    let files = ringbag::bag::reader::find_splits(bag).unwrap_or_default();
+    let zstd: u64 = files
+        .iter()
+        .filter(|f| f.ends_with(".zstd"))
+        .filter_map(|f| ringbag::bag::reader::Bag::open(&bag.join(f)).ok())
+        .map(|b| b.metadata.message_count)
+        .sum();
+    rows_now(bag) + zstd
+}
+
+/// What the sourced distro's `ros2 bag record --compression-mode file --compression-format
+/// zstd` writes (`<split>.db3.zstd`, metadata.yaml in file mode) ringbag's `info`, `play` and
+/// library reader read message for message; and after `ringbag reindex` rebuilt its
+/// metadata.yaml, the real `ros2 bag info` still reads the bag with the same counts.
+#[test]
+fn reads_and_reindexes_what_ros2_bag_record_compresses_in_file_mode() {
+    require_ros2_cli!();
+    const N: usize = 2_000;
+    let chatter = numbered_strings(N, 200);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let theirs = tmp.path().join("ros2_zstd");
+    let overrides = tmp.path().join("keep_all.yaml");
+    std::fs::write(
+        &overrides,
+        "/zstd/chatter: {history: keep_all, reliability: reliable, durability: volatile}\n",
+    )
+    .expect("overrides");
+    let mut node = TestPublisher::new("ringbag_test_pub_zstd");
+    let qos = r2r::QosProfile::default().keep_last(N).reliable();
+    let p = node.publisher("/zstd/chatter", "std_msgs/msg/String", qos);
+    let ros2bag = Child::spawn(
+        std::process::Command::new("ros2")
+            .args(["bag", "record", "-s", "sqlite3", "--max-cache-size", "0"])
+            .args(["--compression-mode", "file", "--compression-format", "zstd"])
+            // Splits of 90 KB (rosbag2's least is 86016 B): several are compressed while
+            // recording, the last at the end.
+            .args(["-b", "90000"])
+            .arg("--qos-profile-overrides-path")
+            .arg(&overrides)
+            .arg("-o")
+            .arg(&theirs)
+            .arg("/zstd/chatter"),
+        "ros2 bag record",
+        tmp.path(),
+    );
+    wait_matched(&p, 1, "ros2 bag record on /zstd/chatter");
+    for m in &chatter {
+        p.publish_raw(m).expect("publish");
+    }
+    wait_until("ros2 bag record writing every message", || {
+        rows_now_compressed(&theirs) >= N as u64
+    });
+    ros2bag.interrupt_and_wait();
+
+    let names = ringbag::bag::reader::find_splits(&theirs).expect("splits");
+    assert!(
+        names.len() >= 2 && names.iter().all(|n| n.ends_with(".db3.zstd")),
+        "{names:?}"
+    );
+    let want = (
+        N as u64,
+        std::collections::BTreeMap::from([("/zstd/chatter".to_string(), N as u64)]),
+    );
+    assert_eq!(ros2_bag_info(&theirs), want, "the distro's own reading");
+
+    let bag = ringbag::bag::reader::Bag::open(&theirs).expect("ringbag opens it");
+    let got: Vec<Vec<u8>> = bag
+        .messages(&ringbag::bag::reader::ReadFilter::default())
+        .expect("messages")
+        .map(|m| m.expect("message").data)
+        .collect();
+    assert!(
+        got == chatter,
+        "ringbag read {} messages, not the published ones",
+        got.len()
+    );
+    let ours = |args: &[&std::ffi::OsStr]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("ringbag runs")
+    };
+    let out = ours(&["info".as_ref(), "--json".as_ref(), theirs.as_os_str()]);
+    assert!(out.status.success(), "info: {out:?}");
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(info["message_count"].as_u64(), Some(N as u64), "{info:#}");
+    let out = ours(&[
+        "play".as_ref(),
+        theirs.as_os_str(),
+        "--sink".as_ref(),
+        "echo".as_ref(),
+        "-r".as_ref(),
+        "1000".as_ref(),
+    ]);
+    assert!(out.status.success(), "play: {out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), N);
+
+    std::fs::remove_file(theirs.join("metadata.yaml")).expect("rm metadata.yaml");
+    let out = ours(&["reindex".as_ref(), theirs.as_os_str()]);
+    assert!(out.status.success(), "reindex: {out:?}");
+    assert_eq!(ros2_bag_info(&theirs), want, "after ringbag reindex");
 }

@@ -44,7 +44,7 @@ pub fn info_json(bag: &Bag) -> InfoJson {
         .splits
         .iter()
         .map(|s| {
-            let f = m.files.iter().find(|f| f.path == s.rel);
+            let f = m.files.iter().find(|f| f.describes(&s.rel));
             FileJson {
                 path: s.rel.clone(),
                 starting_time_ns: f.map_or(NO_START, |f| f.starting_time_ns),
@@ -145,7 +145,7 @@ pub fn info_text(bag: &Bag) -> String {
         let count = m
             .files
             .iter()
-            .find(|f| f.path == s.rel)
+            .find(|f| f.describes(&s.rel))
             .map(|f| f.message_count);
         let count = count.map_or_else(|| "?".to_string(), |c| c.to_string());
         let _ = writeln!(

@@ -34,6 +34,16 @@ pub struct FileInfo {
     pub message_count: u64,
 }
 
+impl FileInfo {
+    /// True when this entry describes the split file `rel`. rosbag2's file compression lists
+    /// `<split>.db3.zstd` in `relative_file_paths` but keeps `<split>.db3` in `files[].path`
+    /// (Humble and Jazzy alike), so either name matches a compressed split.
+    pub fn describes(&self, rel: &str) -> bool {
+        self.path == rel
+            || rel.strip_suffix(super::compressed::ZSTD_SUFFIX) == Some(self.path.as_str())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BagMetadata {
     pub version: u32,

@@ -2,6 +2,7 @@
 //!
 //! Nothing here knows about ROS, clocks, threads or the CLI: bytes in, bytes out.
 
+pub mod compressed;
 pub mod error;
 pub mod fsguard;
 pub mod info;

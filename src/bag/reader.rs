@@ -1,5 +1,6 @@
 //! Reading bags: a directory with metadata.yaml, a directory without it (metadata derived
-//! from the .db3 files), or a single .db3 file. Messages come back in timestamp order across
+//! from the .db3 files), or a single .db3 file. Splits compressed by rosbag2's file mode
+//! (`.db3.zstd`) are read through a private decompressed copy (`compressed`). Messages come back in timestamp order across
 //! splits; a start time is found through `timestamp_idx`, never by scanning.
 
 use std::cmp::Reverse;
@@ -123,10 +124,13 @@ impl std::fmt::Display for Skipped {
     }
 }
 
-/// The split index in `<name>_<N>.db3`, which orders splits (not the lexical order:
-/// `_10` comes after `_9`).
+/// The split index in `<name>_<N>.db3` (or `<name>_<N>.db3.zstd`), which orders splits (not
+/// the lexical order: `_10` comes after `_9`).
 pub fn split_number(file_name: &str) -> Option<u64> {
-    let stem = file_name.strip_suffix(".db3")?;
+    let stem = file_name
+        .strip_suffix(super::compressed::ZSTD_SUFFIX)
+        .unwrap_or(file_name)
+        .strip_suffix(".db3")?;
     let (_, n) = stem.rsplit_once('_')?;
     n.parse().ok()
 }
@@ -135,13 +139,36 @@ pub fn split_number(file_name: &str) -> Option<u64> {
 /// by name). A directory with such a name is not a split and is skipped; a FIFO, socket or
 /// device is an error naming it (opening one could block forever, and a bag never holds
 /// one). Symlinks are followed only to look at what they point to.
+///
+/// Only `.db3` files: [`find_splits`] adds the compressed ones.
 pub fn find_split_files(dir: &Path) -> Result<Vec<String>, BagError> {
+    find_splits_with(dir, false)
+}
+
+/// [`find_split_files`] plus the compressed splits (`*.db3.zstd`) of rosbag2's file mode. When
+/// a split is there both plain and compressed, only the `.db3` is listed: the `.zstd` may be
+/// one whose compression was cut short (the `.db3` is removed only once it is complete).
+pub fn find_splits(dir: &Path) -> Result<Vec<String>, BagError> {
+    let mut names = find_splits_with(dir, true)?;
+    let plain: std::collections::HashSet<String> = names
+        .iter()
+        .filter(|n| n.ends_with(".db3"))
+        .cloned()
+        .collect();
+    names.retain(|n| {
+        n.strip_suffix(super::compressed::ZSTD_SUFFIX)
+            .is_none_or(|p| !plain.contains(p))
+    });
+    Ok(names)
+}
+
+fn find_splits_with(dir: &Path, compressed: bool) -> Result<Vec<String>, BagError> {
     let mut names: Vec<String> = Vec::new();
     for e in fs::read_dir(dir).map_err(BagError::io(dir))?.flatten() {
         let Ok(n) = e.file_name().into_string() else {
             continue;
         };
-        if !n.ends_with(".db3") {
+        if !(n.ends_with(".db3") || compressed && n.ends_with(".db3.zstd")) {
             continue;
         }
         let p = dir.join(&n);
@@ -227,12 +254,36 @@ fn out_of_descriptors(path: &Path, live: bool) -> Option<BagError> {
 /// unless it is hostile or the process is out of descriptors ([`OpenError::Refused`]).
 /// The connection comes hardened, with its work budget (`sqlguard`).
 fn open_guarded(path: &Path) -> Result<(Connection, super::sqlguard::Budget), OpenError> {
-    let dir = match path.parent() {
+    if super::compressed::is_zstd(path) {
+        // Errors keep naming the `.zstd` (the split the user knows), not the copy. A stream
+        // that does not decompress is damage, left out by a tolerant reader like a torn .db3.
+        let copy = super::compressed::decompress(path).map_err(|e| match e {
+            // No room for the copy: leaving splits out would play a fraction of the bag.
+            e if e.is_disk_full() => OpenError::Refused(e),
+            e => OpenError::Damaged(e),
+        })?;
+        let opened = open_sqlite(path, &copy.path, true);
+        // Unlinks the copy: an open connection holds it open, and as it is opened
+        // `immutable` SQLite never opens it again by name.
+        drop(copy);
+        return opened;
+    }
+    open_sqlite(path, path, false)
+}
+
+/// [`open_guarded`] of the SQLite file `db`: the split itself, or (`copy`) a compressed split's
+/// decompressed private copy, which no recorder can hold. Errors name `path`.
+fn open_sqlite(
+    path: &Path,
+    db: &Path,
+    copy: bool,
+) -> Result<(Connection, super::sqlguard::Budget), OpenError> {
+    let dir = match db.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let held = super::lock::state(dir) == super::lock::LockState::Held;
-    let mut wal = path.as_os_str().to_owned();
+    let held = !copy && super::lock::state(dir) == super::lock::LockState::Held;
+    let mut wal = db.as_os_str().to_owned();
     wal.push("-wal");
     let has_wal = fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
     if has_wal && !held {
@@ -242,7 +293,7 @@ fn open_guarded(path: &Path) -> Result<(Connection, super::sqlguard::Budget), Op
         )));
     }
     let mut conn = Connection::open_with_flags(
-        super::fsguard::sqlite_ro_uri(path, !held),
+        super::fsguard::sqlite_ro_uri(db, !held),
         OpenFlags::SQLITE_OPEN_READ_ONLY
             | OpenFlags::SQLITE_OPEN_URI
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -529,7 +580,7 @@ impl Bag {
         // `symlink_metadata`: a FIFO, directory or link under this name is metadata.yaml
         // present (and then refused by `read`), never "missing".
         if fs::symlink_metadata(&meta_path).is_err() {
-            let files = find_split_files(path)?;
+            let files = find_splits(path)?;
             if files.is_empty() {
                 return Err(BagError::invalid(
                     path,
@@ -595,7 +646,7 @@ impl Bag {
     /// recording in progress (ringbag rewrites metadata.yaml at the end) or interrupted.
     fn unlisted_newer(path: &Path, listed: &[String]) -> Result<Vec<String>, BagError> {
         let newest_listed = listed.iter().filter_map(|f| split_number(f)).max();
-        Ok(find_split_files(path)?
+        Ok(find_splits(path)?
             .into_iter()
             .filter(|f| !listed.contains(f))
             .filter(|f| {

@@ -34,7 +34,7 @@ use super::lock::{self, BagLock, LockState};
 use super::metadata::{sync_dir, BagMetadata, FileInfo, TopicWithCount, METADATA_FILE, NO_START};
 use super::pagewalk::{self, RecoveredDefinition, RecoveredTopic};
 use super::qos::parse_profiles_str;
-use super::reader::{find_split_files, split_number};
+use super::reader::{find_split_files, find_splits, split_number};
 use super::schema::create_tables;
 use super::sqlguard::{bounded, check_len, MAX_TOPICS, MAX_TOPIC_FIELD, MAX_TOPIC_TEXT};
 use super::{BagError, Flavour, TopicInfo};
@@ -247,7 +247,7 @@ pub fn reindex(bag: &Path, opts: ReindexOptions) -> Result<ReindexReport, BagErr
             "not a bag directory (reindex works on the directory holding the .db3 files)",
         ));
     }
-    let files = find_split_files(bag)?;
+    let files = find_splits(bag)?;
     if files.is_empty() {
         return Err(BagError::invalid(bag, "not a bag: no .db3 files"));
     }
@@ -327,7 +327,7 @@ fn reindex_locked(
     // added or removed splits.
     let files = if held {
         remove_stale_temp_files(bag)?;
-        find_split_files(bag)?
+        find_splits(bag)?
     } else {
         files
     };
@@ -352,6 +352,16 @@ fn reindex_locked(
         let original = bag.join(rel);
         // SQLite and the dry run's copy open the side files: never one that could block.
         super::fsguard::check_side_files(&original)?;
+        if super::compressed::is_zstd(&original) {
+            // A compressed split was closed and complete when it was compressed: it is read
+            // (through a private copy) but never rewritten. One that does not decompress or
+            // check is left untouched like another program's file, its loss reported.
+            match check_compressed(&original, rel) {
+                Ok(c) => checked.push((rel.clone(), original.clone(), original, Vec::new(), Ok(c))),
+                Err(why) => foreign.push((rel.clone(), why)),
+            }
+            continue;
+        }
         // Recognise the file before anything (SQLite replaying side files included) can
         // touch it: another program's file under a split's name is not ours to rewrite.
         match recognise(&original) {
@@ -455,7 +465,7 @@ fn reindex_locked(
                     flavour: fallback_flavour,
                     yaml_count: old
                         .as_ref()
-                        .and_then(|m| m.files.iter().find(|f| f.path == rel))
+                        .and_then(|m| m.files.iter().find(|f| f.describes(&rel)))
                         .map(|f| f.message_count),
                     may_have_been_open: split_number(&rel) == newest,
                 };
@@ -498,7 +508,7 @@ fn reindex_locked(
         // ever was a split of this bag, and with how many messages.
         let listed = old
             .as_ref()
-            .and_then(|m| m.files.iter().find(|f| f.path == rel))
+            .and_then(|m| m.files.iter().find(|f| f.describes(&rel)))
             .map(|f| f.message_count)
             .filter(|n| *n > 0);
         let open = split_number(&rel) == newest;
@@ -708,6 +718,21 @@ struct Checked {
     content: SplitContent,
     topics: Vec<RecoveredTopic>,
     definitions: Vec<RecoveredDefinition>,
+}
+
+/// [`check_split`] of a compressed split (`.db3.zstd`), through a private decompressed copy
+/// (removed on return); the content keeps the split's own name.
+fn check_compressed(path: &Path, rel: &str) -> Result<Checked, String> {
+    // The problem alone: the copy's path means nothing to the user.
+    let why = |e: BagError| match e {
+        BagError::Invalid { message, .. } => message,
+        e => e.to_string(),
+    };
+    let copy = super::compressed::decompress(path).map_err(why)?;
+    super::sqlguard::refuse_hostile(&copy.path).map_err(why)?;
+    let mut c = check_split(&copy.path)?;
+    c.content.rel = rel.to_string();
+    Ok(c)
 }
 
 /// Run quick_check and read everything metadata.yaml needs. `Err` carries the problem.
@@ -992,7 +1017,8 @@ impl Drop for TempFile {
 }
 
 /// Under the bag lock, temp files of this bag belong to no live process: remove salvage
-/// files and metadata.yaml temp files left by a reindex or writer that died.
+/// files, metadata.yaml temp files and partial `.zstd` files left by a reindex or writer that
+/// died.
 fn remove_stale_temp_files(bag: &Path) -> Result<(), BagError> {
     let Ok(entries) = fs::read_dir(bag) else {
         return Ok(());
@@ -1003,7 +1029,10 @@ fn remove_stale_temp_files(bag: &Path) -> Result<(), BagError> {
             continue;
         };
         let stale = name.ends_with(SALVAGE_TMP_SUFFIX)
-            || (name.starts_with(&format!(".{METADATA_FILE}")) && name.ends_with(".tmp"));
+            || (name.starts_with(&format!(".{METADATA_FILE}")) && name.ends_with(".tmp"))
+            // A compression cut short; its `.db3` is still there (removed only after the
+            // `.zstd` is complete and listed).
+            || (name.starts_with('.') && name.ends_with(super::compressed::PARTIAL_SUFFIX));
         if stale && e.file_type().is_ok_and(|t| t.is_file()) {
             let p = e.path();
             fs::remove_file(&p).map_err(BagError::io(&p))?;
@@ -1604,7 +1633,13 @@ fn build_metadata(
     m.files = contents
         .iter()
         .map(|c| FileInfo {
-            path: c.rel.clone(),
+            // rosbag2's file compression names the `.db3` here, the `.db3.zstd` only in
+            // `relative_file_paths` (below).
+            path: c
+                .rel
+                .strip_suffix(super::compressed::ZSTD_SUFFIX)
+                .unwrap_or(&c.rel)
+                .to_string(),
             starting_time_ns: c.start_ns,
             duration_ns: duration(c),
             message_count: c.count,
@@ -1619,7 +1654,12 @@ fn build_metadata(
         m.duration_ns = e - s;
     }
     m.message_count = m.files.iter().map(|f| f.message_count).sum();
-    m.relative_file_paths = m.files.iter().map(|f| f.path.clone()).collect();
+    m.relative_file_paths = contents.iter().map(|c| c.rel.clone()).collect();
+    if contents.iter().any(|c| c.rel.ends_with(".db3.zstd")) {
+        // rosbag2 reads a bag in file mode only with these set.
+        m.compression_format = super::compressed::ZSTD_FORMAT.into();
+        m.compression_mode = "FILE".into();
+    }
     if let Some(old) = old {
         m.custom_data = old.custom_data.clone();
     }

@@ -4,6 +4,7 @@ mod alert_rules;
 mod bounds;
 mod closed_splits;
 mod common;
+mod compressed;
 mod concurrency;
 mod crash;
 mod deleted;

@@ -1,0 +1,236 @@
+//! Splits compressed whole by rosbag2's file mode (`--compression-mode file
+//! --compression-format zstd`): `<name>_<N>.db3.zstd`, one zstd stream of the whole `.db3`,
+//! listed under that name in metadata.yaml's `relative_file_paths` and `files[].path`, with
+//! `compression_format: zstd` and `compression_mode: FILE`.
+//!
+//! SQLite needs a file, so a compressed split is read through a decompressed copy. rosbag2
+//! writes that copy beside the `.zstd` (in the bag directory); ringbag's readers never write
+//! in a bag (a bag in a read-only directory reads, and reading never races a recorder or an
+//! uploader over the directory's files), so the copy goes to a private file in [`scratch_dir`],
+//! streamed through a fixed-size buffer so memory stays bounded whatever the split's size. The copy is unlinked as soon as SQLite has opened it:
+//! the connection's descriptor keeps it alive, and nothing is left behind when the reader
+//! ends or is killed (bar the instant between the copy and the open).
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::BagError;
+
+/// The suffix rosbag2's zstd plugin appends to a compressed split (its compression identifier).
+pub const ZSTD_SUFFIX: &str = ".zstd";
+
+/// What metadata.yaml's `compression_format` says for zstd.
+pub const ZSTD_FORMAT: &str = "zstd";
+
+/// rosbag2's zstd level (`kDefaultZstdCompressionLevel`).
+pub const DEFAULT_LEVEL: i32 = 1;
+
+/// The suffix of a `.zstd` being written (`.<split>.db3.zstd.partial`): hidden and not a split
+/// name, so no reader, uploader or retention takes it for one; `reindex` removes a stale one.
+pub const PARTIAL_SUFFIX: &str = ".zstd.partial";
+
+/// True when `path` names a zstd-compressed split (`….db3.zstd`).
+pub fn is_zstd(path: &Path) -> bool {
+    path.to_str().is_some_and(|s| s.ends_with(".db3.zstd"))
+}
+
+/// Where decompressed copies go: `TMPDIR` when set, else `/var/tmp`, else `/tmp`. Not `/tmp`
+/// first: on many systems (Jetson images included) it is a tmpfs, where a copy of a split of
+/// gigabytes would take that much RAM; `/var/tmp` is on disk by convention (FHS). Copies are
+/// unlinked at once, so its persistence across reboots never matters.
+pub fn scratch_dir() -> PathBuf {
+    match std::env::var_os("TMPDIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None if Path::new("/var/tmp").is_dir() => PathBuf::from("/var/tmp"),
+        None => PathBuf::from("/tmp"),
+    }
+}
+
+/// A decompressed copy of a compressed split, removed when dropped (so also when the
+/// decompression or the open fails half-way).
+#[derive(Debug)]
+pub struct Decompressed {
+    pub path: PathBuf,
+}
+
+impl Drop for Decompressed {
+    fn drop(&mut self) {
+        // Already unlinked after a successful open: NotFound is the normal case.
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Decompress `src` (a `.db3.zstd`) into a fresh private file (mode 0600, created exclusively)
+/// in [`scratch_dir`]. A truncated or corrupt stream is an `Invalid` error naming
+/// `src`, so a tolerant reader leaves the split out with one warning.
+pub fn decompress(src: &Path) -> Result<Decompressed, BagError> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let input = fs::File::open(src).map_err(BagError::io(src))?;
+    let name = src
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_suffix(ZSTD_SUFFIX))
+        .unwrap_or("split.db3");
+    let dir = scratch_dir();
+    let path = dir.join(format!(
+        ".ringbag-{}-{}-{name}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut output = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(BagError::io(&path))?;
+    let out = Decompressed { path };
+    // A zstd reader over a buffered file: the window (at most 128 MiB for level 19 streams,
+    // 8 MiB and less at the levels rosbag2 and ringbag write) plus 128 KiB of buffers.
+    let mut decoder = zstd::stream::read::Decoder::new(input).map_err(BagError::io(src))?;
+    match io::copy(&mut decoder, &mut output) {
+        Ok(_) => Ok(out),
+        // Write errors name the temporary copy (ENOSPC in TMPDIR is not the bag's fault).
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => {
+            Err(BagError::io(out.path.clone())(e))
+        }
+        Err(e) => Err(BagError::invalid(
+            src,
+            format!("cannot be decompressed (zstd): {e}"),
+        )),
+    }
+}
+
+/// Compress the closed split `src` (`<name>.db3`) into `<name>.db3.zstd` as rosbag2's zstd
+/// plugin does (one zstd frame of the whole file, at `level`), with the frame's content size
+/// in its header (rosbag2's older whole-buffer decompressor needs it). Crash-safe: the frame
+/// is written to `.<name>.db3.zstd.partial`, fsynced, renamed and the directory fsynced, so a
+/// `.db3.zstd` is complete whenever it exists; `src` is left for the caller to remove once
+/// metadata.yaml names the `.zstd`. Returns the `.zstd` path.
+pub fn compress_file(src: &Path, level: i32) -> Result<PathBuf, BagError> {
+    let name = src
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| BagError::invalid(src, "not a split file name"))?;
+    let dir = match src.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let dst = dir.join(format!("{name}{ZSTD_SUFFIX}"));
+    let partial = Decompressed {
+        path: dir.join(format!(".{name}{PARTIAL_SUFFIX}")),
+    };
+    let mut input = fs::File::open(src).map_err(BagError::io(src))?;
+    let len = input.metadata().map_err(BagError::io(src))?.len();
+    let out = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&partial.path)
+        .map_err(BagError::io(&partial.path))?;
+    let io_err = BagError::io(&partial.path);
+    let mut enc = zstd::stream::write::Encoder::new(out, level).map_err(BagError::io(src))?;
+    enc.include_contentsize(true).map_err(BagError::io(src))?;
+    enc.set_pledged_src_size(Some(len))
+        .map_err(BagError::io(src))?;
+    // Exactly the pledged length: a closed split does not grow, and zstd fails the frame
+    // rather than write a wrong content size if it did.
+    io::copy(&mut io::Read::take(&mut input, len), &mut enc).map_err(BagError::io(src))?;
+    let out = enc.finish().map_err(io_err)?;
+    out.sync_all().map_err(BagError::io(&partial.path))?;
+    fs::rename(&partial.path, &dst).map_err(BagError::io(&dst))?;
+    super::metadata::sync_dir(dir)?;
+    Ok(dst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decompresses_a_whole_file_stream_and_removes_the_copy_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("b_0.db3.zstd");
+        let plain: Vec<u8> = (0..300_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
+        fs::write(&src, zstd::encode_all(&plain[..], 3).unwrap()).unwrap();
+        let d = decompress(&src).unwrap();
+        assert_eq!(fs::read(&d.path).unwrap(), plain);
+        assert!(d.path.starts_with(scratch_dir()));
+        assert!(d.path.to_str().unwrap().ends_with("b_0.db3"));
+        let p = d.path.clone();
+        drop(d);
+        assert!(!p.exists());
+    }
+
+    #[test]
+    fn a_truncated_stream_is_invalid_naming_the_split_and_leaves_no_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("b_1.db3.zstd");
+        let plain: Vec<u8> = (0..300_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let z = zstd::encode_all(&plain[..], 1).unwrap();
+        fs::write(&src, &z[..z.len() / 2]).unwrap();
+        let e = decompress(&src).unwrap_err();
+        assert!(matches!(e, BagError::Invalid { .. }), "{e:?}");
+        assert!(e.to_string().contains("b_1.db3.zstd"), "{e}");
+        assert_eq!(leftovers("b_1.db3"), 0);
+        fs::write(&src, b"not zstd at all").unwrap();
+        assert!(matches!(
+            decompress(&src).unwrap_err(),
+            BagError::Invalid { .. }
+        ));
+    }
+
+    /// This process's copies of splits named `name`.
+    fn leftovers(name: &str) -> usize {
+        let me = format!(".ringbag-{}-", std::process::id());
+        fs::read_dir(scratch_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&me) && n.ends_with(name))
+            .count()
+    }
+
+    #[test]
+    fn compress_file_writes_one_frame_with_its_content_size_and_no_partial_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("b_3.db3");
+        let plain: Vec<u8> = (0..500_000u32)
+            .flat_map(|i| (i % 97).to_le_bytes())
+            .collect();
+        fs::write(&src, &plain).unwrap();
+        let dst = compress_file(&src, DEFAULT_LEVEL).unwrap();
+        assert_eq!(dst, dir.path().join("b_3.db3.zstd"));
+        let z = fs::read(&dst).unwrap();
+        assert!(z.len() < plain.len() / 10, "{} bytes", z.len());
+        assert_eq!(
+            zstd::zstd_safe::get_frame_content_size(&z).ok(),
+            Some(Some(plain.len() as u64))
+        );
+        assert_eq!(zstd::decode_all(&z[..]).unwrap(), plain);
+        assert_eq!(
+            fs::read(&src).unwrap(),
+            plain,
+            "the .db3 is the caller's to remove"
+        );
+        let mut names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["b_3.db3", "b_3.db3.zstd"]);
+        assert_eq!(fs::read(&decompress(&dst).unwrap().path).unwrap(), plain);
+    }
+
+    #[test]
+    fn recognises_compressed_split_names() {
+        assert!(is_zstd(Path::new("/b/b_0.db3.zstd")));
+        assert!(!is_zstd(Path::new("/b/b_0.db3")));
+        assert!(!is_zstd(Path::new("/b/x.zstd")));
+    }
+}
