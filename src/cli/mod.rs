@@ -56,6 +56,38 @@ pub fn main_entry() -> i32 {
         Command::Resume(a) => cmd_pause(&a, false),
         Command::Upload(a) => upload_cmd::run(&a),
         Command::List(a) => cmd_list(&a),
+        Command::Convert(a) => cmd_convert(&a),
+    }
+}
+
+/// `ringbag convert`: bad options, unreadable inputs or an existing output are refused
+/// before anything is written (exit 2); a failure while writing is exit 1.
+fn cmd_convert(a: &args::ConvertArgs) -> i32 {
+    use crate::convert::{convert, parse_options, ConvertError};
+    let path = &a.output_options;
+    let text = match crate::config::read_small_regular_file(path, 1 << 20) {
+        Ok(t) => t,
+        Err(e) => return fail(EXIT_BAD_INPUT, format!("{}: {e}", path.display())),
+    };
+    let flavour = a.bag_format.unwrap_or_else(crate::bag::Flavour::from_env);
+    let outputs = match parse_options(&text, flavour) {
+        Ok(o) => o,
+        Err(e) => return fail(EXIT_BAD_INPUT, format!("{}: {e}", path.display())),
+    };
+    match convert(&a.inputs, &outputs) {
+        Ok(summaries) => {
+            for s in summaries {
+                eprintln!(
+                    "ringbag: wrote {} ({} messages, {} files)",
+                    s.dir.display(),
+                    s.metadata.message_count,
+                    s.metadata.relative_file_paths.len()
+                );
+            }
+            EXIT_OK
+        }
+        Err(e @ ConvertError::BadInput(_)) => fail(EXIT_BAD_INPUT, e),
+        Err(e) => fail(EXIT_FAILURE, e),
     }
 }
 

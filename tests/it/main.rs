@@ -5,6 +5,7 @@ mod bounds;
 mod closed_splits;
 mod common;
 mod concurrency;
+mod convert;
 mod crash;
 mod deleted;
 mod errors;
