@@ -76,6 +76,19 @@ pub enum Command {
     /// Rewrite bags into the bags an options file lists (topics, time window, splits,
     /// flavour), merging several inputs in time order, as `ros2 bag convert`.
     Convert(ConvertArgs),
+    /// Publish a bag's messages as fast as possible, without timing, as `ros2 bag burst`
+    /// (Jazzy): play's selection flags, plus -n/--num-messages.
+    Burst(Box<BurstArgs>),
+}
+
+/// `ringbag burst BAG [-n N]`: play's flags; those about timing are refused.
+#[derive(Debug, Args)]
+pub struct BurstArgs {
+    /// Publish this many messages, then stop; 0 = all.
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 0)]
+    pub num_messages: u64,
+    #[command(flatten)]
+    pub play: PlayArgs,
 }
 
 /// `ringbag convert -i BAG [-i BAG ...] -o OPTIONS.yaml`.

@@ -2,6 +2,7 @@
 //! bad input, and recording end to end.
 mod alert_rules;
 mod bounds;
+mod burst;
 mod closed_splits;
 mod common;
 mod concurrency;
