@@ -323,20 +323,19 @@ fn bad_options_are_one_line_exit_2_and_nothing_is_written() {
     assert!(!out.exists());
 }
 
-/// Run `script` in bash with Jazzy sourced (loopback DDS), or None without Jazzy.
-fn with_jazzy(script: &str) -> Option<std::process::Output> {
-    let sourced = std::env::var("ROS_DISTRO").is_ok_and(|d| d == "jazzy");
-    let setup = ["/opt/ros2-jazzy/setup.bash", "/opt/ros/jazzy/setup.bash"]
-        .into_iter()
-        .find(|p| Path::new(p).exists());
+/// Run `script` in bash with `distro` sourced (loopback DDS), or None when it is not
+/// installed (a SKIP line; a panic under RINGBAG_ROS_REQUIRED for Jazzy, which CI has).
+fn with_distro(distro: &str, setups: &[&str], script: &str) -> Option<std::process::Output> {
+    let sourced = std::env::var("ROS_DISTRO").is_ok_and(|d| d == distro);
+    let setup = setups.iter().find(|p| Path::new(p).exists());
     let script = match (sourced, setup) {
         (true, _) => script.to_string(),
         (false, Some(s)) => format!("source {s} >/dev/null 2>&1 && {script}"),
         (false, None) => {
-            if std::env::var_os("RINGBAG_ROS_REQUIRED").is_some() {
+            if distro == "jazzy" && std::env::var_os("RINGBAG_ROS_REQUIRED").is_some() {
                 panic!("no Jazzy, but RINGBAG_ROS_REQUIRED is set");
             }
-            eprintln!("SKIP: no Jazzy installed");
+            eprintln!("SKIP: no {distro} installed");
             return None;
         }
     };
@@ -357,16 +356,26 @@ fn with_jazzy(script: &str) -> Option<std::process::Output> {
     )
 }
 
+fn with_jazzy(script: &str) -> Option<std::process::Output> {
+    with_distro(
+        "jazzy",
+        &["/opt/ros2-jazzy/setup.bash", "/opt/ros/jazzy/setup.bash"],
+        script,
+    )
+}
+
 #[test]
 fn real_rosbag2_and_rosbags_read_the_output_and_ringbag_reads_ros2_bag_convert() {
     let tmp = tempfile::tempdir().unwrap();
     let (a, b, all) = two_inputs(tmp.path());
     let out = tmp.path().join("merged");
+    let humble = tmp.path().join("humble");
     let opts = write_options(
         tmp.path(),
         &format!(
-            "output_bags:\n- uri: {}\n  all_topics: true\n  include_hidden_topics: true\n  max_bagfile_size: 200000\n",
-            out.display()
+            "output_bags:\n- uri: {}\n  all_topics: true\n  include_hidden_topics: true\n  max_bagfile_size: 200000\n- uri: {}\n  all: true\n  bag_format: humble\n",
+            out.display(),
+            humble.display()
         ),
     );
     let o = convert(&[&a, &b], &opts);
@@ -391,6 +400,21 @@ fn real_rosbag2_and_rosbags_read_the_output_and_ringbag_reads_ros2_bag_convert()
         );
     } else {
         eprintln!("SKIP: no rosbags venv");
+    }
+
+    // The Humble-flavoured output, through Humble's own `ros2 bag info`.
+    let visible = all.iter().filter(|m| m.0 != "/_hidden").count();
+    if let Some(o) = with_distro(
+        "humble",
+        &["/opt/ros2-local/setup.bash", "/opt/ros/humble/setup.bash"],
+        &format!("ros2 bag info {}", humble.display()),
+    ) {
+        let info = crate::common::stdout(&o);
+        assert!(o.status.success(), "humble ros2 bag info: {}", stderr(&o));
+        assert!(
+            info.contains(&format!("Messages:          {visible}")),
+            "{info}"
+        );
     }
 
     let Some(o) = with_jazzy(&format!("ros2 bag info {}", out.display())) else {
