@@ -8,6 +8,7 @@ pub mod bag;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod convert;
 pub mod metrics;
 pub mod pipeline;
 pub mod play;

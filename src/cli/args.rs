@@ -73,6 +73,38 @@ pub enum Command {
     Upload(Box<UploadArgs>),
     /// Print the plugins ringbag has, as `ros2 bag list` names them.
     List(ListArgs),
+    /// Rewrite bags into the bags an options file lists (topics, time window, splits,
+    /// flavour), merging several inputs in time order, as `ros2 bag convert`.
+    Convert(ConvertArgs),
+    /// Publish a bag's messages as fast as possible, without timing, as `ros2 bag burst`
+    /// (Jazzy): play's selection flags, plus -n/--num-messages.
+    Burst(Box<BurstArgs>),
+}
+
+/// `ringbag burst BAG [-n N]`: play's flags; those about timing are refused.
+#[derive(Debug, Args)]
+pub struct BurstArgs {
+    /// Publish this many messages, then stop; 0 = all.
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 0)]
+    pub num_messages: u64,
+    #[command(flatten)]
+    pub play: PlayArgs,
+}
+
+/// `ringbag convert -i BAG [-i BAG ...] -o OPTIONS.yaml`.
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// An input bag (directory or .db3); repeat to merge several, in timestamp order.
+    #[arg(short = 'i', long = "input", value_name = "BAG", required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// The output options YAML: `output_bags:`, a list of rosbag2 storage and record
+    /// options (uri, topics, regex, exclude, start_time_ns, max_bagfile_size, ...).
+    #[arg(short = 'o', long = "output-options", value_name = "OPTIONS_YAML")]
+    pub output_options: PathBuf,
+    /// Flavour of outputs whose entry has no `bag_format` key [default: humble if
+    /// ROS_DISTRO=humble, else jazzy].
+    #[arg(long, value_enum)]
+    pub bag_format: Option<Flavour>,
 }
 
 /// `ringbag list`: `ros2 bag list`'s plugin kinds, answered with what ringbag itself does.

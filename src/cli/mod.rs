@@ -46,7 +46,8 @@ pub fn main_entry() -> i32 {
     match cli.command {
         Command::Info(a) => cmd_info(&a),
         Command::Record(a) => cmd_record(&a),
-        Command::Play(a) => cmd_play(&a),
+        Command::Play(a) => cmd_play(&a, None),
+        Command::Burst(a) => cmd_play(&a.play, Some(a.num_messages)),
         Command::Clock(a) => cmd_clock(&a),
         Command::Reindex(a) => cmd_reindex(&a),
         Command::Daemon(a) => cmd_daemon(&a),
@@ -56,6 +57,38 @@ pub fn main_entry() -> i32 {
         Command::Resume(a) => cmd_pause(&a, false),
         Command::Upload(a) => upload_cmd::run(&a),
         Command::List(a) => cmd_list(&a),
+        Command::Convert(a) => cmd_convert(&a),
+    }
+}
+
+/// `ringbag convert`: bad options, unreadable inputs or an existing output are refused
+/// before anything is written (exit 2); a failure while writing is exit 1.
+fn cmd_convert(a: &args::ConvertArgs) -> i32 {
+    use crate::convert::{convert, parse_options, ConvertError};
+    let path = &a.output_options;
+    let text = match crate::config::read_small_regular_file(path, 1 << 20) {
+        Ok(t) => t,
+        Err(e) => return fail(EXIT_BAD_INPUT, format!("{}: {e}", path.display())),
+    };
+    let flavour = a.bag_format.unwrap_or_else(crate::bag::Flavour::from_env);
+    let outputs = match parse_options(&text, flavour) {
+        Ok(o) => o,
+        Err(e) => return fail(EXIT_BAD_INPUT, format!("{}: {e}", path.display())),
+    };
+    match convert(&a.inputs, &outputs) {
+        Ok(summaries) => {
+            for s in summaries {
+                eprintln!(
+                    "ringbag: wrote {} ({} messages, {} files)",
+                    s.dir.display(),
+                    s.metadata.message_count,
+                    s.metadata.relative_file_paths.len()
+                );
+            }
+            EXIT_OK
+        }
+        Err(e @ ConvertError::BadInput(_)) => fail(EXIT_BAD_INPUT, e),
+        Err(e) => fail(EXIT_FAILURE, e),
     }
 }
 
@@ -367,11 +400,22 @@ fn cmd_clock(a: &args::ClockCmdArgs) -> i32 {
     }
 }
 
-fn cmd_play(a: &args::PlayArgs) -> i32 {
-    let settings = match resolve::play_settings(a) {
+/// `ringbag play`, or with `burst` set `ringbag burst` (the same reader, plan and sinks,
+/// without the schedule).
+fn cmd_play(a: &args::PlayArgs, burst: Option<u64>) -> i32 {
+    let mut settings = match resolve::play_settings(a) {
         Ok(s) => s,
         Err(e) => return fail(EXIT_BAD_INPUT, e),
     };
+    if burst.is_some() {
+        if let Some(flag) = timing_flag(&settings) {
+            return fail(
+                EXIT_BAD_INPUT,
+                format!("burst plays without timing: {flag} has no meaning there"),
+            );
+        }
+        settings.burst = burst;
+    }
     // Opening the bag (and the sink) happens under the default signal disposition: a SIGTERM
     // while a damaged bag is read ends the process at once. See `signals`.
     let (bag, skipped) = match Bag::open_tolerant(&settings.bag) {
@@ -415,7 +459,8 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
     }
     // Keys only on a terminal in the foreground; the terminal's mode is restored when this
     // is dropped, or by the signal handlers if a signal ends the process.
-    let keyboard = if a.disable_keyboard_controls {
+    // A burst is over before a key could matter; it never takes the terminal.
+    let keyboard = if a.disable_keyboard_controls || burst.is_some() {
         None
     } else {
         crate::play::Keyboard::start()
@@ -437,6 +482,28 @@ fn cmd_play(a: &args::PlayArgs) -> i32 {
         }
         Err(e) if e.is_bad_input() => fail(EXIT_BAD_INPUT, e),
         Err(e) => fail(EXIT_FAILURE, e),
+    }
+}
+
+/// The first of play's timing flags `settings` sets, which `burst` refuses (it publishes
+/// without a schedule, so a rate, a delay or a `/clock` would silently do nothing).
+fn timing_flag(s: &crate::play::PlaySettings) -> Option<&'static str> {
+    if s.rate != 1.0 {
+        Some("--rate")
+    } else if s.delay_ns != 0 {
+        Some("--delay")
+    } else if s.loop_playback {
+        Some("--loop")
+    } else if s.start_paused {
+        Some("--start-paused")
+    } else if s.clock_hz.is_some() {
+        Some("--clock")
+    } else if s.clock_before != crate::play::ClockBefore::Never {
+        Some("--clock-topics")
+    } else if s.rt_priority.is_some() {
+        Some("--rt-priority")
+    } else {
+        None
     }
 }
 

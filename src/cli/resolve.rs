@@ -563,6 +563,7 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
         },
         qos_overrides,
         rt_priority: a.rt_priority,
+        burst: None,
     })
 }
 

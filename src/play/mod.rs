@@ -68,6 +68,9 @@ pub struct PlaySettings {
     pub qos_overrides: QosOverrides,
     /// Run the scheduler thread SCHED_FIFO at this priority (1..=99).
     pub rt_priority: Option<i32>,
+    /// `ringbag burst`: publish as fast as the sink takes them, without timing, at most this
+    /// many messages (0 = all), as `ros2 bag burst --num-messages`. `None`: timed play.
+    pub burst: Option<u64>,
 }
 
 /// `--clock-topics` / `--clock-topics-all`: which played messages `/clock` is updated for,
@@ -121,6 +124,7 @@ impl PlaySettings {
             clock_before: ClockBefore::Never,
             qos_overrides: QosOverrides::new(),
             rt_priority: None,
+            burst: None,
         }
     }
 }
@@ -364,6 +368,7 @@ pub fn play_bag(
             settings.rt_priority,
         );
         scheduler.clock_before = clock_before;
+        scheduler.burst = settings.burst;
         if keys {
             eprintln!(
                 "ringbag: keys: space pause/resume, right arrow next message (while paused), up/down rate +/-10%"

@@ -112,6 +112,8 @@ pub struct Scheduler<'a> {
     /// Per topic of the bag: `/clock` is published with each of its messages' time just
     /// before the message (`--clock-topics`, `--clock-topics-all`); empty: never.
     pub clock_before: Vec<bool>,
+    /// `ringbag burst`: no waiting for a message's time; stop after this many (0 = all).
+    pub burst: Option<u64>,
     pub report: PlayReport,
     next_clock: i64,
     /// The last `/clock` published in this pass: `/clock` never goes back within a pass,
@@ -153,6 +155,7 @@ impl<'a> Scheduler<'a> {
             clock_period_ns,
             rt_priority,
             clock_before: Vec::new(),
+            burst: None,
             report: PlayReport::default(),
             step: false,
             flushed: true,
@@ -219,7 +222,15 @@ impl<'a> Scheduler<'a> {
             let Some(Some(topic)) = self.plan.route.get(m.topic).copied() else {
                 continue;
             };
-            match self.wait_for(m.timestamp)? {
+            let wait = if self.burst.is_none() {
+                self.wait_for(m.timestamp)?
+            } else if self.service()? {
+                // A burst skips the schedule, but still honours a stop request.
+                Wait::Stop
+            } else {
+                Wait::Due
+            };
+            match wait {
                 Wait::Stop => break,
                 Wait::Due => {}
             }
@@ -238,6 +249,12 @@ impl<'a> Scheduler<'a> {
             }
             self.flushed = false;
             self.report.published += 1;
+            if self
+                .burst
+                .is_some_and(|n| n > 0 && self.report.published >= n)
+            {
+                break;
+            }
             if self.step {
                 self.step = false;
                 self.timeline.paused = Some(m.timestamp);

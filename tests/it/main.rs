@@ -2,10 +2,12 @@
 //! bad input, and recording end to end.
 mod alert_rules;
 mod bounds;
+mod burst;
 mod closed_splits;
 mod common;
 mod compressed;
 mod concurrency;
+mod convert;
 mod crash;
 mod deleted;
 mod errors;
