@@ -26,7 +26,7 @@ use crate::bag::lock::{self, BagLock, LockState, LOCK_FILE};
 use crate::bag::metadata::{
     sync_dir, BagMetadata, FileInfo, TopicWithCount, METADATA_FILE, NO_START,
 };
-use crate::bag::reader::{find_split_files, open_read_only, read_topics, split_stats};
+use crate::bag::reader::{find_splits, open_read_only, read_topics, split_stats};
 use crate::bag::writer::{row_growth_bytes, split_size_on_disk, BagWriter, ClosedSplit};
 use crate::bag::{BagError, TopicInfo};
 
@@ -454,6 +454,8 @@ struct Entry {
 /// A split of an older bag.
 #[derive(Debug, Clone)]
 struct OldSplit {
+    /// The split's file as on disk: `<split>.db3`, or `<split>.db3.zstd` once compressed
+    /// (rosbag2's file mode).
     rel: String,
     /// Listed in metadata.yaml (an unreadable leftover of a crash is not).
     listed: bool,
@@ -645,11 +647,15 @@ impl Retention {
                 .meta
                 .files
                 .iter()
-                .find(|f| f.path == s.rel && f.message_count > 0)
+                .find(|f| f.describes(&s.rel) && f.message_count > 0)
                 .map_or(NO_START, |f| f.starting_time_ns);
             self.push(Entry {
                 owner: Owner::Old(b.id),
-                size: split_size_on_disk(&path),
+                size: split_size_on_disk(&path)
+                    + other_forms(&path)
+                        .iter()
+                        .map(|p| fs::metadata(p).map_or(0, |m| m.len()))
+                        .sum::<u64>(),
                 start_ns: start,
                 path,
             });
@@ -1279,13 +1285,18 @@ impl OldBag {
     /// `None` when it has no split files at all.
     fn open(dir: &Path) -> Result<Option<OldBag>, BagError> {
         let mut meta = BagMetadata::read(dir)?;
-        let on_disk = find_split_files(dir)?;
+        // Compressed splits too (`.db3.zstd`, as rosbag2's file mode leaves them): they are on
+        // the budget like any split. A split there in both forms (a compression cut short) is
+        // its `.db3`; the other form is counted and deleted with it (`other_forms`).
+        let on_disk = find_splits(dir)?;
         if on_disk.is_empty() {
             return Ok(None);
         }
-        let listed: Vec<String> = meta.files.iter().map(|f| f.path.clone()).collect();
-        let consistent =
-            listed.len() == on_disk.len() && on_disk.iter().all(|f| listed.contains(f));
+        // `files[].path` names a compressed split by its `.db3` name (`FileInfo::describes`).
+        let consistent = meta.files.len() == on_disk.len()
+            && on_disk
+                .iter()
+                .all(|rel| meta.files.iter().any(|f| f.describes(rel)));
         let mut splits: VecDeque<OldSplit> = on_disk
             .iter()
             .map(|rel| OldSplit {
@@ -1322,7 +1333,11 @@ impl OldBag {
                             }
                         }
                         meta.files.push(FileInfo {
-                            path: rel.clone(),
+                            // As rosbag2 writes it: the `.db3` name of a compressed split.
+                            path: rel
+                                .strip_suffix(crate::bag::compressed::ZSTD_SUFFIX)
+                                .unwrap_or(rel)
+                                .to_string(),
                             ..file
                         });
                         splits.push_back(OldSplit {
@@ -1377,7 +1392,30 @@ impl OldBag {
             }
         }
         m.message_count = m.files.iter().map(|f| f.message_count).sum();
-        m.relative_file_paths = m.files.iter().map(|f| f.path.clone()).collect();
+        // A compressed split is listed here by its `.db3.zstd` name (rosbag2 opens what this
+        // list names), in `files[].path` by its `.db3` name.
+        let on_disk: std::collections::HashSet<&str> =
+            self.splits.iter().map(|s| s.rel.as_str()).collect();
+        m.relative_file_paths = m
+            .files
+            .iter()
+            .map(|f| {
+                let z = format!("{}{}", f.path, crate::bag::compressed::ZSTD_SUFFIX);
+                if on_disk.contains(z.as_str()) {
+                    z
+                } else {
+                    f.path.clone()
+                }
+            })
+            .collect();
+        if m.relative_file_paths
+            .iter()
+            .any(|r| r.ends_with(".db3.zstd"))
+        {
+            // rosbag2 reads a bag in file mode only with these set (as reindex writes them).
+            m.compression_format = crate::bag::compressed::ZSTD_FORMAT.into();
+            m.compression_mode = "FILE".into();
+        }
     }
 
     fn write_meta(&mut self) -> Result<(), BagError> {
@@ -1420,7 +1458,7 @@ impl OldBag {
         self.meta = BagMetadata::read(&self.dir)?;
         if fs::symlink_metadata(&path).is_err() {
             // Already deleted by that other recorder; its metadata.yaml no longer lists it.
-            self.meta.files.retain(|f| f.path != split.rel);
+            self.meta.files.retain(|f| !f.describes(&split.rel));
             self.refresh_totals();
             self.write_meta()?;
             return Ok(false);
@@ -1442,15 +1480,39 @@ impl OldBag {
                 }
                 Err(e) => log::warn!("retention: counting {}: {e}", path.display()),
             }
-            self.meta.files.retain(|f| f.path != split.rel);
+            self.meta.files.retain(|f| !f.describes(&split.rel));
             self.refresh_totals();
             // metadata.yaml first (see BagWriter::delete_oldest_closed for why).
             self.write_meta()?;
         }
         crate::bag::writer::remove_split_file(&crate::bag::writer::RealStorage, &path)?;
+        for other in other_forms(&path) {
+            match fs::remove_file(&other) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(BagError::io(&other)(e)),
+            }
+        }
         sync_dir(&self.dir)?;
         Ok(false)
     }
+}
+
+/// The files of a split besides `path` itself (and its `-wal`/`-shm`) that may be on disk
+/// while it is compressed: the complete `<split>.db3.zstd` of a `.db3` whose compression was
+/// cut short before the `.db3` went, and the hidden `.<split>.db3.zstd.partial` being
+/// written. They take room like the split, so they are on its budget entry and go with it.
+fn other_forms(path: &Path) -> Vec<PathBuf> {
+    use crate::bag::compressed::{PARTIAL_SUFFIX, ZSTD_SUFFIX};
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Vec::new();
+    };
+    let plain = name.strip_suffix(ZSTD_SUFFIX).unwrap_or(name);
+    let mut v = vec![dir.join(format!(".{plain}{PARTIAL_SUFFIX}"))];
+    if plain == name {
+        v.push(dir.join(format!("{plain}{ZSTD_SUFFIX}")));
+    }
+    v
 }
 
 /// A split's summary and per-topic counts (by topic name), read from its rows.

@@ -34,7 +34,7 @@ use super::lock::{self, BagLock, LockState};
 use super::metadata::{sync_dir, BagMetadata, FileInfo, TopicWithCount, METADATA_FILE, NO_START};
 use super::pagewalk::{self, RecoveredDefinition, RecoveredTopic};
 use super::qos::parse_profiles_str;
-use super::reader::{find_split_files, find_splits, split_number};
+use super::reader::{find_splits, split_number};
 use super::schema::create_tables;
 use super::sqlguard::{bounded, check_len, MAX_TOPICS, MAX_TOPIC_FIELD, MAX_TOPIC_TEXT};
 use super::{BagError, Flavour, TopicInfo};
@@ -558,9 +558,15 @@ fn reindex_locked(
 
 /// Why a bag under a recording root counts as unfinished (see [`unfinished_reason`]).
 pub fn unfinished_reason(dir: &Path) -> Option<String> {
-    let files = find_split_files(dir).ok()?;
+    // Compressed splits (`.db3.zstd`) are splits: a bag of only those is a bag.
+    let files = find_splits(dir).ok()?;
     if files.is_empty() {
         return None;
+    }
+    if let Some(partial) = stale_partial(dir) {
+        // Only called on a bag no live process holds: the compression that wrote it died,
+        // and the file takes room until reindex removes it.
+        return Some(format!("{partial} is left from a compression cut short"));
     }
     let meta = dir.join(METADATA_FILE);
     let Ok(meta_m) = fs::metadata(&meta) else {
@@ -593,6 +599,15 @@ pub fn unfinished_reason(dir: &Path) -> Option<String> {
         return Some(format!("metadata.yaml lists {missing}, which is gone"));
     }
     None
+}
+
+/// The name of a hidden `.<split>.db3.zstd.partial` in `dir`, if there is one.
+fn stale_partial(dir: &Path) -> Option<String> {
+    fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .find(|n| n.starts_with('.') && n.ends_with(super::compressed::PARTIAL_SUFFIX))
 }
 
 /// What [`recover_root`] did: bags reindexed, and bags it left alone with the reason.
@@ -642,7 +657,7 @@ pub fn recover_root(root: &Path) -> Recovery {
             }
             // The marker only a clean finish removes: timestamps and listings cannot tell
             // a clean stop from a power cut, this can.
-            LockState::Unclean if !find_split_files(&dir).unwrap_or_default().is_empty() => {
+            LockState::Unclean if !find_splits(&dir).unwrap_or_default().is_empty() => {
                 "the last writer did not finish cleanly".to_string()
             }
             _ => match unfinished_reason(&dir) {

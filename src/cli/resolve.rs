@@ -65,6 +65,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         SourceKind::Synthetic
     });
     source_only_flags(a, source_kind)?;
+    compression_flags(a)?;
     let source = match source_kind {
         SourceKind::Synthetic => SourceSettings::Synthetic(GeneratorConfig {
             profile: a.synthetic_profile,
@@ -370,6 +371,28 @@ fn selection(a: &RecordArgs) -> crate::source::select::RosSourceOptions {
             .clone()
             .unwrap_or_else(|| crate::source::select::DEFAULT_NODE_NAME.to_string()),
         ..Default::default()
+    }
+}
+
+/// ros2 bag's compression flags. Only `--compression-mode none` (its default) is there yet:
+/// any other mode is refused rather than recording plain splits a script asked compressed.
+/// A format without a mode is refused as ros2 bag refuses it.
+fn compression_flags(a: &RecordArgs) -> Result<(), String> {
+    let format = a.compression_format.as_str();
+    if !format.is_empty() && format != crate::bag::compressed::ZSTD_FORMAT {
+        return Err(format!(
+            "--compression-format {format}: unknown compression format (zstd is the only one)"
+        ));
+    }
+    match a.compression_mode.as_str() {
+        "none" if !format.is_empty() => {
+            Err("--compression-format needs a --compression-mode (as in ros2 bag)".into())
+        }
+        "none" => Ok(()),
+        mode => Err(format!(
+            "--compression-mode {mode}: not yet supported; ringbag records plain .db3 splits \
+             (it reads bags rosbag2 compressed in file mode)"
+        )),
     }
 }
 
@@ -879,6 +902,46 @@ mod record_flag_tests {
             let e = source_only_flags(&record(&["--node-name", bad]), SourceKind::Ros).unwrap_err();
             assert!(e.starts_with("--node-name"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn compression_is_none_by_default_and_every_other_mode_is_refused_in_one_line() {
+        assert!(compression_flags(&record(&[])).is_ok());
+        assert!(compression_flags(&record(&["--compression-mode", "none"])).is_ok());
+        for (flags, says) in [
+            (
+                &["--compression-mode", "file", "--compression-format", "zstd"][..],
+                "--compression-mode file: not yet supported",
+            ),
+            (
+                &[
+                    "--compression-mode",
+                    "message",
+                    "--compression-format",
+                    "zstd",
+                ][..],
+                "--compression-mode message: not yet supported",
+            ),
+            (
+                &["--compression-format", "zstd"][..],
+                "--compression-format needs a --compression-mode",
+            ),
+            (
+                &["--compression-mode", "file", "--compression-format", "lz4"][..],
+                "--compression-format lz4: unknown",
+            ),
+        ] {
+            let e = compression_flags(&record(flags)).unwrap_err();
+            assert!(e.starts_with(says), "{flags:?}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let a = record(&[
+            "--compression-threads",
+            "4",
+            "--compression-queue-size",
+            "8",
+        ]);
+        assert_eq!((a.compression_threads, a.compression_queue_size), (4, 8));
     }
 
     #[test]

@@ -333,3 +333,59 @@ fn compress_file_makes_what_the_readers_read_and_reindex_removes_a_partial_one()
     assert_eq!(after.relative_file_paths, m.relative_file_paths);
     assert_eq!(after.message_count, 120);
 }
+
+#[test]
+fn recovery_at_start_reindexes_a_compressed_bag_left_unclean_or_with_a_stale_partial_only() {
+    use ringbag::bag::lock::{state, LockState, LOCK_FILE};
+    use ringbag::bag::reindex::{recover_root, unfinished_reason};
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    for name in ["fine", "cut", "unclean"] {
+        write_bag(&root.join(name), Flavour::Jazzy, &TOPICS, 60, 50);
+        compress_like_rosbag2(&root.join(name));
+    }
+    // A compression killed half-way (its hidden partial), and a writer that died (its lock
+    // marker, with every split already compressed and listed).
+    fs::write(
+        root.join("cut").join(".cut_2.db3.zstd.partial"),
+        b"(\xb5/\xfd",
+    )
+    .unwrap();
+    fs::write(root.join("unclean").join(LOCK_FILE), b"").unwrap();
+    assert_eq!(state(&root.join("unclean")), LockState::Unclean);
+    assert_eq!(unfinished_reason(&root.join("fine")), None);
+    assert_eq!(
+        unfinished_reason(&root.join("cut")).as_deref(),
+        Some(".cut_2.db3.zstd.partial is left from a compression cut short")
+    );
+    let fine_before = snapshot(&root.join("fine"));
+    let rec = recover_root(root);
+    assert!(rec.skipped.is_empty(), "{:?}", rec.skipped);
+    let recovered: Vec<_> = rec.reports.iter().map(|r| r.bag.clone()).collect();
+    assert_eq!(recovered, [root.join("cut"), root.join("unclean")]);
+    assert_eq!(
+        snapshot(&root.join("fine")),
+        fine_before,
+        "a finished bag is left alone"
+    );
+    assert!(!root.join("cut").join(".cut_2.db3.zstd.partial").exists());
+    for name in ["fine", "cut", "unclean"] {
+        let dir = root.join(name);
+        assert_eq!(state(&dir), LockState::Clean, "{name}");
+        let m = BagMetadata::read(&dir).unwrap();
+        let want: Vec<String> = (0..3).map(|i| format!("{name}_{i}.db3.zstd")).collect();
+        assert_eq!(
+            m.relative_file_paths, want,
+            "{name}: the splits stay compressed"
+        );
+        assert_eq!(
+            (m.message_count, m.compression_mode.as_str()),
+            (120, "FILE"),
+            "{name}"
+        );
+        let bag = Bag::open(&dir).unwrap();
+        let n = bag.messages(&ReadFilter::default()).unwrap().count();
+        assert_eq!(n, 120, "{name}");
+    }
+    assert!(recover_root(root).reports.is_empty(), "recovered once");
+}

@@ -130,6 +130,14 @@ fn record_flags_without_a_meaning_on_the_synthetic_source_are_one_line_and_exit_
             vec!["--exclude-topic-types", "bad"],
             vec!["--exclude-topic-types \"bad\": not a type name"],
         ),
+        (
+            vec!["--compression-mode", "file", "--compression-format", "zstd"],
+            vec!["--compression-mode file: not yet supported"],
+        ),
+        (
+            vec!["--compression-format", "zstd"],
+            vec!["--compression-format needs a --compression-mode"],
+        ),
     ] {
         assert_bad_input(&with(&extra), &needles, &out);
     }
@@ -448,5 +456,34 @@ fn storage_config_file_applies_safe_write_pragmas_and_refuses_the_rest_in_one_li
         &["play", b, "--sink", "echo", "--storage-config-file", c],
         &["read: pragma \"cache_size = 100\": not applied"],
         &never,
+    );
+}
+
+#[test]
+fn record_compression_mode_none_and_its_queue_flags_record_plain_splits() {
+    use crate::common::{ringbag, RunOutput};
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("plain");
+    let o = ringbag()
+        .args([
+            "record",
+            "--source",
+            "synthetic",
+            "--synthetic-profile",
+            "small",
+        ])
+        .args(["--synthetic-rate", "max", "--synthetic-count", "20"])
+        .args(["--compression-mode", "none", "--compression-threads", "2"])
+        .args(["--compression-queue-size", "3", "-o"])
+        .arg(&out)
+        .run_output()
+        .expect("record runs");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let m = ringbag::bag::BagMetadata::read(&out).unwrap();
+    assert_eq!(m.message_count, 20);
+    assert!(m.relative_file_paths.iter().all(|r| r.ends_with(".db3")));
+    assert_eq!(
+        (m.compression_format.as_str(), m.compression_mode.as_str()),
+        ("", "")
     );
 }

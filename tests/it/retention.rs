@@ -9,7 +9,7 @@ use std::process::{Child, Stdio};
 use std::time::Instant;
 
 use ringbag::bag::metadata::BagMetadata;
-use ringbag::bag::reader::{find_split_files, split_number, Bag, ReadFilter};
+use ringbag::bag::reader::{find_split_files, find_splits, split_number, Bag, ReadFilter};
 use ringbag::bag::writer::{BagWriter, WriterOptions};
 use ringbag::bag::Flavour;
 use ringbag::retention::{Retention, RetentionPolicy, Verdict};
@@ -54,14 +54,20 @@ fn sample_while_running(mut child: Child, mut sample: impl FnMut()) -> (std::pro
 /// message reads back. Returns (metadata, messages as (topic, timestamp)).
 pub(crate) fn assert_true_and_readable(dir: &Path) -> (BagMetadata, Vec<(usize, i64)>) {
     let meta = BagMetadata::read(dir).expect("metadata.yaml reads");
-    let on_disk: BTreeSet<String> = find_split_files(dir).unwrap().into_iter().collect();
+    // Compressed splits (`.db3.zstd`) included; `files[].path` names them by their `.db3`
+    // name, as rosbag2 writes it.
+    let on_disk: BTreeSet<String> = find_splits(dir).unwrap().into_iter().collect();
     let listed: BTreeSet<String> = meta.relative_file_paths.iter().cloned().collect();
     assert_eq!(
         listed, on_disk,
         "metadata.yaml must list exactly the files on disk"
     );
     let files: BTreeSet<String> = meta.files.iter().map(|f| f.path.clone()).collect();
-    assert_eq!(files, on_disk);
+    let plain: BTreeSet<String> = on_disk
+        .iter()
+        .map(|r| r.strip_suffix(".zstd").unwrap_or(r).to_string())
+        .collect();
+    assert_eq!(files, plain);
     let bag = Bag::open(dir).expect("bag opens");
     let msgs: Vec<(usize, i64)> = bag
         .messages(&ReadFilter::default())
@@ -443,6 +449,89 @@ fn a_root_bag_with_unlisted_splits_is_reconciled_before_its_splits_are_counted()
     assert_eq!(meta.files.len(), 3);
     assert_eq!(msgs.len(), 30);
     w.finish().unwrap();
+}
+
+/// Record one batch into a new bag beside the older bags (its open split makes one file
+/// more than `max_bag_files` allows), until `gone` is deleted (at most `steps` batches).
+fn record_until_gone(root: &Path, r: &mut Retention, gone: &Path, steps: usize) {
+    let current = root.join("now");
+    let mut w = BagWriter::create(&current, WriterOptions::new(Flavour::Jazzy)).unwrap();
+    let t = w
+        .add_topic(topic("/a", "std_msgs/msg/String"), None)
+        .unwrap();
+    let data = vec![1u8; 100];
+    let mut ts = T0 + 7_200_000_000_000;
+    for _ in 0..steps {
+        if !gone.exists() {
+            break;
+        }
+        r.before_batch(&mut w, 200, ts).unwrap();
+        w.write_batch([(t, ts, data.as_slice())]).unwrap();
+        ts += 1_000_000;
+        let (v, _) = r.after_batch(&mut w).unwrap();
+        assert_eq!(v, Verdict::Continue);
+    }
+    assert!(!gone.exists(), "{} was not deleted", gone.display());
+    w.finish().unwrap();
+}
+
+#[test]
+fn a_root_bag_compressed_by_rosbag2_is_counted_and_loses_its_oldest_zstd_split_staying_true() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let old = root.join("zbag");
+    old_bag(&old, T0, 3, 10);
+    crate::compressed::compress_like_rosbag2(&old);
+    let rels = BagMetadata::read(&old).unwrap().relative_file_paths;
+    assert!(rels.iter().all(|r| r.ends_with(".db3.zstd")), "{rels:?}");
+    let policy = RetentionPolicy {
+        max_bag_files: Some(3),
+        ..Default::default()
+    };
+    let mut r = Retention::open_root(root, &root.join("now"), policy).unwrap();
+    // Every compressed split is on the budget, at its size on disk.
+    assert_eq!(r.closed_splits(), 3);
+    let zbytes: u64 = rels
+        .iter()
+        .map(|r| fs::metadata(old.join(r)).unwrap().len())
+        .sum();
+    assert_eq!(r.closed_bytes(), zbytes);
+    record_until_gone(root, &mut r, &old.join(&rels[0]), 3);
+    let (meta, msgs) = assert_true_and_readable(&old);
+    // The remaining splits stay compressed and listed as rosbag2 lists them.
+    assert_eq!(meta.relative_file_paths, rels[1..].to_vec());
+    assert_eq!(meta.compression_format, "zstd");
+    assert_eq!(meta.compression_mode, "FILE");
+    assert_eq!(msgs.len(), 20);
+}
+
+#[test]
+fn a_split_there_plain_compressed_and_partial_is_counted_whole_and_deleted_in_every_form() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let old = root.join("mixed");
+    old_bag(&old, T0, 3, 10);
+    let rels = BagMetadata::read(&old).unwrap().relative_file_paths;
+    // Split 0: its compression completed but the `.db3` was not removed yet (a crash in
+    // between); split 1: a compression in progress (its hidden `.partial`).
+    let z0 = ringbag::bag::compressed::compress_file(&old.join(&rels[0]), 1).unwrap();
+    let partial1 = old.join(format!(".{}.zstd.partial", rels[1]));
+    fs::write(&partial1, vec![0u8; 5000]).unwrap();
+    let policy = RetentionPolicy {
+        max_bag_files: Some(3),
+        ..Default::default()
+    };
+    let mut r = Retention::open_root(root, &root.join("now"), policy).unwrap();
+    assert_eq!(r.closed_splits(), 3);
+    let meta_len = fs::metadata(old.join("metadata.yaml")).unwrap().len();
+    // Every byte of every form is on the budget.
+    assert_eq!(r.closed_bytes(), dir_bytes(&old) - meta_len);
+    record_until_gone(root, &mut r, &old.join(&rels[0]), 3);
+    assert!(!z0.exists(), "the .zstd of a deleted split must go with it");
+    assert!(partial1.exists(), "split 1 is still there");
+    let (meta, msgs) = assert_true_and_readable(&old);
+    assert_eq!(meta.relative_file_paths, rels[1..].to_vec());
+    assert_eq!(msgs.len(), 20);
 }
 
 // ---- long run ------------------------------------------------------------------------
