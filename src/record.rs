@@ -250,9 +250,37 @@ pub fn run_with(
     }
     // The black box next: a ring a crashed run left becomes a bag before anything else (so
     // the budget below counts it), then a fresh ring, its thread and its control socket.
+    // The control socket's path before the ring: a recorder already listening there (the
+    // service started twice) must not cost the ring it left or create a new one.
+    if let Some(socket) = settings.snapshot.control_socket.as_deref() {
+        crate::snapshot::control::refuse_if_listening(socket)
+            .map_err(|e| failure(crate::snapshot::SnapshotError::from(e).into(), None))?;
+    }
     let mut snapshots = match start_snapshots(&settings, &root, clock.clone(), hooks.take_ring()) {
         Ok(s) => s,
         Err(e) => return Err(failure(e.into(), None)),
+    };
+    // The control socket, ring or not (pause and resume need none): triggers go to the
+    // snapshot thread, or are answered that there is no ring.
+    let control = match settings.snapshot.control_socket.as_deref().map(|p| {
+        crate::snapshot::control::ControlServer::start(
+            p,
+            snapshots.as_ref().and_then(|s| s.sender()),
+            settings.pipeline.pause.clone(),
+        )
+    }) {
+        None => None,
+        Some(Ok(c)) => Some(c),
+        Some(Err(e)) => {
+            // Finished, the ring (still empty) is marked clean: no crash bag for the next start.
+            if let Some(s) = snapshots.take() {
+                s.finish();
+            }
+            return Err(failure(
+                crate::snapshot::SnapshotError::from(e).into(),
+                None,
+            ));
+        }
     };
     // With --recover the parent directory is a recording root (as the service uses it): the
     // budget then spans the recovered bags too, oldest first. Otherwise only this bag counts.
@@ -441,8 +469,9 @@ pub fn run_with(
     if let Some(s) = ros_service {
         s.stop();
     }
-    if let Some(s) = snapshots.as_mut() {
-        s.stop_control();
+    // Stop taking triggers and pause requests before the pipeline finishes.
+    if let Some(c) = control {
+        c.stop();
     }
     // Every source has been joined: no topic registers any more, so this list is final.
     let topics = pipeline.topic_stats();
@@ -622,7 +651,7 @@ impl Drop for SourceEnd {
 }
 
 /// Recover a ring a crashed run left under `root`, then create the new ring and start the
-/// snapshot thread (and control socket). None without `--snapshot-size`. With `kept` (the
+/// snapshot thread. None without `--snapshot-size`. With `kept` (the
 /// ring of the recording before a reload): the same ring goes on when its file, size and
 /// window are unchanged; otherwise the newest records that fit are copied into the new one.
 fn start_snapshots(
@@ -635,11 +664,6 @@ fn start_snapshots(
     let Some(rs) = &settings.snapshot.ring else {
         return Ok(None);
     };
-    // The control socket's path before the ring: a recorder already listening there (the
-    // service started twice) must not cost the ring it left or create a new one.
-    if let Some(socket) = rs.control_socket.as_deref() {
-        crate::snapshot::control::refuse_if_listening(socket)?;
-    }
     std::fs::create_dir_all(root).map_err(|source| crate::snapshot::ring::RingError::Io {
         path: root.to_path_buf(),
         source,
@@ -736,12 +760,7 @@ fn start_snapshots(
         room: None,
         batch_bytes: settings.pipeline.batch_max_bytes,
     };
-    match Snapshots::start(
-        ring.clone(),
-        cfg,
-        rs.control_socket.as_deref(),
-        settings.pipeline.pause.clone(),
-    ) {
+    match Snapshots::start(ring.clone(), cfg) {
         Ok(s) => Ok(Some(s)),
         Err(e) => {
             // The start fails (e.g. the control socket cannot be bound) with the ring still

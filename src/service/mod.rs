@@ -471,6 +471,19 @@ impl Supervisor for Hooks<'_> {
                             .ok()
                             .is_some_and(|a| std::fs::canonicalize(b).is_ok_and(|b| a == b))
                 };
+                // A control socket moved to a path another recorder listens on would stop
+                // this daemon at the new bag's start: refused now, as an invalid config is.
+                let socket = c.snapshot.control_socket.as_deref();
+                if let Some(new) = socket.filter(|n| {
+                    run.settings
+                        .snapshot
+                        .control_socket
+                        .as_deref()
+                        .is_none_or(|old| !same(old, n))
+                }) {
+                    crate::snapshot::control::refuse_if_listening(new)
+                        .map_err(|e| format!("control_socket: {e}"))?;
+                }
                 if current.parent().is_some_and(|r| same(r, &c.output_root)) {
                     return Ok(c);
                 }

@@ -2,6 +2,8 @@
 //! socket, one JSON line each way (a [`TriggerRequest`], then an [`Outcome`]). `ringbag pause`
 //! and `resume` send the same request with its `command` set; those are answered by the
 //! connection thread itself (they flip the [`PauseSwitch`]), never by the snapshot thread.
+//! The socket does not need a ring: on a recorder without one, a trigger is answered
+//! [`Outcome::NoRing`] and pause/resume work as with one (the daemon always serves it).
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -28,7 +30,7 @@ pub const MAX_SOCKET_PATH: usize = 107;
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
     /// Nothing listens there: no recorder is running (bad input for `ringbag trigger`).
-    #[error("{}: no recorder is listening ({source}); is `ringbag record --snapshot-size ... --control-socket {}` or the service running?", path.display(), path.display())]
+    #[error("{}: no recorder is listening ({source}); is `ringbag record --control-socket {}` or the service running?", path.display(), path.display())]
     NoRecorder {
         path: PathBuf,
         source: std::io::Error,
@@ -240,13 +242,14 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Bind `path` (replacing a stale socket nobody listens on) and serve triggers into `tx`.
+    /// Bind `path` (replacing a stale socket nobody listens on) and serve triggers into `tx`
+    /// (None: the recorder has no ring, and a trigger is answered [`Outcome::NoRing`]).
     /// Only a socket is ever removed: anything else at `path` is [`ControlError::BadPath`]
     /// and left as it was (the same checks as [`check_socket_path`], made again here since
     /// the file may have changed since the settings were checked).
     pub fn start(
         path: &Path,
-        tx: Sender<Cmd>,
+        tx: Option<Sender<Cmd>>,
         pause: Arc<PauseSwitch>,
     ) -> Result<ControlServer, ControlError> {
         let io = |source| ControlError::Io {
@@ -264,6 +267,7 @@ impl ControlServer {
         // Polled, so the thread notices the stop flag without a wake-up connection.
         listener.set_nonblocking(true).map_err(io)?;
         let stop = Arc::new(AtomicBool::new(false));
+        let has_ring = tx.is_some();
         let handle = {
             let stop = stop.clone();
             std::thread::Builder::new()
@@ -271,7 +275,15 @@ impl ControlServer {
                 .spawn(move || serve(listener, tx, &pause, &stop))
                 .map_err(io)?
         };
-        log::info!("control socket {}: listening for triggers", path.display());
+        log::info!(
+            "control socket {}: listening for {}",
+            path.display(),
+            if has_ring {
+                "triggers, pause and resume"
+            } else {
+                "pause and resume (no snapshot ring: triggers are answered that there is none)"
+            }
+        );
         Ok(ControlServer {
             path: path.to_path_buf(),
             stop,
@@ -334,7 +346,7 @@ const _: () = assert!(
         <= CLIENT_TIMEOUT.as_secs()
 );
 
-fn serve(listener: UnixListener, tx: Sender<Cmd>, pause: &PauseSwitch, stop: &AtomicBool) {
+fn serve(listener: UnixListener, tx: Option<Sender<Cmd>>, pause: &PauseSwitch, stop: &AtomicBool) {
     // Scoped: every connection thread has ended (each notices `stop` within a slice) before
     // `serve` returns, so no sender of triggers outlives the control socket.
     std::thread::scope(|scope| {
@@ -347,7 +359,7 @@ fn serve(listener: UnixListener, tx: Sender<Cmd>, pause: &PauseSwitch, stop: &At
                         refuse_busy(&stream);
                         continue;
                     }
-                    let tx = &tx;
+                    let tx = tx.as_ref();
                     let spawned = std::thread::Builder::new()
                         .name("ringbag-control-client".into())
                         .spawn_scoped(scope, move || {
@@ -395,7 +407,7 @@ fn refuse_busy(stream: &UnixStream) {
 /// snapshot thread, write its answer.
 fn answer(
     stream: UnixStream,
-    tx: &Sender<Cmd>,
+    tx: Option<&Sender<Cmd>>,
     pause: &PauseSwitch,
     stop: &AtomicBool,
 ) -> std::io::Result<()> {
@@ -420,11 +432,15 @@ fn answer(
                     Outcome::Resumed { changed }
                 }
             }
+            // Nothing to snapshot, whatever the request says: answered before its checks,
+            // since no retry of it can succeed.
+            Ok(_) if tx.is_none() => Outcome::NoRing,
             Ok(req) => match req.check_reason() {
                 Err(why) => Outcome::Refused { why },
-                Ok(()) => match request_age(&req, unix_now_ns()) {
-                    Ok(age) => ask(tx, req, age, stop),
-                    Err(age) => {
+                Ok(()) => match (request_age(&req, unix_now_ns()), tx) {
+                    (Ok(age), Some(tx)) => ask(tx, req, age, stop),
+                    (Ok(_), None) => Outcome::NoRing,
+                    (Err(age), _) => {
                         let reason = req.reason.as_deref().unwrap_or("socket");
                         log::warn!(
                             "trigger ({}, Socket) dropped: sent {:.1} s ago, its client has given up",
@@ -691,7 +707,7 @@ mod tests {
                 })
             };
             let (tx, _rx) = crossbeam_channel::bounded(1);
-            let server = ControlServer::start(&path, tx, Arc::default()).unwrap();
+            let server = ControlServer::start(&path, Some(tx), Arc::default()).unwrap();
             if let Some(e) = watcher.join().unwrap() {
                 assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
                 refused += 1;
@@ -712,7 +728,7 @@ mod tests {
         let path = dir.path().join("c.sock");
         let (tx, rx) = crossbeam_channel::unbounded();
         let pause = Arc::new(PauseSwitch::default());
-        let server = ControlServer::start(&path, tx, pause.clone()).unwrap();
+        let server = ControlServer::start(&path, Some(tx), pause.clone()).unwrap();
         let ask = |command| {
             let req = TriggerRequest {
                 command,
@@ -761,6 +777,45 @@ mod tests {
             r#"{"outcome":"resumed","changed":false}"#
         );
         server.stop();
+    }
+
+    #[test]
+    fn without_a_ring_a_trigger_is_answered_no_ring_and_pause_and_resume_still_work() {
+        use super::super::trigger::ControlCommand;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let pause = Arc::new(PauseSwitch::default());
+        let server = ControlServer::start(&path, None, pause.clone()).unwrap();
+        let ask = |command| {
+            let req = TriggerRequest {
+                command,
+                ..Default::default()
+            };
+            send_trigger(&path, &req).unwrap()
+        };
+        assert_eq!(ask(None), Outcome::NoRing);
+        // Even a request that a ring would refuse: no retry of it can succeed.
+        let long = TriggerRequest {
+            reason: Some("x".repeat(4096)),
+            ..Default::default()
+        };
+        assert_eq!(send_trigger(&path, &long).unwrap(), Outcome::NoRing);
+        assert_eq!(
+            ask(Some(ControlCommand::Pause)),
+            Outcome::Paused { changed: true }
+        );
+        assert!(pause.is_paused());
+        assert_eq!(
+            ask(Some(ControlCommand::Resume)),
+            Outcome::Resumed { changed: true }
+        );
+        assert!(!pause.is_paused());
+        assert_eq!(
+            serde_json::to_string(&Outcome::NoRing).unwrap(),
+            r#"{"outcome":"no-ring"}"#
+        );
+        server.stop();
+        assert!(!path.exists());
     }
 
     #[test]
