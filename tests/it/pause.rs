@@ -609,3 +609,105 @@ fn record_serves_a_control_socket_without_a_ring() {
     );
     assert!(!sock.exists(), "the socket is removed at the end");
 }
+
+/// The socket stays one recorder's: a second daemon (another root) with the same
+/// `control_socket` exits 2 with one line before it makes a bag, and a reload that would move
+/// the socket onto another recorder's keeps the running configuration (and socket).
+#[test]
+fn a_second_daemon_on_the_same_socket_is_refused_and_a_reload_onto_a_busy_socket_is_kept_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("control.sock");
+    let key = format!("control_socket = \"{}\"\n", sock.display());
+    let (root_a, status_a) = (tmp.path().join("a"), tmp.path().join("a.json"));
+    let (root_b, status_b) = (tmp.path().join("b"), tmp.path().join("b.json"));
+    let config_a = tmp.path().join("a.toml");
+    let config_b = tmp.path().join("b.toml");
+    std::fs::write(
+        &config_a,
+        crate::common::small_daemon_config(&root_a, &status_a, &key),
+    )
+    .unwrap();
+    std::fs::write(
+        &config_b,
+        crate::common::small_daemon_config(&root_b, &status_b, &key),
+    )
+    .unwrap();
+    let log_a = tmp.path().join("a.log");
+    let a = crate::common::daemon_command(&config_a)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_a).unwrap())
+        .spawn_execd()
+        .expect("daemon starts");
+    let st = || status_json(&status_a).unwrap_or_default();
+    assert!(wait_for(|| st()["committed"].as_u64() > Some(0)));
+
+    let o = crate::common::daemon_command(&config_b)
+        .run_output()
+        .expect("second daemon runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "ringbag: error: {}: another recorder already listens on this control socket\n",
+            sock.display()
+        )
+    );
+    let bags_b: Vec<_> = std::fs::read_dir(&root_b)
+        .map(|d| d.flatten().filter(|e| e.path().is_dir()).collect())
+        .unwrap_or_default();
+    assert!(bags_b.is_empty(), "the refused daemon made no bag");
+
+    // Another recorder listens on `other`; a reload of A onto it is refused.
+    let other = tmp.path().join("other.sock");
+    let rec = ringbag()
+        .args(["record", "--source", "synthetic", "--clock", "system"])
+        .args(["--synthetic-profile", "small"])
+        .arg("--control-socket")
+        .arg(&other)
+        .arg("-o")
+        .arg(tmp.path().join("rec"))
+        .env_remove("RINGBAG_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn_execd()
+        .expect("record starts");
+    assert!(wait_for(|| other.exists()));
+    let moved = format!("control_socket = \"{}\"\n", other.display());
+    std::fs::write(
+        &config_a,
+        crate::common::small_daemon_config(&root_a, &status_a, &moved),
+    )
+    .unwrap();
+    let pid = nix::unistd::Pid::from_raw(a.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    let logged = || std::fs::read_to_string(&log_a).unwrap_or_default();
+    assert!(
+        wait_for(|| logged().contains("keeping the running configuration")),
+        "{}",
+        logged()
+    );
+    assert!(
+        logged().contains(&format!(
+            "SIGHUP: control_socket: {}: another recorder already listens on this control \
+             socket; keeping the running configuration",
+            other.display()
+        )),
+        "{}",
+        logged()
+    );
+    // A still answers on its own socket.
+    let p = control("pause", &sock);
+    assert_eq!(
+        String::from_utf8_lossy(&p.stderr),
+        "ringbag: recording paused\n"
+    );
+    sigint(&rec);
+    sigint(&a);
+    let out = wait_deadline(a, DEADLINE.as_secs()).expect("daemon ends");
+    assert!(out.status.success(), "{}", logged());
+    assert!(wait_deadline(rec, DEADLINE.as_secs())
+        .expect("record ends")
+        .status
+        .success());
+}
