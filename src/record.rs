@@ -262,7 +262,7 @@ pub fn run_with(
     };
     // The control socket, ring or not (pause and resume need none): triggers go to the
     // snapshot thread, or are answered that there is no ring.
-    let control = match settings.snapshot.control_socket.as_deref().map(|p| {
+    let mut control = match settings.snapshot.control_socket.as_deref().map(|p| {
         crate::snapshot::control::ControlServer::start(
             p,
             snapshots.as_ref().and_then(|s| s.sender()),
@@ -287,11 +287,18 @@ pub fn run_with(
     //
     // Any start-up error from here on first finishes the snapshot machinery: its ring, still
     // empty, is then marked clean, so a failed start leaves no crash bag to the next one.
-    let abandon = |snapshots: &mut Option<crate::snapshot::Snapshots>| {
-        if let Some(s) = snapshots.take() {
-            s.finish();
-        }
-    };
+    let abandon =
+        |snapshots: &mut Option<crate::snapshot::Snapshots>,
+         control: &mut Option<crate::snapshot::control::ControlServer>| {
+            // The socket first: it holds a sender of the snapshot thread's channel, and that
+            // thread (joined by `finish`) ends only once every sender is gone.
+            if let Some(c) = control.take() {
+                c.stop();
+            }
+            if let Some(s) = snapshots.take() {
+                s.finish();
+            }
+        };
     let retention = if settings.recover {
         let opened = Retention::open_root(&root, &settings.output, settings.retention.clone())
             .map(|r| r.with_upload(&settings.upload_retention))
@@ -303,7 +310,7 @@ pub fn run_with(
         match opened {
             Ok(r) => r,
             Err(e) => {
-                abandon(&mut snapshots);
+                abandon(&mut snapshots, &mut control);
                 return Err(failure(RecordError::Pipeline(e.into()), None));
             }
         }
@@ -313,7 +320,7 @@ pub fn run_with(
     let writer = match BagWriter::create(&settings.output, settings.writer.clone()) {
         Ok(w) => w,
         Err(e) => {
-            abandon(&mut snapshots);
+            abandon(&mut snapshots, &mut control);
             return Err(failure(create_error(e), None));
         }
     };
@@ -323,7 +330,7 @@ pub fn run_with(
         if let Err(fe) = writer.finish() {
             log::error!("{fe}");
         }
-        abandon(&mut snapshots);
+        abandon(&mut snapshots, &mut control);
         return Err(failure(RecordError::Signals(e), None));
     }
     log::info!(
@@ -394,7 +401,7 @@ pub fn run_with(
         Ok(h) => h,
         Err(e) => {
             let (_, summary) = pipeline.finish();
-            abandon(&mut snapshots);
+            abandon(&mut snapshots, &mut control);
             return Err(failure(
                 RecordError::Source(format!("cannot start source thread: {e}")),
                 Some(summary),
