@@ -169,6 +169,14 @@ pub trait Supervisor {
     /// The recording has ended cleanly with this ring (marked clean, nothing open in it): keep
     /// it for [`Supervisor::take_ring`], or drop it.
     fn keep_ring(&mut self, _ring: Arc<crate::snapshot::ring::Ring>) {}
+    /// The control socket of the previous recording of this process (a reload): the next
+    /// recording goes on serving it when its path is unchanged.
+    fn take_control(&mut self) -> Option<crate::snapshot::control::ControlServer> {
+        None
+    }
+    /// This recording is ending: keep its control socket for [`Supervisor::take_control`],
+    /// or drop it (which stops it and removes the socket file).
+    fn keep_control(&mut self, _control: crate::snapshot::control::ControlServer) {}
     /// The pipeline has finished (cleanly or not): the counts are final. What a status
     /// file says last must be this, not the state at `finishing`, when the queue still
     /// held messages that were then written.
@@ -252,7 +260,14 @@ pub fn run_with(
     // the budget below counts it), then a fresh ring, its thread and its control socket.
     // The control socket's path before the ring: a recorder already listening there (the
     // service started twice) must not cost the ring it left or create a new one.
-    if let Some(socket) = settings.snapshot.control_socket.as_deref() {
+    // The socket of the recording before a reload goes on when it is still the one wanted:
+    // no gap in which `ringbag pause` would find no recorder. Otherwise it closes here.
+    use crate::snapshot::control::{ControlServer, Route};
+    let wanted = settings.snapshot.control_socket.as_deref();
+    let kept = hooks
+        .take_control()
+        .filter(|c| wanted.is_some_and(|p| c.serves(p, &settings.pipeline.pause)));
+    if let (None, Some(socket)) = (&kept, wanted) {
         crate::snapshot::control::refuse_if_listening(socket)
             .map_err(|e| failure(crate::snapshot::SnapshotError::from(e).into(), None))?;
     }
@@ -262,16 +277,25 @@ pub fn run_with(
     };
     // The control socket, ring or not (pause and resume need none): triggers go to the
     // snapshot thread, or are answered that there is no ring.
-    let mut control = match settings.snapshot.control_socket.as_deref().map(|p| {
-        crate::snapshot::control::ControlServer::start(
-            p,
-            snapshots.as_ref().and_then(|s| s.sender()),
-            settings.pipeline.pause.clone(),
-        )
-    }) {
-        None => None,
-        Some(Ok(c)) => Some(c),
-        Some(Err(e)) => {
+    // Made only for a socket: a route holds a sender of the snapshot thread, which ends only
+    // once every sender is gone (a route left lying here would keep `finish` waiting).
+    let route = || match snapshots.as_ref().and_then(|s| s.sender()) {
+        Some(tx) => Route::Ring(tx),
+        None => Route::NoRing,
+    };
+    let started = match (kept, wanted) {
+        (Some(c), _) => {
+            c.set_route(route());
+            Ok(Some(c))
+        }
+        (None, Some(p)) => {
+            ControlServer::start(p, route(), settings.pipeline.pause.clone()).map(Some)
+        }
+        (None, None) => Ok(None),
+    };
+    let mut control = match started {
+        Ok(c) => c,
+        Err(e) => {
             // Finished, the ring (still empty) is marked clean: no crash bag for the next start.
             if let Some(s) = snapshots.take() {
                 s.finish();
@@ -476,9 +500,12 @@ pub fn run_with(
     if let Some(s) = ros_service {
         s.stop();
     }
-    // Stop taking triggers and pause requests before the pipeline finishes.
+    // No more triggers into this recording's snapshot thread, which finishes below (and
+    // ends only once the socket's sender is gone). The socket itself stops here, before the
+    // pipeline finishes, unless the supervisor keeps it for the next recording (a reload).
     if let Some(c) = control {
-        c.stop();
+        c.set_route(Route::Between);
+        hooks.keep_control(c);
     }
     // Every source has been joined: no topic registers any more, so this list is final.
     let topics = pipeline.topic_stats();

@@ -509,9 +509,21 @@ fn a_daemon_without_a_ring_pauses_and_resumes_over_its_socket_and_a_reload_addin
     .unwrap();
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     let first_bag = st()["bag"].clone();
+    let inode = || {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(&sock).map(|m| m.ino()).ok()
+    };
+    let socket_before = inode();
+    assert!(socket_before.is_some());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
     assert!(wait_for(|| st()["bag"] != first_bag));
-    // Polled: until the new bag's socket is up, the client may find none (exit 2 either way).
+    // The same socket, never closed: not bound again by the new bag.
+    assert_eq!(
+        inode(),
+        socket_before,
+        "the socket was kept across the reload"
+    );
+    // Polled: until the new bag's ring is up, a trigger is refused ("between two bags").
     let mut last = None;
     assert!(
         wait_for(|| {
@@ -538,6 +550,11 @@ fn a_daemon_without_a_ring_pauses_and_resumes_over_its_socket_and_a_reload_addin
     let second_bag = st()["bag"].clone();
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
     assert!(wait_for(|| st()["bag"] != second_bag));
+    assert_eq!(
+        inode(),
+        socket_before,
+        "the socket was kept across the reload"
+    );
     let mut last = None;
     assert!(wait_for(|| {
         let t = trigger(&sock, &["--reason", "no-ring-again"]);
