@@ -258,10 +258,10 @@ pub fn run_with(
     }
     // The black box next: a ring a crashed run left becomes a bag before anything else (so
     // the budget below counts it), then a fresh ring, its thread and its control socket.
-    // The control socket's path before the ring: a recorder already listening there (the
-    // service started twice) must not cost the ring it left or create a new one.
     // The socket of the recording before a reload goes on when it is still the one wanted:
-    // no gap in which `ringbag pause` would find no recorder. Otherwise it closes here.
+    // no gap in which `ringbag pause` would find no recorder. Otherwise it closes here, and a
+    // new path is checked before the ring: a recorder already listening there (the service
+    // started twice) must not cost the ring it left or create a new one.
     use crate::snapshot::control::{ControlServer, Route};
     let wanted = settings.snapshot.control_socket.as_deref();
     let kept = hooks
