@@ -121,7 +121,7 @@ pub struct ServiceConfig {
     #[serde(default)]
     pub topic_rate: Vec<String>,
     pub trigger_topic: Option<String>,
-    /// Default /run/ringbag/control.sock with a ring.
+    /// Default /run/ringbag/control.sock, ring or not.
     pub control_socket: Option<PathBuf>,
     /// Fleet offload (`[upload]`): on when the table is there (unless `enabled = false`).
     pub upload: Option<RawUpload>,
@@ -684,13 +684,13 @@ impl ServiceConfig {
         if let Err(m) = check_status_file(&status_file) {
             return Err(err("status_file", format!("{}: {m}", shown(&status_file))));
         }
-        if let Some(ring) = &snapshot.ring {
-            let file = ring.ring_file(&output_root);
-            let mut named = vec![
-                ("status_file", status_file.as_path()),
-                ("snapshot_file", &file),
-            ];
-            if let Some(socket) = ring.control_socket.as_deref() {
+        {
+            let file = snapshot.ring.as_ref().map(|r| r.ring_file(&output_root));
+            let mut named = vec![("status_file", status_file.as_path())];
+            if let Some(file) = file.as_deref() {
+                named.push(("snapshot_file", file));
+            }
+            if let Some(socket) = snapshot.control_socket.as_deref() {
                 named.push(("control_socket", socket));
             }
             if let Some((a, b)) = shared_path(&named) {
@@ -862,8 +862,8 @@ impl ServiceConfig {
         })
     }
 
-    /// The snapshot keys, checked as `record`'s flags are (same rules, key names). With a
-    /// ring, the control socket defaults to /run/ringbag/control.sock and the ring lives in
+    /// The snapshot keys, checked as `record`'s flags are (same rules, key names). The control
+    /// socket defaults to /run/ringbag/control.sock (with or without a ring); the ring lives in
     /// /run/ringbag (tmpfs).
     fn snapshot_settings(&self, root: &Path) -> Result<crate::snapshot::SnapshotSettings, String> {
         let text = |q: &Option<Quantity>| {
@@ -874,10 +874,12 @@ impl ServiceConfig {
         };
         let size = text(&self.snapshot_size);
         let duration = text(&self.snapshot_duration);
-        let socket = self.control_socket.clone().or_else(|| {
-            size.as_ref()
-                .map(|_| PathBuf::from(crate::snapshot::control::DEFAULT_CONTROL_SOCKET))
-        });
+        // The service always serves its control socket, ring or not: a daemon started paused
+        // (or paused by `ringbag pause`) must be resumable.
+        let socket =
+            Some(self.control_socket.clone().unwrap_or_else(|| {
+                PathBuf::from(crate::snapshot::control::DEFAULT_CONTROL_SOCKET)
+            }));
         // The service runs in / (systemd): a relative path would name another file there than
         // the one `--check-config` looked at in the shell's directory.
         for (key, path) in [
@@ -1481,7 +1483,7 @@ mod tests {
         assert_eq!(ring.size, 8 << 20);
         assert_eq!(ring.window_ns, 30_000_000_000);
         assert_eq!(
-            ring.control_socket.as_deref(),
+            c.snapshot.control_socket.as_deref(),
             Some(Path::new("/run/ringbag/control.sock"))
         );
         assert!(!c.snapshot.policy.route("/camera/x").continuous);
@@ -1504,6 +1506,20 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("snapshot_topics: needs snapshot_size"), "{e}");
+        // Without a ring the service still serves its control socket: pause and resume.
+        let c = ServiceConfig::check(
+            &format!(
+                "output_root = \"{}\"\nsource = \"synthetic\"\n",
+                root.display()
+            ),
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        assert!(c.snapshot.ring.is_none());
+        assert_eq!(
+            c.snapshot.control_socket.as_deref(),
+            Some(Path::new(crate::snapshot::control::DEFAULT_CONTROL_SOCKET))
+        );
     }
 
     /// A config with `[upload]` (its keys `upload`), checked with `vars` as the environment.

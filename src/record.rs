@@ -169,6 +169,14 @@ pub trait Supervisor {
     /// The recording has ended cleanly with this ring (marked clean, nothing open in it): keep
     /// it for [`Supervisor::take_ring`], or drop it.
     fn keep_ring(&mut self, _ring: Arc<crate::snapshot::ring::Ring>) {}
+    /// The control socket of the previous recording of this process (a reload): the next
+    /// recording goes on serving it when its path is unchanged.
+    fn take_control(&mut self) -> Option<crate::snapshot::control::ControlServer> {
+        None
+    }
+    /// This recording is ending: keep its control socket for [`Supervisor::take_control`],
+    /// or drop it (which stops it and removes the socket file).
+    fn keep_control(&mut self, _control: crate::snapshot::control::ControlServer) {}
     /// The pipeline has finished (cleanly or not): the counts are final. What a status
     /// file says last must be this, not the state at `finishing`, when the queue still
     /// held messages that were then written.
@@ -250,20 +258,71 @@ pub fn run_with(
     }
     // The black box next: a ring a crashed run left becomes a bag before anything else (so
     // the budget below counts it), then a fresh ring, its thread and its control socket.
+    // The socket of the recording before a reload goes on when it is still the one wanted:
+    // no gap in which `ringbag pause` would find no recorder. Otherwise it closes here, and a
+    // new path is checked before the ring: a recorder already listening there (the service
+    // started twice) must not cost the ring it left or create a new one.
+    use crate::snapshot::control::{ControlServer, Route};
+    let wanted = settings.snapshot.control_socket.as_deref();
+    let kept = hooks
+        .take_control()
+        .filter(|c| wanted.is_some_and(|p| c.serves(p, &settings.pipeline.pause)));
+    if let (None, Some(socket)) = (&kept, wanted) {
+        crate::snapshot::control::refuse_if_listening(socket)
+            .map_err(|e| failure(crate::snapshot::SnapshotError::from(e).into(), None))?;
+    }
     let mut snapshots = match start_snapshots(&settings, &root, clock.clone(), hooks.take_ring()) {
         Ok(s) => s,
         Err(e) => return Err(failure(e.into(), None)),
+    };
+    // The control socket, ring or not (pause and resume need none): triggers go to the
+    // snapshot thread, or are answered that there is no ring.
+    // Made only for a socket: a route holds a sender of the snapshot thread, which ends only
+    // once every sender is gone (a route left lying here would keep `finish` waiting).
+    let route = || match snapshots.as_ref().and_then(|s| s.sender()) {
+        Some(tx) => Route::Ring(tx),
+        None => Route::NoRing,
+    };
+    let started = match (kept, wanted) {
+        (Some(c), _) => {
+            c.set_route(route());
+            Ok(Some(c))
+        }
+        (None, Some(p)) => {
+            ControlServer::start(p, route(), settings.pipeline.pause.clone()).map(Some)
+        }
+        (None, None) => Ok(None),
+    };
+    let mut control = match started {
+        Ok(c) => c,
+        Err(e) => {
+            // Finished, the ring (still empty) is marked clean: no crash bag for the next start.
+            if let Some(s) = snapshots.take() {
+                s.finish();
+            }
+            return Err(failure(
+                crate::snapshot::SnapshotError::from(e).into(),
+                None,
+            ));
+        }
     };
     // With --recover the parent directory is a recording root (as the service uses it): the
     // budget then spans the recovered bags too, oldest first. Otherwise only this bag counts.
     //
     // Any start-up error from here on first finishes the snapshot machinery: its ring, still
     // empty, is then marked clean, so a failed start leaves no crash bag to the next one.
-    let abandon = |snapshots: &mut Option<crate::snapshot::Snapshots>| {
-        if let Some(s) = snapshots.take() {
-            s.finish();
-        }
-    };
+    let abandon =
+        |snapshots: &mut Option<crate::snapshot::Snapshots>,
+         control: &mut Option<crate::snapshot::control::ControlServer>| {
+            // The socket first: it holds a sender of the snapshot thread's channel, and that
+            // thread (joined by `finish`) ends only once every sender is gone.
+            if let Some(c) = control.take() {
+                c.stop();
+            }
+            if let Some(s) = snapshots.take() {
+                s.finish();
+            }
+        };
     let retention = if settings.recover {
         let opened = Retention::open_root(&root, &settings.output, settings.retention.clone())
             .map(|r| r.with_upload(&settings.upload_retention))
@@ -275,7 +334,7 @@ pub fn run_with(
         match opened {
             Ok(r) => r,
             Err(e) => {
-                abandon(&mut snapshots);
+                abandon(&mut snapshots, &mut control);
                 return Err(failure(RecordError::Pipeline(e.into()), None));
             }
         }
@@ -285,7 +344,7 @@ pub fn run_with(
     let writer = match BagWriter::create(&settings.output, settings.writer.clone()) {
         Ok(w) => w,
         Err(e) => {
-            abandon(&mut snapshots);
+            abandon(&mut snapshots, &mut control);
             return Err(failure(create_error(e), None));
         }
     };
@@ -295,7 +354,7 @@ pub fn run_with(
         if let Err(fe) = writer.finish() {
             log::error!("{fe}");
         }
-        abandon(&mut snapshots);
+        abandon(&mut snapshots, &mut control);
         return Err(failure(RecordError::Signals(e), None));
     }
     log::info!(
@@ -366,7 +425,7 @@ pub fn run_with(
         Ok(h) => h,
         Err(e) => {
             let (_, summary) = pipeline.finish();
-            abandon(&mut snapshots);
+            abandon(&mut snapshots, &mut control);
             return Err(failure(
                 RecordError::Source(format!("cannot start source thread: {e}")),
                 Some(summary),
@@ -441,8 +500,12 @@ pub fn run_with(
     if let Some(s) = ros_service {
         s.stop();
     }
-    if let Some(s) = snapshots.as_mut() {
-        s.stop_control();
+    // No more triggers into this recording's snapshot thread, which finishes below (and
+    // ends only once the socket's sender is gone). The socket itself stops here, before the
+    // pipeline finishes, unless the supervisor keeps it for the next recording (a reload).
+    if let Some(c) = control {
+        c.set_route(Route::Between);
+        hooks.keep_control(c);
     }
     // Every source has been joined: no topic registers any more, so this list is final.
     let topics = pipeline.topic_stats();
@@ -622,7 +685,7 @@ impl Drop for SourceEnd {
 }
 
 /// Recover a ring a crashed run left under `root`, then create the new ring and start the
-/// snapshot thread (and control socket). None without `--snapshot-size`. With `kept` (the
+/// snapshot thread. None without `--snapshot-size`. With `kept` (the
 /// ring of the recording before a reload): the same ring goes on when its file, size and
 /// window are unchanged; otherwise the newest records that fit are copied into the new one.
 fn start_snapshots(
@@ -635,11 +698,6 @@ fn start_snapshots(
     let Some(rs) = &settings.snapshot.ring else {
         return Ok(None);
     };
-    // The control socket's path before the ring: a recorder already listening there (the
-    // service started twice) must not cost the ring it left or create a new one.
-    if let Some(socket) = rs.control_socket.as_deref() {
-        crate::snapshot::control::refuse_if_listening(socket)?;
-    }
     std::fs::create_dir_all(root).map_err(|source| crate::snapshot::ring::RingError::Io {
         path: root.to_path_buf(),
         source,
@@ -736,12 +794,7 @@ fn start_snapshots(
         room: None,
         batch_bytes: settings.pipeline.batch_max_bytes,
     };
-    match Snapshots::start(
-        ring.clone(),
-        cfg,
-        rs.control_socket.as_deref(),
-        settings.pipeline.pause.clone(),
-    ) {
+    match Snapshots::start(ring.clone(), cfg) {
         Ok(s) => Ok(Some(s)),
         Err(e) => {
             // The start fails (e.g. the control socket cannot be bound) with the ring still

@@ -63,6 +63,8 @@ pub enum Command {
     /// Show the running service's status file (exit 3 when it is older than 5 s).
     Status(StatusArgs),
     /// Ask a running recorder for a snapshot bag of its memory ring (`record --snapshot-size`).
+    /// Exit 0 started/extended, 1 refused or rate-limited, 2 no recorder listening or a
+    /// recorder without a ring.
     Trigger(TriggerArgs),
     /// Pause a running recorder's continuous recording over its control socket (like the
     /// `~/pause` service of `ros2 bag record`); the snapshot ring keeps recording.
@@ -673,8 +675,9 @@ pub struct RecordArgs {
     /// TYPE (optional): any, std_msgs/msg/Bool or std_msgs/msg/Empty.
     #[arg(long, value_name = "TOPIC[:TYPE]")]
     pub trigger_topic: Option<String>,
-    /// Listen for `ringbag trigger`, `pause` and `resume` on this unix socket. [default:
-    /// none; the service uses /run/ringbag/control.sock]
+    /// Listen for `ringbag trigger`, `pause` and `resume` on this unix socket; no ring needed
+    /// (without --snapshot-size, pause and resume work and a trigger is answered that there
+    /// is no ring). [default: none; the service always uses /run/ringbag/control.sock]
     #[arg(long, value_name = "PATH")]
     pub control_socket: Option<PathBuf>,
     /// Start with recording paused: nothing is written to the bag until it is resumed (the

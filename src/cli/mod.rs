@@ -157,6 +157,17 @@ fn cmd_trigger(a: &args::TriggerArgs) -> i32 {
             ),
         ),
         Ok(Outcome::Refused { why }) => fail(EXIT_FAILURE, format!("refused: {why}")),
+        // As with no recorder at all: the request cannot succeed until the recorder is set up
+        // otherwise, so exit 2 (bad input), not 1 (a refusal worth retrying).
+        Ok(Outcome::NoRing) => fail(
+            EXIT_BAD_INPUT,
+            format!(
+                "{}: the recorder has no black-box ring, so there is nothing to snapshot; \
+                 start `ringbag record` with --snapshot-size, or set snapshot_size in the \
+                 service's config and reload it (systemctl reload ringbag)",
+                a.control_socket.display()
+            ),
+        ),
         Ok(other @ (Outcome::Paused { .. } | Outcome::Resumed { .. })) => fail(
             EXIT_FAILURE,
             format!("unexpected answer to a trigger: {other:?}"),

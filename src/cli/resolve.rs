@@ -111,20 +111,22 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
     )?;
     // A recorder already listening there is refused now, before the status file, the ring
     // or the bag exist (the bind refuses it again, should one start meanwhile).
-    if let Some(socket) = snapshot
-        .ring
-        .as_ref()
-        .and_then(|r| r.control_socket.as_deref())
-    {
+    if let Some(socket) = snapshot.control_socket.as_deref() {
         crate::snapshot::control::refuse_if_listening(socket)
             .map_err(|e| format!("--control-socket: {e}"))?;
     }
     // Before the status file is first written: its rename would replace the ring or the
     // socket at the same path.
-    if let Some(ring) = &snapshot.ring {
-        let file = ring.ring_file(&recording_root(&output));
-        let mut named = vec![("--snapshot-file", file.as_path())];
-        if let Some(socket) = ring.control_socket.as_deref() {
+    let ring_file = snapshot
+        .ring
+        .as_ref()
+        .map(|r| r.ring_file(&recording_root(&output)));
+    {
+        let mut named = Vec::new();
+        if let Some(file) = ring_file.as_deref() {
+            named.push(("--snapshot-file", file));
+        }
+        if let Some(socket) = snapshot.control_socket.as_deref() {
             named.push(("--control-socket", socket));
         }
         if let Some(status) = a.status_file.as_deref() {

@@ -219,6 +219,9 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
     // old bag stopped accepting messages (the start of the reload's unrecorded gap).
     let mut kept_ring = None;
     let mut reload_began = None;
+    // The control socket, kept across reloads that leave its path alone: `ringbag pause` and
+    // `resume` never find it missing while the daemon runs.
+    let mut kept_control = None;
     // The root's lock for the daemon's whole life (a reload to another root swaps it), taken
     // before recovery, the ring, a bag or the status file are touched: a second daemon on the
     // same root stops here.
@@ -266,6 +269,7 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
             status_failing: false,
             reload: None,
             ring: kept_ring.take(),
+            control: kept_control.take(),
             reload_began: reload_began.take(),
             reload_lock: None,
             uploader: uploader.as_ref(),
@@ -276,6 +280,7 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
         last_status = hooks.last.take().or(last_status);
         let reload = hooks.reload.take();
         let ring = hooks.ring.take();
+        let control = hooks.control.take();
         let began = hooks.reload_began.take();
         let reload_lock = hooks.reload_lock.take();
         match result {
@@ -304,6 +309,7 @@ pub fn run(config_path: &Path) -> Result<(), ServiceError> {
             Some(new) if !signals::stop_requested() => {
                 checked = *new;
                 kept_ring = ring;
+                kept_control = control;
                 reload_began = began;
                 if let Some(l) = reload_lock {
                     // The new root's lock was taken when the reload was accepted.
@@ -376,6 +382,8 @@ struct Hooks<'a> {
     reload: Option<Box<Checked>>,
     /// The snapshot ring, handed from the bag before a reload to the next.
     ring: Option<std::sync::Arc<crate::snapshot::ring::Ring>>,
+    /// The control socket, handed from the bag before a reload to the next.
+    control: Option<crate::snapshot::control::ControlServer>,
     /// When a reload made the bag before this one stop accepting messages (in the bag that
     /// reloads: when it decided to).
     reload_began: Option<Instant>,
@@ -471,6 +479,19 @@ impl Supervisor for Hooks<'_> {
                             .ok()
                             .is_some_and(|a| std::fs::canonicalize(b).is_ok_and(|b| a == b))
                 };
+                // A control socket moved to a path another recorder listens on would stop
+                // this daemon at the new bag's start: refused now, as an invalid config is.
+                let socket = c.snapshot.control_socket.as_deref();
+                if let Some(new) = socket.filter(|n| {
+                    run.settings
+                        .snapshot
+                        .control_socket
+                        .as_deref()
+                        .is_none_or(|old| !same(old, n))
+                }) {
+                    crate::snapshot::control::refuse_if_listening(new)
+                        .map_err(|e| format!("control_socket: {e}"))?;
+                }
                 if current.parent().is_some_and(|r| same(r, &c.output_root)) {
                     return Ok(c);
                 }
@@ -503,6 +524,17 @@ impl Supervisor for Hooks<'_> {
         // Only a reload goes on with it; a stop drops it (marked clean, as before).
         if self.reload.is_some() {
             self.ring = Some(ring);
+        }
+    }
+
+    fn take_control(&mut self) -> Option<crate::snapshot::control::ControlServer> {
+        self.control.take()
+    }
+
+    fn keep_control(&mut self, control: crate::snapshot::control::ControlServer) {
+        // As the ring: only a reload goes on with it; a stop closes it now.
+        if self.reload.is_some() {
+            self.control = Some(control);
         }
     }
 

@@ -2,6 +2,8 @@
 //! socket, one JSON line each way (a [`TriggerRequest`], then an [`Outcome`]). `ringbag pause`
 //! and `resume` send the same request with its `command` set; those are answered by the
 //! connection thread itself (they flip the [`PauseSwitch`]), never by the snapshot thread.
+//! The socket does not need a ring: on a recorder without one, a trigger is answered
+//! [`Outcome::NoRing`] and pause/resume work as with one (the daemon always serves it).
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -28,7 +30,7 @@ pub const MAX_SOCKET_PATH: usize = 107;
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
     /// Nothing listens there: no recorder is running (bad input for `ringbag trigger`).
-    #[error("{}: no recorder is listening ({source}); is `ringbag record --snapshot-size ... --control-socket {}` or the service running?", path.display(), path.display())]
+    #[error("{}: no recorder is listening ({source}); is `ringbag record --control-socket {}` or the service running?", path.display(), path.display())]
     NoRecorder {
         path: PathBuf,
         source: std::io::Error,
@@ -232,21 +234,37 @@ fn bind_listening(path: &Path) -> Result<UnixListener, ControlError> {
     Ok(listener)
 }
 
+/// Where the socket sends a trigger now. Swapped by the recording (never on the message
+/// path): the daemon keeps one socket across reloads while the recordings behind it change.
+#[derive(Clone)]
+pub enum Route {
+    /// The snapshot thread of the recording running now.
+    Ring(Sender<Cmd>),
+    /// The recording running now has no ring: answered [`Outcome::NoRing`].
+    NoRing,
+    /// Between two recordings (a reload): refused, worth retrying. Holds no sender, so the
+    /// finished recording's snapshot thread can end.
+    Between,
+}
+
 /// The listening side, in a thread of its own.
 pub struct ControlServer {
     path: PathBuf,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
+    route: Arc<std::sync::Mutex<Route>>,
+    pause: Arc<PauseSwitch>,
 }
 
 impl ControlServer {
-    /// Bind `path` (replacing a stale socket nobody listens on) and serve triggers into `tx`.
+    /// Bind `path` (replacing a stale socket nobody listens on) and serve triggers along
+    /// `route`, pause and resume on `pause`.
     /// Only a socket is ever removed: anything else at `path` is [`ControlError::BadPath`]
     /// and left as it was (the same checks as [`check_socket_path`], made again here since
     /// the file may have changed since the settings were checked).
     pub fn start(
         path: &Path,
-        tx: Sender<Cmd>,
+        route: Route,
         pause: Arc<PauseSwitch>,
     ) -> Result<ControlServer, ControlError> {
         let io = |source| ControlError::Io {
@@ -264,19 +282,44 @@ impl ControlServer {
         // Polled, so the thread notices the stop flag without a wake-up connection.
         listener.set_nonblocking(true).map_err(io)?;
         let stop = Arc::new(AtomicBool::new(false));
+        let has_ring = matches!(route, Route::Ring(_));
+        let route = Arc::new(std::sync::Mutex::new(route));
         let handle = {
-            let stop = stop.clone();
+            let (stop, route, pause) = (stop.clone(), route.clone(), pause.clone());
             std::thread::Builder::new()
                 .name("ringbag-control".into())
-                .spawn(move || serve(listener, tx, &pause, &stop))
+                .spawn(move || serve(listener, &route, &pause, &stop))
                 .map_err(io)?
         };
-        log::info!("control socket {}: listening for triggers", path.display());
+        log::info!(
+            "control socket {}: listening for {}",
+            path.display(),
+            if has_ring {
+                "triggers, pause and resume"
+            } else {
+                "pause and resume (no snapshot ring: triggers are answered that there is none)"
+            }
+        );
         Ok(ControlServer {
             path: path.to_path_buf(),
             stop,
             handle: Some(handle),
+            route,
+            pause,
         })
+    }
+
+    /// Whether this socket is the one wanted at `path` with `pause`: then a new recording
+    /// (after a reload) goes on with it instead of closing and binding it again.
+    pub fn serves(&self, path: &Path, pause: &Arc<PauseSwitch>) -> bool {
+        self.path == path && Arc::ptr_eq(&self.pause, pause)
+    }
+
+    /// Send triggers along `route` from now on.
+    pub fn set_route(&self, route: Route) {
+        // A poisoned lock only means a connection thread panicked holding it: the route
+        // itself is a plain value, still whole.
+        *self.route.lock().unwrap_or_else(|e| e.into_inner()) = route;
     }
 
     /// Stop listening and remove the socket file.
@@ -334,7 +377,12 @@ const _: () = assert!(
         <= CLIENT_TIMEOUT.as_secs()
 );
 
-fn serve(listener: UnixListener, tx: Sender<Cmd>, pause: &PauseSwitch, stop: &AtomicBool) {
+fn serve(
+    listener: UnixListener,
+    route: &std::sync::Mutex<Route>,
+    pause: &PauseSwitch,
+    stop: &AtomicBool,
+) {
     // Scoped: every connection thread has ended (each notices `stop` within a slice) before
     // `serve` returns, so no sender of triggers outlives the control socket.
     std::thread::scope(|scope| {
@@ -347,11 +395,10 @@ fn serve(listener: UnixListener, tx: Sender<Cmd>, pause: &PauseSwitch, stop: &At
                         refuse_busy(&stream);
                         continue;
                     }
-                    let tx = &tx;
                     let spawned = std::thread::Builder::new()
                         .name("ringbag-control-client".into())
                         .spawn_scoped(scope, move || {
-                            if let Err(e) = answer(stream, tx, pause, stop) {
+                            if let Err(e) = answer(stream, route, pause, stop) {
                                 log::warn!("control socket: {e}");
                             }
                         });
@@ -395,7 +442,7 @@ fn refuse_busy(stream: &UnixStream) {
 /// snapshot thread, write its answer.
 fn answer(
     stream: UnixStream,
-    tx: &Sender<Cmd>,
+    route: &std::sync::Mutex<Route>,
     pause: &PauseSwitch,
     stop: &AtomicBool,
 ) -> std::io::Result<()> {
@@ -420,10 +467,19 @@ fn answer(
                     Outcome::Resumed { changed }
                 }
             }
-            Ok(req) => match req.check_reason() {
-                Err(why) => Outcome::Refused { why },
-                Ok(()) => match request_age(&req, unix_now_ns()) {
-                    Ok(age) => ask(tx, req, age, stop),
+            Ok(req) => match (
+                route.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                req.check_reason(),
+            ) {
+                // Nothing to snapshot, whatever the request says: answered before its checks,
+                // since no retry of it can succeed.
+                (Route::NoRing, _) => Outcome::NoRing,
+                (Route::Between, _) => Outcome::Refused {
+                    why: "the recorder is between two bags (a reload); try again".into(),
+                },
+                (Route::Ring(_), Err(why)) => Outcome::Refused { why },
+                (Route::Ring(tx), Ok(())) => match request_age(&req, unix_now_ns()) {
+                    Ok(age) => ask(&tx, req, age, stop),
                     Err(age) => {
                         let reason = req.reason.as_deref().unwrap_or("socket");
                         log::warn!(
@@ -691,7 +747,7 @@ mod tests {
                 })
             };
             let (tx, _rx) = crossbeam_channel::bounded(1);
-            let server = ControlServer::start(&path, tx, Arc::default()).unwrap();
+            let server = ControlServer::start(&path, Route::Ring(tx), Arc::default()).unwrap();
             if let Some(e) = watcher.join().unwrap() {
                 assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
                 refused += 1;
@@ -712,7 +768,7 @@ mod tests {
         let path = dir.path().join("c.sock");
         let (tx, rx) = crossbeam_channel::unbounded();
         let pause = Arc::new(PauseSwitch::default());
-        let server = ControlServer::start(&path, tx, pause.clone()).unwrap();
+        let server = ControlServer::start(&path, Route::Ring(tx), pause.clone()).unwrap();
         let ask = |command| {
             let req = TriggerRequest {
                 command,
@@ -761,6 +817,54 @@ mod tests {
             r#"{"outcome":"resumed","changed":false}"#
         );
         server.stop();
+    }
+
+    #[test]
+    fn without_a_ring_a_trigger_is_answered_no_ring_and_pause_and_resume_still_work() {
+        use super::super::trigger::ControlCommand;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let pause = Arc::new(PauseSwitch::default());
+        let server = ControlServer::start(&path, Route::NoRing, pause.clone()).unwrap();
+        let ask = |command| {
+            let req = TriggerRequest {
+                command,
+                ..Default::default()
+            };
+            send_trigger(&path, &req).unwrap()
+        };
+        assert_eq!(ask(None), Outcome::NoRing);
+        // Even a request that a ring would refuse: no retry of it can succeed.
+        let long = TriggerRequest {
+            reason: Some("x".repeat(4096)),
+            ..Default::default()
+        };
+        assert_eq!(send_trigger(&path, &long).unwrap(), Outcome::NoRing);
+        assert_eq!(
+            ask(Some(ControlCommand::Pause)),
+            Outcome::Paused { changed: true }
+        );
+        assert!(pause.is_paused());
+        assert_eq!(
+            ask(Some(ControlCommand::Resume)),
+            Outcome::Resumed { changed: true }
+        );
+        assert!(!pause.is_paused());
+        assert_eq!(
+            serde_json::to_string(&Outcome::NoRing).unwrap(),
+            r#"{"outcome":"no-ring"}"#
+        );
+        // Between two recordings: refused, worth retrying; pause still works.
+        server.set_route(Route::Between);
+        assert!(matches!(ask(None), Outcome::Refused { why } if why.contains("between")));
+        assert_eq!(
+            ask(Some(ControlCommand::Pause)),
+            Outcome::Paused { changed: true }
+        );
+        assert!(server.serves(&path, &pause));
+        assert!(!server.serves(&path, &Arc::default()));
+        server.stop();
+        assert!(!path.exists());
     }
 
     #[test]

@@ -105,7 +105,6 @@ pub struct RingSettings {
     /// Where a derived ring file goes: a directory of our own ([`ring::ensure_private_dir`]).
     pub dir: PathBuf,
     pub trigger_topic: Option<TriggerTopic>,
-    pub control_socket: Option<PathBuf>,
 }
 
 impl RingSettings {
@@ -169,6 +168,10 @@ pub struct SnapshotSettings {
     pub ring: Option<RingSettings>,
     /// Ring-only topics and throttles (throttles apply without a ring too).
     pub policy: TopicPolicy,
+    /// `--control-socket` / `control_socket`: where `ringbag trigger`, `pause` and `resume`
+    /// reach the recorder. Not part of the ring: pause and resume need no ring, and a trigger
+    /// on a recorder without one gets a clear answer instead of "no recorder is listening".
+    pub control_socket: Option<PathBuf>,
 }
 
 impl SnapshotSettings {
@@ -341,33 +344,28 @@ impl Tap for SnapshotTap {
     }
 }
 
-/// The running snapshot machinery of one recording: the ring, the snapshot thread and the
-/// control socket.
+/// The running snapshot machinery of one recording: the ring and the snapshot thread. (The
+/// control socket is the recording's, ring or not: `record::run_with` starts it with
+/// [`Snapshots::sender`].)
 pub struct Snapshots {
     pub ring: Arc<Ring>,
     tx: Option<Sender<Cmd>>,
     thread: Option<JoinHandle<Vec<PathBuf>>>,
-    control: Option<control::ControlServer>,
     finished: Option<crossbeam_channel::Receiver<PathBuf>>,
     room: Arc<Room>,
 }
 
 impl Snapshots {
-    /// Start the snapshot thread over `ring` and (with a path) the control socket.
+    /// Start the snapshot thread over `ring`.
     pub fn start(
         ring: Arc<Ring>,
         mut cfg: snapshotter::Config,
-        control_socket: Option<&Path>,
-        pause: Arc<crate::pipeline::PauseSwitch>,
     ) -> Result<Snapshots, SnapshotError> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (ftx, frx) = crossbeam_channel::unbounded();
         cfg.finished = Some(ftx);
         let room = Arc::new(Room::default());
         cfg.room = Some(room.clone());
-        let control = control_socket
-            .map(|p| control::ControlServer::start(p, tx.clone(), pause))
-            .transpose()?;
         let worker = snapshotter::Snapshotter::new(ring.clone(), cfg);
         let thread = std::thread::Builder::new()
             .name("ringbag-snapshot".into())
@@ -377,7 +375,6 @@ impl Snapshots {
             ring,
             tx: Some(tx),
             thread: Some(thread),
-            control,
             finished: Some(frx),
             room,
         })
@@ -414,17 +411,9 @@ impl Snapshots {
         }
     }
 
-    /// Stop taking triggers (call before the pipeline finishes).
-    pub fn stop_control(&mut self) {
-        if let Some(c) = self.control.take() {
-            c.stop();
-        }
-    }
-
     /// After the writer thread has finished (and dropped its sender): finish the open
     /// snapshot with what the ring holds, mark the ring clean. Returns the snapshot bags.
     pub fn finish(mut self) -> Vec<PathBuf> {
-        self.stop_control();
         self.tx = None;
         let bags = self
             .thread

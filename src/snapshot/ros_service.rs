@@ -108,6 +108,8 @@ fn serve(
                     format!("rate-limited ({suppressed} refused in a row)"),
                 ),
                 Some(Outcome::Refused { why }) => (false, why),
+                // Only the socket answers these; the snapshot thread never does.
+                Some(other) => (false, format!("unexpected answer: {other:?}")),
                 None => (false, "the recorder is stopping".into()),
             };
             let response = r2r::std_srvs::srv::Trigger::Response { success, message };

@@ -106,6 +106,14 @@ pub fn snapshot_settings(
             })
         })
         .transpose()?;
+    // The socket's path before the ring's room: neither is created here, and a bad socket
+    // path must be refused before `record` or the service creates anything. A ring is not
+    // needed: pause and resume work without one.
+    if let Some(socket) = o.control_socket {
+        crate::snapshot::control::check_socket_path(socket)
+            .map_err(|e| format!("{}: {e}", name("control-socket")))?;
+    }
+    let control_socket = o.control_socket.map(Path::to_path_buf);
     let Some(size) = o.size else {
         let needs = [
             ("snapshot-duration", o.duration.is_some()),
@@ -113,7 +121,6 @@ pub fn snapshot_settings(
             ("snapshot-topics", !o.topics.is_empty()),
             ("snapshot-regex", o.regex.is_some()),
             ("trigger-topic", o.trigger_topic.is_some()),
-            ("control-socket", o.control_socket.is_some()),
         ];
         if let Some((n, _)) = needs.iter().find(|(_, set)| *set) {
             return Err(format!(
@@ -128,6 +135,7 @@ pub fn snapshot_settings(
                 rates,
                 ..Default::default()
             },
+            control_socket,
         });
     };
     let size = parse_bytes(size).map_err(|e| format!("{}: {e}", name("snapshot-size")))?;
@@ -146,19 +154,12 @@ pub fn snapshot_settings(
                 .map_err(|e| e.replacen("--trigger-topic", &name("trigger-topic"), 1))
         })
         .transpose()?;
-    // The socket's path before the ring's room: neither is created here, and a bad socket
-    // path must be refused before `record` or the service creates anything.
-    if let Some(socket) = o.control_socket {
-        crate::snapshot::control::check_socket_path(socket)
-            .map_err(|e| format!("{}: {e}", name("control-socket")))?;
-    }
     let ring = RingSettings {
         size,
         window_ns,
         file: o.file.map(Path::to_path_buf),
         dir: ring_dir.to_path_buf(),
         trigger_topic,
-        control_socket: o.control_socket.map(Path::to_path_buf),
     };
     // Before anything is created: the ring's path must be free or hold a ring of ours.
     // Flags name the file (`<file>: <problem>`); a config names its key first.
@@ -177,5 +178,6 @@ pub fn snapshot_settings(
             ring_only_regex,
             rates,
         },
+        control_socket,
     })
 }

@@ -101,6 +101,9 @@ pub enum Outcome {
     Resumed { changed: bool },
     /// Refused: the request was invalid, or the recorder is stopping.
     Refused { why: String },
+    /// A trigger to a recorder without a black-box ring (no `--snapshot-size` /
+    /// `snapshot_size`): there is nothing to snapshot, and trying again will not change that.
+    NoRing,
 }
 
 /// A reason as it goes into a bag name: letters, digits and `-`, at most 40 characters.

@@ -230,14 +230,30 @@ pub fn daemon_command(config: &Path) -> Command {
 
 /// The text of a daemon config recording the synthetic `small` profile (1 kHz of 100 B) into
 /// `root` with 1 MiB splits under a 16 MiB budget, its status file at `status`; `extra` adds
-/// keys.
+/// keys. Its control socket is the status file's path with `.sock` for `.json` unless `extra`
+/// names one.
 pub fn small_daemon_config(root: &Path, status: &Path, extra: &str) -> String {
+    let socket = if extra.contains("control_socket") {
+        String::new()
+    } else {
+        control_socket_key(status)
+    };
     format!(
         "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
          synthetic_profile = \"small\"\nclock = \"system\"\nmax_bag_size = \"1MiB\"\n\
-         max_record_size = \"16MiB\"\n{extra}",
+         max_record_size = \"16MiB\"\n{socket}{extra}",
         root.display(),
         status.display()
+    )
+}
+
+/// `control_socket = "<status file>.sock"`: the daemon always serves one, and its default
+/// (/run/ringbag/control.sock) would be shared by every test daemon at once. One per status
+/// file, so that two daemons of a test (each with its status file) have a socket each.
+pub fn control_socket_key(status: &Path) -> String {
+    format!(
+        "control_socket = \"{}\"\n",
+        status.with_extension("sock").display()
     )
 }
 

@@ -95,9 +95,10 @@ fn the_daemons_last_status_file_equals_its_exit_summary_and_the_bags_rows() {
         format!(
             "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
              synthetic_profile = \"small\"\nsynthetic_rate = \"max\"\n\
-             synthetic_count = {MESSAGES}\nclock = \"system\"\nmax_bag_size = \"256KiB\"\n",
+             synthetic_count = {MESSAGES}\nclock = \"system\"\nmax_bag_size = \"256KiB\"\n{}",
             root.display(),
-            status.display()
+            status.display(),
+            crate::common::control_socket_key(&status)
         ),
     )
     .expect("config");

@@ -433,3 +433,298 @@ fn disable_keyboard_controls_leaves_the_terminal_alone() {
     assert!(!err.contains("Press SPACE"), "{err}");
     assert_eq!(message_count(&out), 0);
 }
+
+/// The one line `ringbag trigger` prints against a recorder without a ring.
+fn assert_no_ring_answer(t: &std::process::Output, sock: &Path) {
+    let err = String::from_utf8_lossy(&t.stderr);
+    assert_eq!(t.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "ringbag: error: {}: the recorder has no black-box ring, so there is nothing to \
+             snapshot; start `ringbag record` with --snapshot-size, or set snapshot_size in the \
+             service's config and reload it (systemctl reload ringbag)\n",
+            sock.display()
+        )
+    );
+}
+
+/// The daemon's default config (no ring) still serves its control socket: pause and resume
+/// work and show in its status; a trigger is the one-line "no ring" answer. A reload that adds
+/// a ring keeps the socket (a trigger now starts a snapshot, the pause holds), and one that
+/// removes it again keeps it too.
+#[test]
+fn a_daemon_without_a_ring_pauses_and_resumes_over_its_socket_and_a_reload_adding_a_ring_keeps_it()
+{
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let status = tmp.path().join("status.json");
+    let sock = tmp.path().join("control.sock");
+    let config = tmp.path().join("ringbag.toml");
+    let no_ring = format!("control_socket = \"{}\"\n", sock.display());
+    std::fs::write(
+        &config,
+        crate::common::small_daemon_config(&root, &status, &no_ring),
+    )
+    .unwrap();
+    let child = crate::common::daemon_command(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn_execd()
+        .expect("daemon starts");
+    let st = || status_json(&status).unwrap_or_default();
+    assert!(
+        wait_for(|| st()["committed"].as_u64() > Some(0)),
+        "the daemon records"
+    );
+    let t = trigger(&sock, &["--reason", "no-ring"]);
+    assert_no_ring_answer(&t, &sock);
+
+    let p = control("pause", &sock);
+    assert_eq!(
+        String::from_utf8_lossy(&p.stderr),
+        "ringbag: recording paused\n"
+    );
+    assert!(wait_for(
+        || st()["paused"] == true && st()["paused_messages"].as_u64() > Some(10)
+    ));
+    let s = ringbag()
+        .args(["status", "--file"])
+        .arg(&status)
+        .run_output()
+        .unwrap();
+    let human = String::from_utf8_lossy(&s.stdout);
+    assert!(human.starts_with("PAUSED ("), "{human}");
+
+    // Reload with a ring: the socket now takes triggers, and the pause holds.
+    let with_ring = format!(
+        "{no_ring}snapshot_size = \"8MiB\"\nsnapshot_file = \"{}\"\n\
+         snapshot_topics = [\"/ring/only\"]\n",
+        tmp.path().join("ring").display()
+    );
+    std::fs::write(
+        &config,
+        crate::common::small_daemon_config(&root, &status, &with_ring),
+    )
+    .unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let first_bag = st()["bag"].clone();
+    let inode = || {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(&sock).map(|m| m.ino()).ok()
+    };
+    let socket_before = inode();
+    assert!(socket_before.is_some());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    assert!(wait_for(|| st()["bag"] != first_bag));
+    // The same socket, never closed: not bound again by the new bag.
+    assert_eq!(
+        inode(),
+        socket_before,
+        "the socket was kept across the reload"
+    );
+    // Polled: until the new bag's ring is up, a trigger is refused ("between two bags").
+    let mut last = None;
+    assert!(
+        wait_for(|| {
+            let t = trigger(&sock, &["--reason", "after-reload", "--post", "0"]);
+            let ok = t.status.success();
+            last = Some(t);
+            ok
+        }),
+        "a trigger after the reload: {}",
+        last.map(|t| String::from_utf8_lossy(&t.stderr).into_owned())
+            .unwrap_or_default()
+    );
+    assert_eq!(st()["paused"], true, "the pause held across the reload");
+    assert!(wait_for(|| bags_named(&root, "after-reload")
+        .first()
+        .is_some_and(|b| b.join("metadata.yaml").is_file())));
+
+    // Reload without the ring again: the socket stays, triggers get the answer again.
+    std::fs::write(
+        &config,
+        crate::common::small_daemon_config(&root, &status, &no_ring),
+    )
+    .unwrap();
+    let second_bag = st()["bag"].clone();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    assert!(wait_for(|| st()["bag"] != second_bag));
+    assert_eq!(
+        inode(),
+        socket_before,
+        "the socket was kept across the reload"
+    );
+    let mut last = None;
+    assert!(wait_for(|| {
+        let t = trigger(&sock, &["--reason", "no-ring-again"]);
+        let answered = String::from_utf8_lossy(&t.stderr).contains("has no black-box ring");
+        last = Some(t);
+        answered
+    }));
+    assert_no_ring_answer(&last.unwrap(), &sock);
+    let r = control("resume", &sock);
+    assert_eq!(
+        String::from_utf8_lossy(&r.stderr),
+        "ringbag: recording resumed\n"
+    );
+    assert!(wait_for(|| st()["committed"].as_u64() > Some(0)));
+    assert_eq!(st()["paused"], false);
+    sigint(&child);
+    let out = wait_deadline(child, DEADLINE.as_secs()).expect("daemon ends");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!sock.exists(), "the socket is removed at the stop");
+}
+
+/// `record --control-socket` needs no ring: pause and resume work, a trigger is the one-line
+/// answer, and the socket is gone after the recorder stops.
+#[test]
+fn record_serves_a_control_socket_without_a_ring() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("control.sock");
+    let status = tmp.path().join("status.json");
+    let child = ringbag()
+        .args(["record", "--source", "synthetic", "--clock", "system"])
+        .args(["--synthetic-profile", "small", "--start-paused"])
+        .arg("--control-socket")
+        .arg(&sock)
+        .arg("--status-file")
+        .arg(&status)
+        .arg("-o")
+        .arg(tmp.path().join("bag"))
+        .env_remove("RINGBAG_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn_execd()
+        .expect("record starts");
+    let st = || status_json(&status).unwrap_or_default();
+    assert!(wait_for(|| st()["paused_messages"].as_u64() > Some(10)));
+    assert!(sock.exists());
+    assert_no_ring_answer(&trigger(&sock, &["--reason", "x"]), &sock);
+    let r = control("resume", &sock);
+    assert_eq!(
+        String::from_utf8_lossy(&r.stderr),
+        "ringbag: recording resumed\n"
+    );
+    assert!(wait_for(|| st()["committed"].as_u64() > Some(10)));
+    let p = control("pause", &sock);
+    assert_eq!(
+        String::from_utf8_lossy(&p.stderr),
+        "ringbag: recording paused\n"
+    );
+    assert!(wait_for(|| st()["paused"] == true));
+    sigint(&child);
+    let out = wait_deadline(child, DEADLINE.as_secs()).expect("recorder ends");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!sock.exists(), "the socket is removed at the end");
+}
+
+/// The socket stays one recorder's: a second daemon (another root) with the same
+/// `control_socket` exits 2 with one line before it makes a bag, and a reload that would move
+/// the socket onto another recorder's keeps the running configuration (and socket).
+#[test]
+fn a_second_daemon_on_the_same_socket_is_refused_and_a_reload_onto_a_busy_socket_is_kept_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("control.sock");
+    let key = format!("control_socket = \"{}\"\n", sock.display());
+    let (root_a, status_a) = (tmp.path().join("a"), tmp.path().join("a.json"));
+    let (root_b, status_b) = (tmp.path().join("b"), tmp.path().join("b.json"));
+    let config_a = tmp.path().join("a.toml");
+    let config_b = tmp.path().join("b.toml");
+    std::fs::write(
+        &config_a,
+        crate::common::small_daemon_config(&root_a, &status_a, &key),
+    )
+    .unwrap();
+    std::fs::write(
+        &config_b,
+        crate::common::small_daemon_config(&root_b, &status_b, &key),
+    )
+    .unwrap();
+    let log_a = tmp.path().join("a.log");
+    let a = crate::common::daemon_command(&config_a)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_a).unwrap())
+        .spawn_execd()
+        .expect("daemon starts");
+    let st = || status_json(&status_a).unwrap_or_default();
+    assert!(wait_for(|| st()["committed"].as_u64() > Some(0)));
+
+    let o = crate::common::daemon_command(&config_b)
+        .run_output()
+        .expect("second daemon runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "ringbag: error: {}: another recorder already listens on this control socket\n",
+            sock.display()
+        )
+    );
+    let bags_b: Vec<_> = std::fs::read_dir(&root_b)
+        .map(|d| d.flatten().filter(|e| e.path().is_dir()).collect())
+        .unwrap_or_default();
+    assert!(bags_b.is_empty(), "the refused daemon made no bag");
+
+    // Another recorder listens on `other`; a reload of A onto it is refused.
+    let other = tmp.path().join("other.sock");
+    let rec = ringbag()
+        .args(["record", "--source", "synthetic", "--clock", "system"])
+        .args(["--synthetic-profile", "small"])
+        .arg("--control-socket")
+        .arg(&other)
+        .arg("-o")
+        .arg(tmp.path().join("rec"))
+        .env_remove("RINGBAG_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn_execd()
+        .expect("record starts");
+    assert!(wait_for(|| other.exists()));
+    let moved = format!("control_socket = \"{}\"\n", other.display());
+    std::fs::write(
+        &config_a,
+        crate::common::small_daemon_config(&root_a, &status_a, &moved),
+    )
+    .unwrap();
+    let pid = nix::unistd::Pid::from_raw(a.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    let logged = || std::fs::read_to_string(&log_a).unwrap_or_default();
+    assert!(
+        wait_for(|| logged().contains("keeping the running configuration")),
+        "{}",
+        logged()
+    );
+    assert!(
+        logged().contains(&format!(
+            "SIGHUP: control_socket: {}: another recorder already listens on this control \
+             socket; keeping the running configuration",
+            other.display()
+        )),
+        "{}",
+        logged()
+    );
+    // A still answers on its own socket.
+    let p = control("pause", &sock);
+    assert_eq!(
+        String::from_utf8_lossy(&p.stderr),
+        "ringbag: recording paused\n"
+    );
+    sigint(&rec);
+    sigint(&a);
+    let out = wait_deadline(a, DEADLINE.as_secs()).expect("daemon ends");
+    assert!(out.status.success(), "{}", logged());
+    assert!(wait_deadline(rec, DEADLINE.as_secs())
+        .expect("record ends")
+        .status
+        .success());
+}

@@ -241,7 +241,6 @@ fn the_default_ring_lives_in_a_0700_directory_of_the_user_in_dev_shm() {
         file: None,
         dir: dir.clone(),
         trigger_topic: None,
-        control_socket: None,
     };
     std::fs::create_dir_all(&root).unwrap();
     let ring = settings.ring_file(&root);

@@ -320,7 +320,7 @@ fn sighup_with_an_invalid_config_keeps_the_running_bag_and_says_why() {
     let (st, err, _) = d.wait();
     assert_eq!(st.code(), Some(0), "{err}");
     let line = format!(
-        "ringbag: error: SIGHUP: {}:8:1: max_bag_sise: unknown key; keeping the running configuration",
+        "ringbag: error: SIGHUP: {}:9:1: max_bag_sise: unknown key; keeping the running configuration",
         config.display()
     );
     assert!(err.lines().any(|l| l == line), "{err}");
@@ -526,7 +526,7 @@ fn the_daemon_with_a_bad_config_exits_2_with_one_line_and_records_nothing() {
     let e = stderr(&o);
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(
-        e.contains(":8:17: max_bag_files: max_bag_files 1: must be at least 2"),
+        e.contains(":9:17: max_bag_files: max_bag_files 1: must be at least 2"),
         "{e}"
     );
     assert!(!root.exists());
@@ -693,9 +693,10 @@ fn the_budget_spans_every_bag_in_the_root_across_reloads() {
         format!(
             "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
              synthetic_profile = \"medium\"\nclock = \"system\"\nmax_bag_size = \"512KiB\"\n\
-             max_record_size = \"3MiB\"\n",
+             max_record_size = \"3MiB\"\n{}",
             root.display(),
-            status.display()
+            status.display(),
+            crate::common::control_socket_key(&status)
         ),
     )
     .unwrap();

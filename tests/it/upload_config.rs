@@ -235,7 +235,7 @@ fn the_daemon_records_without_credentials_and_a_sighup_picks_them_up() {
     }
     assert!(recording, "no split recorded: {}", logged());
     let said = format!(
-        "ringbag: error: {}:12:20: upload.credentials_file: credentials from credentials_file \
+        "ringbag: error: {}:13:20: upload.credentials_file: credentials from credentials_file \
          {}: cannot open it: No such file or directory (os error 2); recording goes on, nothing \
          is uploaded until a reload (SIGHUP) finds credentials",
         cfg.display(),

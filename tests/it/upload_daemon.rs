@@ -82,7 +82,7 @@ impl Setup {
     /// and `bucket`; `upload_extra` adds `[upload]` keys.
     fn write_config(&self, budget: &str, endpoint: &str, bucket: &str, upload_extra: &str) {
         let text = format!(
-            "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
+            "output_root = \"{}\"\nstatus_file = \"{}\"\n{}source = \"synthetic\"\n\
              synthetic_profile = \"robot\"\nclock = \"system\"\nmax_bag_size = \"1MiB\"\n\
              max_record_size = \"{budget}\"\n\
              topic_rate = [\"/camera/front/image_raw=0.5\", \"/camera/rear/image_raw=0.5\", \
@@ -91,6 +91,7 @@ impl Setup {
              path_style = true\nrobot_id = \"{ROBOT}\"\ncredentials_file = \"{}\"\n{upload_extra}",
             self.root.display(),
             self.status.display(),
+            crate::common::control_socket_key(&self.status),
             self.creds.display()
         );
         std::fs::write(&self.cfg, text).expect("write config");
