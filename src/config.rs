@@ -875,11 +875,28 @@ impl ServiceConfig {
         let size = text(&self.snapshot_size);
         let duration = text(&self.snapshot_duration);
         // The service always serves its control socket, ring or not: a daemon started paused
-        // (or paused by `ringbag pause`) must be resumable.
-        let socket =
-            Some(self.control_socket.clone().unwrap_or_else(|| {
-                PathBuf::from(crate::snapshot::control::DEFAULT_CONTROL_SOCKET)
-            }));
+        // (or paused by `ringbag pause`) must be resumable. One exception: the default path
+        // when it cannot be used (a daemon tried by hand as an ordinary user has no
+        // /run/ringbag) and nothing needs it (no ring). Refusing to start there would make
+        // every hand-run daemon name a socket; it runs without one and says so. A path that
+        // was asked for, or a ring's socket, is still checked and refused below.
+        let socket = match &self.control_socket {
+            Some(p) => Some(p.clone()),
+            None => {
+                let default = PathBuf::from(crate::snapshot::control::DEFAULT_CONTROL_SOCKET);
+                match crate::snapshot::control::check_socket_path(&default) {
+                    Err(e) if size.is_none() => {
+                        log::warn!(
+                            "control_socket is not set and the default cannot be used: {e}; \
+                             this daemon serves no control socket (`ringbag pause`, `resume` \
+                             and `trigger` cannot reach it); set control_socket"
+                        );
+                        None
+                    }
+                    _ => Some(default),
+                }
+            }
+        };
         // The service runs in / (systemd): a relative path would name another file there than
         // the one `--check-config` looked at in the shell's directory.
         for (key, path) in [

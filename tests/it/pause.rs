@@ -728,3 +728,65 @@ fn a_second_daemon_on_the_same_socket_is_refused_and_a_reload_onto_a_busy_socket
         .status
         .success());
 }
+
+/// A daemon tried by hand as an ordinary user, with neither `control_socket` nor a ring: the
+/// default socket (/run/ringbag/control.sock) cannot be made there, and nothing needs it, so
+/// it records without one and says so in one warning, rather than refusing to start.
+#[test]
+fn a_hand_run_daemon_that_cannot_use_the_default_socket_records_without_one_and_says_so() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let status = tmp.path().join("status.json");
+    let config = tmp.path().join("ringbag.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
+             synthetic_profile = \"small\"\nclock = \"system\"\n",
+            tmp.path().join("bags").display(),
+            status.display()
+        ),
+    )
+    .unwrap();
+    // As root (CI) the default path could be made: run as `nobody`, as a user would be.
+    let mut cmd = if nix::unistd::geteuid().is_root() {
+        crate::common::ringbag_as_nobody()
+    } else {
+        ringbag()
+    };
+    let check = cmd
+        .args(["daemon", "--check-config", "--config"])
+        .arg(&config)
+        .env_remove("RINGBAG_LOG")
+        .run_output()
+        .expect("ringbag runs");
+    assert_eq!(check.status.code(), Some(0), "{check:?}");
+    let mut cmd = if nix::unistd::geteuid().is_root() {
+        crate::common::ringbag_as_nobody()
+    } else {
+        ringbag()
+    };
+    let child = cmd
+        .args(["daemon", "--config"])
+        .arg(&config)
+        .env_remove("RINGBAG_LOG")
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn_execd()
+        .expect("daemon starts");
+    assert!(wait_for(|| {
+        crate::common::status_committed(&status).is_some_and(|n| n > 0)
+    }));
+    sigint(&child);
+    let out = wait_deadline(child, DEADLINE.as_secs()).expect("daemon ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let warned: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("serves no control socket"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{err}");
+    assert!(warned[0].contains("set control_socket"), "{err}");
+}
