@@ -438,8 +438,8 @@ pub fn run_with(
         &settings.source,
         snapshots.as_ref().and_then(|s| s.sender()),
     ) {
-        (SourceSettings::Ros(_), Some(tx)) => {
-            match crate::snapshot::ros_service::RosSnapshotService::start(tx) {
+        (SourceSettings::Ros(opts), Some(tx)) => {
+            match crate::snapshot::ros_service::RosSnapshotService::start(tx, &opts.node_name) {
                 Ok(s) => Some(s),
                 Err(e) => {
                     log::warn!("{e}; snapshots by ROS service are off (the other triggers work)");

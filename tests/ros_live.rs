@@ -450,6 +450,116 @@ fn an_unselected_or_excluded_topic_is_never_subscribed() {
     rec.stop().expect("recorder ends cleanly");
 }
 
+/// `--topic-types` selects topics by their exact type name (a topic of another type is never
+/// subscribed), and `--exclude-topic-types` drops a type from a regex selection.
+#[test]
+fn topic_types_select_and_exclude_topics_by_type() {
+    require_ros!();
+    let (str_type, strings) = cdr_messages(&small_topic_name(), 1);
+    let (imu_type, imu) = cdr_messages("/imu", 1);
+    let mut node = TestPublisher::new("ringbag_test_pub_types");
+    let p_str = node.publisher("/rl_types/str", &str_type, r2r::QosProfile::default());
+    let p_imu = node.publisher("/rl_types/imu", &imu_type, r2r::QosProfile::default());
+
+    let rec = Recording::start(RosSourceOptions {
+        topic_types: vec![imu_type.clone()],
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    });
+    wait_until("subscription to /rl_types/imu by type", || {
+        rec.collector.topic("/rl_types/imu").is_some()
+    });
+    wait_matched(&p_imu, 1, "imu match");
+    p_imu.publish_raw(&imu[0]).expect("publish");
+    wait_until("the imu message", || {
+        !rec.collector.payloads("/rl_types/imu").is_empty()
+    });
+    assert_eq!(rec.collector.payloads("/rl_types/imu"), imu);
+    assert!(rec.collector.topic("/rl_types/str").is_none());
+    assert_eq!(p_str.get_inter_process_subscription_count().unwrap_or(0), 0);
+    rec.stop().expect("recorder ends cleanly");
+
+    let rec = Recording::start(RosSourceOptions {
+        regex: Some("^/rl_types/".into()),
+        exclude_topic_types: vec![imu_type],
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    });
+    wait_until("subscription to /rl_types/str by regex", || {
+        rec.collector.topic("/rl_types/str").is_some()
+    });
+    wait_matched(&p_str, 1, "str match");
+    p_str.publish_raw(&strings[0]).expect("publish");
+    wait_until("the string message", || {
+        !rec.collector.payloads("/rl_types/str").is_empty()
+    });
+    assert_eq!(rec.collector.payloads("/rl_types/str"), strings);
+    assert!(rec.collector.topic("/rl_types/imu").is_none());
+    rec.stop().expect("recorder ends cleanly");
+}
+
+/// `--include-unpublished-topics`: a selected topic that only has a subscriber is subscribed
+/// at once (no offers recorded), and a publisher that comes later is recorded; without the
+/// flag the recorder waits for a publisher.
+#[test]
+fn include_unpublished_topics_subscribes_before_any_publisher() {
+    require_ros!();
+    let (str_type, strings) = cdr_messages(&small_topic_name(), 1);
+    let mut other = TestPublisher::new("ringbag_test_sub_unpub");
+    // Only a subscription puts the topic (and its type) in the graph.
+    let _sub = other
+        .node
+        .subscribe_untyped("/rl_unpub/later", &str_type, r2r::QosProfile::default())
+        .expect("subscription");
+    let probe = TestPublisher::new("ringbag_test_probe_unpub");
+    wait_until("the subscriber-only topic in the graph", || {
+        probe
+            .node
+            .get_topic_names_and_types()
+            .is_ok_and(|t| t.contains_key("/rl_unpub/later"))
+    });
+
+    let waiting = Recording::start(RosSourceOptions {
+        topics: vec!["/rl_unpub/later".into()],
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    });
+    let rec = Recording::start(RosSourceOptions {
+        topics: vec!["/rl_unpub/later".into()],
+        include_unpublished_topics: true,
+        node_name: "rosbag2_recorder_unpub".into(),
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    });
+    wait_until("subscription to the unpublished topic", || {
+        rec.collector.topic("/rl_unpub/later").is_some()
+    });
+    let (_, info) = rec.collector.topic("/rl_unpub/later").expect("registered");
+    assert!(
+        info.offered_qos_profiles.is_empty(),
+        "no publisher, no offers"
+    );
+
+    let mut node = TestPublisher::new("ringbag_test_pub_unpub");
+    let p = node.publisher("/rl_unpub/later", &str_type, r2r::QosProfile::default());
+    // Our subscriber, the flagged recorder, and (now there is a publisher) the waiting one.
+    wait_matched(&p, 3, "all three subscriptions");
+    p.publish_raw(&strings[0]).expect("publish");
+    wait_until("the message in both recorders", || {
+        !rec.collector.payloads("/rl_unpub/later").is_empty()
+            && !waiting.collector.payloads("/rl_unpub/later").is_empty()
+    });
+    assert_eq!(rec.collector.payloads("/rl_unpub/later"), strings);
+    // The waiting recorder subscribed only after the publisher appeared: it saw its offer.
+    let (_, info) = waiting
+        .collector
+        .topic("/rl_unpub/later")
+        .expect("registered");
+    assert_eq!(info.offered_qos_profiles.len(), 1);
+    rec.stop().expect("recorder ends cleanly");
+    waiting.stop().expect("recorder ends cleanly");
+}
+
 #[test]
 fn records_into_a_real_bag_through_the_pipeline() {
     require_ros!();
@@ -912,7 +1022,8 @@ fn the_snapshot_service_triggers_and_answers_with_the_bag() {
     use std::task::{Context, Poll, Waker};
     require_ros!();
     let (tx, rx) = crossbeam_channel::unbounded();
-    let service = RosSnapshotService::start(tx).expect("service starts");
+    // Another node name than the default: the service follows it (`--node-name`).
+    let service = RosSnapshotService::start(tx, "renamed_rec").expect("service starts");
     // Stands in for the snapshot thread.
     let answerer = std::thread::spawn(move || match rx.recv_timeout(PATIENCE) {
         Ok(Cmd::Trigger { origin, reply, .. }) => {
@@ -930,7 +1041,7 @@ fn the_snapshot_service_triggers_and_answers_with_the_bag() {
     let mut node = r2r::Node::create(ctx, "snapshot_client", "").unwrap();
     let client = node
         .create_client::<r2r::std_srvs::srv::Trigger::Service>(
-            &service_name(),
+            &service_name("renamed_rec"),
             r2r::QosProfile::services_default(),
         )
         .unwrap();
@@ -1122,6 +1233,26 @@ macro_rules! require_ros2_cli {
             return;
         }
     };
+}
+
+/// `--node-name`: the recorder's node is listed under that name by the real `ros2 node list`.
+#[test]
+fn the_recorder_node_is_listed_under_its_node_name() {
+    require_ros2_cli!();
+    let rec = Recording::start(RosSourceOptions {
+        topics: vec!["/rl_named/none".into()],
+        node_name: "rl_named_recorder".into(),
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    });
+    wait_until("/rl_named_recorder in `ros2 node list`", || {
+        let out = ros2(&["node".as_ref(), "list".as_ref(), "--no-daemon".as_ref()])
+            .expect("ros2 on PATH");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.trim() == "/rl_named_recorder")
+    });
+    rec.stop().expect("recorder ends cleanly");
 }
 
 /// `ros2 bag info BAG`: the total and each topic's count, or the tool's error.

@@ -143,20 +143,6 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
             ));
         }
     }
-    // The `~/snapshot` service is served under the default node name (its node is built
-    // before the source's options reach it); a renamed recorder would announce a service
-    // name that does not match, so that pair waits until the service follows --node-name.
-    if source_kind == SourceKind::Ros && snapshot.ring.is_some() {
-        if let Some(name) = a.node_name.as_deref() {
-            if name != crate::source::select::DEFAULT_NODE_NAME {
-                return Err(format!(
-                    "--node-name {name}: not yet supported with --snapshot-size (the ~/snapshot \
-                     service is /{}/snapshot)",
-                    crate::source::select::DEFAULT_NODE_NAME
-                ));
-            }
-        }
-    }
     for line in unrecorded_policy_topics(&selection(a), &snapshot.policy, "--") {
         log::warn!("{line}");
     }
