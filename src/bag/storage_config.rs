@@ -26,7 +26,7 @@ pub enum StorageConfigError {
     Read {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: crate::config::SmallFileError,
     },
     #[error("{path}: {reason}")]
     Invalid { path: PathBuf, reason: String },
@@ -204,27 +204,12 @@ pub fn parse(
 
 /// Reads and parses `path` (a regular file; a FIFO is refused without blocking).
 pub fn load(path: &Path, preset: StoragePreset) -> Result<StorageConfig, StorageConfigError> {
-    let read = || -> std::io::Result<String> {
-        use std::io::Read;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)?;
-        if !f.metadata()?.is_file() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "not a regular file",
-            ));
-        }
-        let mut text = String::new();
-        f.read_to_string(&mut text)?;
-        Ok(text)
-    };
-    let text = read().map_err(|source| StorageConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    // Capped and never blocking (a FIFO or a device named as the file): as the config.
+    let text = crate::config::read_small_regular_file(path, crate::config::MAX_CONFIG_BYTES)
+        .map_err(|source| StorageConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
     parse(&text, path, preset)
 }
 

@@ -111,7 +111,7 @@ pub enum SelectError {
     OverridesRead {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: crate::config::SmallFileError,
     },
     #[error("QoS overrides {path}: {reason}")]
     OverridesParse { path: PathBuf, reason: String },
@@ -536,29 +536,12 @@ pub fn load_qos_overrides(path: Option<&Path>) -> Result<QosOverrides, SelectErr
     let Some(path) = path else {
         return Ok(QosOverrides::new());
     };
-    let read = || -> std::io::Result<String> {
-        use std::io::Read;
-        use std::os::unix::fs::OpenOptionsExt;
-        // O_NONBLOCK: a FIFO given as the file must not block the start forever; only a
-        // regular file is read.
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)?;
-        if !f.metadata()?.is_file() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "not a regular file",
-            ));
-        }
-        let mut text = String::new();
-        f.read_to_string(&mut text)?;
-        Ok(text)
-    };
-    let text = read().map_err(|source| SelectError::OverridesRead {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    // Capped and never blocking (a FIFO or a device named as the file): as the config.
+    let text = crate::config::read_small_regular_file(path, crate::config::MAX_CONFIG_BYTES)
+        .map_err(|source| SelectError::OverridesRead {
+            path: path.to_path_buf(),
+            source,
+        })?;
     parse_qos_overrides(&text, path)
 }
 
@@ -935,12 +918,10 @@ tf_static:
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
         for p in [fifo.as_path(), tmp.path()] {
             let e = load_qos_overrides(Some(p)).unwrap_err().to_string();
-            assert_eq!(
-                e,
-                format!(
-                    "cannot read QoS overrides {}: not a regular file",
-                    p.display()
-                )
+            let head = format!("cannot read QoS overrides {}: is ", p.display());
+            assert!(
+                e.starts_with(&head) && e.ends_with(", not a regular file; not read"),
+                "{e}"
             );
         }
     }
