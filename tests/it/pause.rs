@@ -334,32 +334,41 @@ fn the_daemon_pauses_over_its_socket_shows_it_in_its_status_and_stays_paused_acr
     );
 }
 
+/// `record --start-paused` of the synthetic source on a pty, with `extra` flags: the pty, the
+/// bag's path and the status file's.
+fn paused_on_pty(
+    tmp: &Path,
+    extra: &[&str],
+) -> (
+    crate::play_keys::OnPty,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let out = tmp.join("bag");
+    let status = tmp.join("status.json");
+    let mut args = vec![
+        "record",
+        "--source",
+        "synthetic",
+        "--clock",
+        "system",
+        "--synthetic-profile",
+        "small",
+        "--start-paused",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--status-file", status.to_str().unwrap()]);
+    args.extend_from_slice(&["-o", out.to_str().unwrap()]);
+    let p = crate::play_keys::OnPty::spawn_ringbag(&args, false);
+    (p, out, status)
+}
+
 /// `record --start-paused` on a terminal: the space bar resumes and pauses; the terminal is
 /// in raw mode while recording and back as it was at the end.
 #[test]
 fn the_space_bar_resumes_and_pauses_a_recording_on_a_terminal() {
-    use crate::play_keys::OnPty;
     let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("bag");
-    let status = tmp.path().join("status.json");
-    let (out_s, status_s) = (out.to_str().unwrap(), status.to_str().unwrap());
-    let p = OnPty::spawn_ringbag(
-        &[
-            "record",
-            "--source",
-            "synthetic",
-            "--clock",
-            "system",
-            "--synthetic-profile",
-            "small",
-            "--start-paused",
-            "--status-file",
-            status_s,
-            "-o",
-            out_s,
-        ],
-        false,
-    );
+    let (p, out, status) = paused_on_pty(tmp.path(), &[]);
     p.err.wait_for("the keys' hint", |s| {
         s.contains("Press SPACE for pausing/resuming")
     });
@@ -393,29 +402,8 @@ fn the_space_bar_resumes_and_pauses_a_recording_on_a_terminal() {
 /// `--disable-keyboard-controls`: the space bar is not read, recording stays paused.
 #[test]
 fn disable_keyboard_controls_leaves_the_terminal_alone() {
-    use crate::play_keys::OnPty;
     let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("bag");
-    let status = tmp.path().join("status.json");
-    let (out_s, status_s) = (out.to_str().unwrap(), status.to_str().unwrap());
-    let p = OnPty::spawn_ringbag(
-        &[
-            "record",
-            "--source",
-            "synthetic",
-            "--clock",
-            "system",
-            "--synthetic-profile",
-            "small",
-            "--start-paused",
-            "--disable-keyboard-controls",
-            "--status-file",
-            status_s,
-            "-o",
-            out_s,
-        ],
-        false,
-    );
+    let (p, out, status) = paused_on_pty(tmp.path(), &["--disable-keyboard-controls"]);
     let st = || status_json(&status).unwrap_or_default();
     assert!(wait_for(|| st()["paused_messages"].as_u64() > Some(10)));
     assert!(!p.raw(), "the terminal is not touched");
