@@ -67,6 +67,17 @@ impl Drop for Decompressed {
 /// in [`scratch_dir`]. A truncated or corrupt stream is an `Invalid` error naming
 /// `src`, so a tolerant reader leaves the split out with one warning.
 pub fn decompress(src: &Path) -> Result<Decompressed, BagError> {
+    decompress_into(src, &scratch_dir(), SCRATCH_RESERVE)
+}
+
+/// What a decompressed copy leaves free on the scratch filesystem: ringbag's default
+/// free-space floor (`--min-free-space`). A few KiB of hostile `.zstd` can expand to
+/// terabytes, and the scratch directory (/var/tmp) is often on the disk a recorder writes
+/// to: reading a bag must never take that disk's last space.
+pub const SCRATCH_RESERVE: u64 = 1 << 30;
+
+/// [`decompress`] into `dir`, leaving `reserve` bytes of its filesystem free.
+fn decompress_into(src: &Path, dir: &Path, reserve: u64) -> Result<Decompressed, BagError> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let input = fs::File::open(src).map_err(BagError::io(src))?;
     let name = src
@@ -74,7 +85,6 @@ pub fn decompress(src: &Path) -> Result<Decompressed, BagError> {
         .and_then(|n| n.to_str())
         .and_then(|n| n.strip_suffix(ZSTD_SUFFIX))
         .unwrap_or("split.db3");
-    let dir = scratch_dir();
     let path = dir.join(format!(
         ".ringbag-{}-{}-{name}",
         std::process::id(),
@@ -90,7 +100,18 @@ pub fn decompress(src: &Path) -> Result<Decompressed, BagError> {
     // A zstd reader over a buffered file: the window (at most 128 MiB for level 19 streams,
     // 8 MiB and less at the levels rosbag2 and ringbag write) plus 128 KiB of buffers.
     let mut decoder = zstd::stream::read::Decoder::new(input).map_err(BagError::io(src))?;
-    match io::copy(&mut decoder, &mut output) {
+    // Measured once: the copy may grow to what is free now, less the reserve (plus one byte,
+    // which tells "exactly that much" from "more").
+    let room = crate::snapshot::ring::available_bytes(&out.path).saturating_sub(reserve);
+    match io::copy(&mut io::Read::take(&mut decoder, room + 1), &mut output) {
+        Ok(n) if n > room => Err(BagError::io(out.path.clone())(io::Error::new(
+            io::ErrorKind::StorageFull,
+            format!(
+                "decompressing {} takes more than the {room} bytes this filesystem can spare \
+                 (it keeps {reserve} bytes free); set TMPDIR to a larger one",
+                src.display()
+            ),
+        ))),
         Ok(_) => Ok(out),
         // Write errors name the temporary copy (ENOSPC in TMPDIR is not the bag's fault).
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => {
@@ -183,6 +204,25 @@ mod tests {
             decompress(&src).unwrap_err(),
             BagError::Invalid { .. }
         ));
+    }
+
+    /// A stream that expands beyond what the scratch filesystem can spare (a "zstd bomb": 64
+    /// MiB of zeros in a few KiB) is refused as a lack of room, not written out, and leaves no
+    /// copy.
+    #[test]
+    fn a_stream_larger_than_the_scratch_room_is_refused_and_leaves_no_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("b_2.db3.zstd");
+        let bomb = zstd::encode_all(io::Read::take(io::repeat(0), 64 << 20), 19).unwrap();
+        assert!(bomb.len() < 64 << 10, "{} bytes", bomb.len());
+        fs::write(&src, &bomb).unwrap();
+        // Leave about 1 MiB of room, whatever this machine has free.
+        let free = crate::snapshot::ring::available_bytes(&dir.path().join("x"));
+        let e = decompress_into(&src, dir.path(), free.saturating_sub(1 << 20)).unwrap_err();
+        assert!(matches!(e, BagError::Io { .. }), "{e:?}");
+        assert!(e.to_string().contains("can spare"), "{e}");
+        let left: Vec<_> = fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "only the .zstd is left: {left:?}");
     }
 
     /// This process's copies of splits named `name`.
