@@ -32,6 +32,23 @@ fn control(what: &str, sock: &Path) -> std::process::Output {
         .expect("ringbag runs")
 }
 
+/// `ringbag pause|resume` that succeeds and says `ringbag: recording <said>`.
+fn control_says(what: &str, sock: &Path, said: &str) {
+    let o = control(what, sock);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err, format!("ringbag: recording {said}\n"));
+}
+
+/// SIGINT `child`, wait for its exit, assert it was clean; its stderr.
+fn stop_cleanly(child: Child) -> String {
+    sigint(&child);
+    let out = wait_deadline(child, DEADLINE.as_secs()).expect("the recorder ends");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    err
+}
+
 /// The `name count` of the exit summary's line that starts with `prefix` (e.g. "accepted").
 fn summary_count(err: &str, prefix: &str) -> u64 {
     let line = err
@@ -164,12 +181,7 @@ fn pause_and_resume_over_the_control_socket_while_the_ring_keeps_recording() {
     let t = trigger(&sock, &["--reason", "while-paused", "--post", "0"]);
     assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
 
-    let r = control("resume", &sock);
-    assert!(r.status.success());
-    assert_eq!(
-        String::from_utf8_lossy(&r.stderr),
-        "ringbag: recording resumed\n"
-    );
+    control_says("resume", &sock, "resumed");
     let r = control("resume", &sock);
     assert_eq!(
         String::from_utf8_lossy(&r.stderr),
@@ -181,12 +193,7 @@ fn pause_and_resume_over_the_control_socket_while_the_ring_keeps_recording() {
     );
     assert_eq!(st()["paused"], false);
 
-    let p = control("pause", &sock);
-    assert!(p.status.success());
-    assert_eq!(
-        String::from_utf8_lossy(&p.stderr),
-        "ringbag: recording paused\n"
-    );
+    control_says("pause", &sock, "paused");
     let p = control("pause", &sock);
     assert_eq!(
         String::from_utf8_lossy(&p.stderr),
@@ -199,10 +206,7 @@ fn pause_and_resume_over_the_control_socket_while_the_ring_keeps_recording() {
         "paused again"
     );
 
-    sigint(&child);
-    let out = wait_deadline(child, DEADLINE.as_secs()).expect("recorder ends");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let err = stop_cleanly(child);
     assert!(err.contains("Pausing recording. (control socket)"), "{err}");
     assert!(
         err.contains("Resuming recording. (control socket)"),
@@ -280,11 +284,7 @@ fn the_daemon_pauses_over_its_socket_shows_it_in_its_status_and_stays_paused_acr
         "the daemon records"
     );
     assert_eq!(st()["paused"], false);
-    let p = control("pause", &sock);
-    assert_eq!(
-        String::from_utf8_lossy(&p.stderr),
-        "ringbag: recording paused\n"
-    );
+    control_says("pause", &sock, "paused");
     assert!(wait_for(
         || st()["paused"] == true && st()["paused_messages"].as_u64() > Some(10)
     ));
@@ -318,20 +318,10 @@ fn the_daemon_pauses_over_its_socket_shows_it_in_its_status_and_stays_paused_acr
         0,
         "the new bag records nothing while paused"
     );
-    let r = control("resume", &sock);
-    assert_eq!(
-        String::from_utf8_lossy(&r.stderr),
-        "ringbag: recording resumed\n"
-    );
+    control_says("resume", &sock, "resumed");
     assert!(wait_for(|| st()["committed"].as_u64() > Some(0)));
     assert_eq!(st()["paused"], false);
-    sigint(&child);
-    let out = wait_deadline(child, DEADLINE.as_secs()).expect("daemon ends");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    stop_cleanly(child);
 }
 
 /// `record --start-paused` of the synthetic source on a pty, with `extra` flags: the pty, the
@@ -468,11 +458,7 @@ fn a_daemon_without_a_ring_pauses_and_resumes_over_its_socket_and_a_reload_addin
     let t = trigger(&sock, &["--reason", "no-ring"]);
     assert_no_ring_answer(&t, &sock);
 
-    let p = control("pause", &sock);
-    assert_eq!(
-        String::from_utf8_lossy(&p.stderr),
-        "ringbag: recording paused\n"
-    );
+    control_says("pause", &sock, "paused");
     assert!(wait_for(
         || st()["paused"] == true && st()["paused_messages"].as_u64() > Some(10)
     ));
@@ -551,20 +537,10 @@ fn a_daemon_without_a_ring_pauses_and_resumes_over_its_socket_and_a_reload_addin
         answered
     }));
     assert_no_ring_answer(&last.unwrap(), &sock);
-    let r = control("resume", &sock);
-    assert_eq!(
-        String::from_utf8_lossy(&r.stderr),
-        "ringbag: recording resumed\n"
-    );
+    control_says("resume", &sock, "resumed");
     assert!(wait_for(|| st()["committed"].as_u64() > Some(0)));
     assert_eq!(st()["paused"], false);
-    sigint(&child);
-    let out = wait_deadline(child, DEADLINE.as_secs()).expect("daemon ends");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    stop_cleanly(child);
     assert!(!sock.exists(), "the socket is removed at the stop");
 }
 
@@ -593,25 +569,11 @@ fn record_serves_a_control_socket_without_a_ring() {
     assert!(wait_for(|| st()["paused_messages"].as_u64() > Some(10)));
     assert!(sock.exists());
     assert_no_ring_answer(&trigger(&sock, &["--reason", "x"]), &sock);
-    let r = control("resume", &sock);
-    assert_eq!(
-        String::from_utf8_lossy(&r.stderr),
-        "ringbag: recording resumed\n"
-    );
+    control_says("resume", &sock, "resumed");
     assert!(wait_for(|| st()["committed"].as_u64() > Some(10)));
-    let p = control("pause", &sock);
-    assert_eq!(
-        String::from_utf8_lossy(&p.stderr),
-        "ringbag: recording paused\n"
-    );
+    control_says("pause", &sock, "paused");
     assert!(wait_for(|| st()["paused"] == true));
-    sigint(&child);
-    let out = wait_deadline(child, DEADLINE.as_secs()).expect("recorder ends");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    stop_cleanly(child);
     assert!(!sock.exists(), "the socket is removed at the end");
 }
 
@@ -702,11 +664,7 @@ fn a_second_daemon_on_the_same_socket_is_refused_and_a_reload_onto_a_busy_socket
         logged()
     );
     // A still answers on its own socket.
-    let p = control("pause", &sock);
-    assert_eq!(
-        String::from_utf8_lossy(&p.stderr),
-        "ringbag: recording paused\n"
-    );
+    control_says("pause", &sock, "paused");
     sigint(&rec);
     sigint(&a);
     let out = wait_deadline(a, DEADLINE.as_secs()).expect("daemon ends");
@@ -767,10 +725,7 @@ fn a_hand_run_daemon_that_cannot_use_the_default_socket_records_without_one_and_
     assert!(wait_for(|| {
         crate::common::status_committed(&status).is_some_and(|n| n > 0)
     }));
-    sigint(&child);
-    let out = wait_deadline(child, DEADLINE.as_secs()).expect("daemon ends");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let err = stop_cleanly(child);
     let warned: Vec<&str> = err
         .lines()
         .filter(|l| l.contains("serves no control socket"))
