@@ -1211,29 +1211,24 @@ impl WriterCtx {
                 t.not_recorded().to_string(),
             );
         }
-        // Losses before ringbag saw the message are kept apart from its own drops: they say
-        // the publisher or the network outran the middleware, not that the recorder did.
-        let lost = sum(TopicStats::lost_in_middleware);
-        if lost > 0 {
-            w.set_custom_data("ringbag.lost_in_middleware", lost.to_string());
-        }
-        for t in topics.iter().filter(|t| t.lost_in_middleware() > 0) {
-            w.set_custom_data(
-                format!("ringbag.lost_in_middleware.{}", t.name),
-                t.lost_in_middleware().to_string(),
-            );
-        }
-        // Left out on request (pause), not lost: a reader of the bag can tell a paused gap
-        // from a loss.
-        let paused = sum(TopicStats::paused);
-        if paused > 0 {
-            w.set_custom_data("ringbag.paused_messages", paused.to_string());
-        }
-        for t in topics.iter().filter(|t| t.paused() > 0) {
-            w.set_custom_data(
-                format!("ringbag.paused_messages.{}", t.name),
-                t.paused().to_string(),
-            );
+        // Kept apart from ringbag's own drops, each as a total and per topic, when not zero:
+        // losses before ringbag saw the message (the publisher or the network outran the
+        // middleware, not the recorder), and messages left out on request (pause), so that a
+        // reader of the bag can tell a paused gap from a loss.
+        for (key, count) in [
+            (
+                "ringbag.lost_in_middleware",
+                TopicStats::lost_in_middleware as fn(&TopicStats) -> u64,
+            ),
+            ("ringbag.paused_messages", TopicStats::paused),
+        ] {
+            let total = sum(count);
+            if total > 0 {
+                w.set_custom_data(key, total.to_string());
+            }
+            for t in topics.iter().filter(|t| count(t) > 0) {
+                w.set_custom_data(format!("{key}.{}", t.name), count(t).to_string());
+            }
         }
     }
 
