@@ -115,15 +115,9 @@ pub fn convert(inputs: &[PathBuf], outputs: &[OutputBag]) -> Result<Vec<BagSumma
     let mut bags = Vec::new();
     let mut defs: Vec<MessageDefinition> = Vec::new();
     for p in inputs {
+        // A compressed input (rosbag2's file mode) reads as any other: the reader and
+        // `open_read_only` go through a private decompressed copy of each split.
         let bag = Bag::open(p).map_err(|e| bad(e.to_string()))?;
-        if !bag.metadata.compression_mode.is_empty() || !bag.metadata.compression_format.is_empty()
-        {
-            return Err(bad(format!(
-                "{}: compressed bags cannot be converted yet (compression {:?})",
-                p.display(),
-                bag.metadata.compression_format
-            )));
-        }
         for d in read_definitions(&bag).map_err(|e| bad(e.to_string()))? {
             if !defs.iter().any(|x| x.topic_type == d.topic_type) {
                 defs.push(d);

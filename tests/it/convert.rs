@@ -458,3 +458,33 @@ fn real_rosbag2_and_rosbags_read_the_output_and_ringbag_reads_ros2_bag_convert()
             .collect::<Vec<_>>()
     );
 }
+
+/// A bag compressed by rosbag2's file mode (`.db3.zstd` splits) is an input like any other:
+/// the output is plain and holds every message, definition and QoS byte for byte.
+#[test]
+fn a_compressed_input_converts_into_a_plain_bag_byte_for_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, _, _) = two_inputs(tmp.path());
+    let (plain, want) = read_all(&a);
+    let want_defs = definitions(&plain);
+    crate::compressed::compress_like_rosbag2(&a);
+    let out = tmp.path().join("plain");
+    let opts = write_options(
+        tmp.path(),
+        &format!(
+            "output_bags:\n- uri: {}\n  all_topics: true\n",
+            out.display()
+        ),
+    );
+    let o = convert(&[&a], &opts);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (bag, msgs) = read_all(&out);
+    assert_eq!(msgs, want);
+    assert_eq!(bag.metadata.compression_mode, "");
+    assert!(bag
+        .splits
+        .iter()
+        .all(|s| s.path.extension() == Some("db3".as_ref())));
+    assert_eq!(bag.topics, plain.topics);
+    assert_eq!(definitions(&bag), want_defs);
+}
