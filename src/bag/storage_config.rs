@@ -69,12 +69,15 @@ fn sync_level(value: &str) -> Option<usize> {
         .or_else(|| v.parse::<usize>().ok().filter(|&n| n < SYNC_LEVELS.len()))
 }
 
-/// The `synchronous` level a preset sets (see `StoragePreset::write_pragmas`).
+/// The `synchronous` level a preset sets, read from its own pragmas
+/// (`StoragePreset::write_pragmas`), so that the two cannot disagree.
 fn preset_sync_level(preset: StoragePreset) -> usize {
-    match preset {
-        StoragePreset::Resilient => 1,
-        StoragePreset::WriteOptimized | StoragePreset::None => 0,
-    }
+    preset
+        .write_pragmas()
+        .split(';')
+        .filter_map(|st| st.trim().strip_prefix("PRAGMA synchronous="))
+        .find_map(sync_level)
+        .unwrap_or(0)
 }
 
 /// One pragma of the file, `[schema.]name = value`, split and checked for shape: the value is
@@ -121,7 +124,7 @@ fn write_pragma(p: &str, preset: StoragePreset) -> Result<String, String> {
                 return Err(format!(
                     "pragma {p:?}: weaker than the {} preset's synchronous={}; a power cut \
                      could then lose batches that ringbag reports as committed",
-                    preset_name(preset),
+                    preset.name(),
                     SYNC_LEVELS[floor].to_uppercase()
                 ));
             }
@@ -157,14 +160,6 @@ fn write_pragma(p: &str, preset: StoragePreset) -> Result<String, String> {
         return Err(format!("pragma {p:?}: invalid value for {name}"));
     }
     Ok(format!("PRAGMA {name}={value};"))
-}
-
-fn preset_name(preset: StoragePreset) -> &'static str {
-    match preset {
-        StoragePreset::WriteOptimized => "write-optimized",
-        StoragePreset::Resilient => "resilient",
-        StoragePreset::None => "none",
-    }
 }
 
 /// Parses a storage config file's text for a recorder using `preset`.
