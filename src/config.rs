@@ -2,6 +2,8 @@
 //! dashes) with the same units, so an operator learns one vocabulary. Unknown keys are errors:
 //! a typo in a field config must not silently fall back to a default.
 
+pub mod keys;
+
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;

@@ -81,6 +81,18 @@ pub enum Command {
     /// Publish a bag's messages as fast as possible, without timing, as `ros2 bag burst`
     /// (Jazzy): play's selection flags, plus -n/--num-messages.
     Burst(Box<BurstArgs>),
+    /// Write the man pages and shell completions into a directory (for packaging).
+    // Hidden: a packaging step, not a user's command; its own page would list it otherwise.
+    #[command(hide = true)]
+    GenDocs(GenDocsArgs),
+}
+
+/// `ringbag gen-docs --out DIR` (`cli::gen_docs`).
+#[derive(Debug, Args)]
+pub struct GenDocsArgs {
+    /// The directory to write man1/, man5/ and completions/ into (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
 }
 
 /// `ringbag burst BAG [-n N]`: play's flags; those about timing are refused.

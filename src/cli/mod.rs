@@ -3,6 +3,7 @@
 //! 1 for a failure while working (I/O error, full disk).
 
 pub mod args;
+mod gen_docs;
 mod logger;
 pub mod resolve;
 mod upload_cmd;
@@ -58,6 +59,10 @@ pub fn main_entry() -> i32 {
         Command::Upload(a) => upload_cmd::run(&a),
         Command::List(a) => cmd_list(&a),
         Command::Convert(a) => cmd_convert(&a),
+        Command::GenDocs(a) => match gen_docs::write_all(&a.out) {
+            Ok(()) => EXIT_OK,
+            Err(e) => fail(EXIT_FAILURE, format!("gen-docs: {e}")),
+        },
     }
 }
 
