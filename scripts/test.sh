@@ -69,9 +69,10 @@ TARGET_AARCH64=aarch64-unknown-linux-gnu
 # test, which enables the unit in an image root (installing it does not make it PID 1).
 # prometheus (with promtool) and prometheus-node-exporter: the metrics' format and alert rules
 # are checked by promtool, and a live Prometheus scrapes a recording (tests/it/metrics.rs,
-# alert_rules.rs, prometheus_live.rs), all on loopback.
+# alert_rules.rs, prometheus_live.rs), all on loopback. man-db (with groff): the install test,
+# the release check and the docs stage render the generated man pages with `man -l`.
 APT_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static binutils
-    binutils-aarch64-linux-gnu systemd prometheus prometheus-node-exporter)
+    binutils-aarch64-linux-gnu systemd prometheus prometheus-node-exporter man-db)
 VENV="$ROOT/.venv"
 # rosbags and pytest (interop), oelint-adv (the Yocto layer's lint).
 REQUIREMENTS=("$ROOT/tests/interop/requirements.txt" "$ROOT/yocto/requirements.txt")

@@ -1,5 +1,6 @@
 //! `scripts/install.sh` into a temporary image root: the files, their modes and owners, the
-//! enabled unit, idempotence, and a locally edited configuration that survives reinstalling.
+//! enabled unit, idempotence, a locally edited configuration that survives reinstalling, and
+//! the man pages and completions (`ringbag gen-docs`) where man and the shells look for them.
 
 use crate::common::RunOutput;
 use std::collections::BTreeMap;
@@ -7,6 +8,9 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use clap::CommandFactory;
+use ringbag::cli::args::Cli;
 
 use crate::common::{stderr, stdout, with_runner};
 
@@ -27,9 +31,50 @@ fn install(root: &Path, extra: &[&str]) -> Output {
         .arg("--root")
         .arg(root)
         .args(["--bin", env!("CARGO_BIN_EXE_ringbag")])
+        .args(
+            runner_docs()
+                .iter()
+                .flat_map(|d| [Path::new("--docs"), d.as_path()]),
+        )
         .args(extra)
         .run_output()
         .expect("bash runs install.sh")
+}
+
+/// `ringbag gen-docs` into a fresh directory, the binary run as the tests run it.
+fn gen_docs() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let o = with_runner(Path::new(env!("CARGO_BIN_EXE_ringbag")))
+        .arg("gen-docs")
+        .arg("--out")
+        .arg(dir.path())
+        .run_output()
+        .unwrap();
+    assert!(o.status.success(), "gen-docs: {}", stderr(&o));
+    dir
+}
+
+/// Under a test runner (qemu for the aarch64 suite) install.sh cannot run the binary itself
+/// to generate the man pages: they are generated through the runner and passed with --docs.
+fn runner_docs() -> Option<PathBuf> {
+    static DOCS: std::sync::OnceLock<Option<tempfile::TempDir>> = std::sync::OnceLock::new();
+    DOCS.get_or_init(|| {
+        std::env::var("RINGBAG_TEST_RUNNER")
+            .is_ok_and(|r| !r.trim().is_empty())
+            .then(gen_docs)
+    })
+    .as_ref()
+    .map(|d| d.path().to_path_buf())
+}
+
+/// The man pages install.sh puts in man1: one for ringbag and one per visible command.
+fn man1_pages() -> Vec<String> {
+    Cli::command()
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .map(|c| format!("ringbag-{}.1", c.get_name()))
+        .chain(["ringbag.1".to_string()])
+        .collect()
 }
 
 fn ok(o: &Output) -> String {
@@ -129,9 +174,66 @@ fn expected_usr_listing() -> BTreeMap<String, String> {
         d("/usr/share"),
         d("/usr/share/ringbag"),
         f("/usr/share/ringbag/ringbag.rules.yml", "644"),
+        d("/usr/share/man"),
+        d("/usr/share/man/man1"),
+        d("/usr/share/man/man5"),
+        f("/usr/share/man/man5/ringbag.toml.5", "644"),
+        d("/usr/share/bash-completion"),
+        d("/usr/share/bash-completion/completions"),
+        f("/usr/share/bash-completion/completions/ringbag", "644"),
+        d("/usr/share/zsh"),
+        d("/usr/share/zsh/site-functions"),
+        f("/usr/share/zsh/site-functions/_ringbag", "644"),
+        d("/usr/share/fish"),
+        d("/usr/share/fish/vendor_completions.d"),
+        f("/usr/share/fish/vendor_completions.d/ringbag.fish", "644"),
     ]
     .into_iter()
+    .chain(
+        man1_pages()
+            .iter()
+            .map(|p| f(&format!("/usr/share/man/man1/{p}"), "644")),
+    )
     .collect()
+}
+
+/// `man` finds and renders the installed pages from the image root, without a warning.
+fn man_renders(root: &Path) {
+    assert!(
+        Command::new("man").arg("--version").run_output().is_ok(),
+        "man is missing: scripts/test.sh installs the Debian package `man-db`"
+    );
+    let man = root.join("usr/share/man");
+    for (page, title) in [
+        ("man1/ringbag-record.1", "ringbag-record(1)"),
+        ("man1/ringbag.1", "ringbag(1)"),
+        ("man5/ringbag.toml.5", "RINGBAG.TOML(5)"),
+    ] {
+        let o = Command::new("man")
+            .env("MANWIDTH", "80")
+            .args(["-l", "--warnings"])
+            .arg(man.join(page))
+            .run_output()
+            .unwrap();
+        assert!(o.status.success(), "man -l {page}: {}", stderr(&o));
+        assert_eq!(stderr(&o), "", "man -l {page} warned");
+        assert!(stdout(&o).starts_with(title), "{page}: {}", stdout(&o));
+    }
+    // As `man ringbag-record` on the robot: found through MANPATH in the image root.
+    let o = Command::new("man")
+        .env("MANPATH", &man)
+        .args(["-w", "ringbag-record", "ringbag.toml"])
+        .run_output()
+        .unwrap();
+    assert!(o.status.success(), "man -w: {}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        format!(
+            "{}\n{}\n",
+            man.join("man1/ringbag-record.1").display(),
+            man.join("man5/ringbag.toml.5").display()
+        )
+    );
 }
 
 #[test]
@@ -171,6 +273,38 @@ fn install_into_an_image_root_writes_the_files_enables_the_unit_and_is_idempoten
         fs::read(root.join("usr/bin/ringbag")).unwrap(),
         fs::read(env!("CARGO_BIN_EXE_ringbag")).unwrap()
     );
+    // The man pages and completions are the binary's own `gen-docs`, byte for byte.
+    let docs = gen_docs();
+    let mut generated: Vec<(String, String)> = man1_pages()
+        .into_iter()
+        .map(|p| (format!("usr/share/man/man1/{p}"), format!("man1/{p}")))
+        .collect();
+    generated.extend(
+        [
+            ("usr/share/man/man5/ringbag.toml.5", "man5/ringbag.toml.5"),
+            (
+                "usr/share/bash-completion/completions/ringbag",
+                "completions/ringbag.bash",
+            ),
+            (
+                "usr/share/zsh/site-functions/_ringbag",
+                "completions/_ringbag",
+            ),
+            (
+                "usr/share/fish/vendor_completions.d/ringbag.fish",
+                "completions/ringbag.fish",
+            ),
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string())),
+    );
+    for (installed, made) in generated {
+        assert_eq!(
+            fs::read(root.join(&installed)).unwrap(),
+            fs::read(docs.path().join(made)).unwrap(),
+            "{installed}"
+        );
+    }
+    man_renders(root);
     // The installed binary runs.
     let v = with_runner(&root.join("usr/bin/ringbag"))
         .arg("--version")
@@ -243,6 +377,11 @@ fn install_with_another_prefix_names_it_in_the_unit_and_uses_the_admin_directori
         "etc/udev/rules.d/60-ringbag-ptp.rules",
         "etc/ringbag/ringbag.toml",
         "opt/ringbag/share/ringbag/ringbag.rules.yml",
+        "opt/ringbag/share/man/man1/ringbag-record.1",
+        "opt/ringbag/share/man/man5/ringbag.toml.5",
+        "opt/ringbag/share/bash-completion/completions/ringbag",
+        "opt/ringbag/share/zsh/site-functions/_ringbag",
+        "opt/ringbag/share/fish/vendor_completions.d/ringbag.fish",
     ] {
         assert!(root.join(f).is_file(), "{f} missing");
     }
@@ -280,6 +419,10 @@ fn install_refuses_bad_input_with_one_line_and_writes_nothing() {
             "is not a directory",
         ),
         (vec!["--prefix".into()], "--prefix needs a value"),
+        (
+            vec!["--docs".into(), missing.display().to_string()],
+            "--docs",
+        ),
     ];
     for (args, want) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -92,7 +92,7 @@ def test_a_missing_or_broken_lock_is_one_line(tmp_path):
 def test_the_recipe_builds_offline_from_the_inc_with_the_cargo_and_systemd_classes():
     recipe = RECIPE.read_text()
     assert "require ringbag-crates.inc" in recipe
-    assert re.search(r"^inherit cargo systemd useradd$", recipe, re.M)
+    assert re.search(r"^inherit cargo systemd useradd qemu$", recipe, re.M)
     # No task may reach the network: the cargo class builds --frozen from the vendored crates.
     assert "[network]" not in recipe
     assert re.search(r"^PACKAGECONFIG\[ros\] = \",,clang-native ", recipe, re.M)
@@ -123,3 +123,22 @@ def test_the_recipe_installs_and_packages_every_shipped_systemd_file():
         assert re.search(re.escape(line) + r"\s+\$\{D\}" + re.escape(installed), joined), shipped
         assert installed in files, installed
     assert "${sysconfdir}/ringbag/ringbag.toml" in do_install
+
+
+def test_the_recipe_installs_the_generated_man_pages_and_completions():
+    # Where install.sh puts them (tests/it/install.rs), from the same `ringbag gen-docs` layout.
+    recipe = RECIPE.read_text()
+    do_install = recipe.split("do_install:append() {", 1)[1].split("\n}\n", 1)[0]
+    joined = re.sub(r"\\\n\s*", "", do_install)
+    files = recipe.split('FILES:${PN} += "', 1)[1].split('"', 1)[0].split()
+    assert 'DEPENDS += "qemu-native"' in recipe
+    assert "')} gen-docs --out ${B}/gen-docs" in joined
+    assert "${B}/gen-docs/man1/*.1 ${D}${mandir}/man1/" in joined
+    assert "${B}/gen-docs/man5/ringbag.toml.5 ${D}${mandir}/man5/" in joined
+    for made, installed in [
+        ("ringbag.bash", "${datadir}/bash-completion/completions/ringbag"),
+        ("_ringbag", "${datadir}/zsh/site-functions/_ringbag"),
+        ("ringbag.fish", "${datadir}/fish/vendor_completions.d/ringbag.fish"),
+    ]:
+        assert f"${{B}}/gen-docs/completions/{made} ${{D}}{installed}" in joined, made
+        assert installed in files, installed

@@ -10,6 +10,11 @@ LICENSE = "Apache-2.0"
 LIC_FILES_CHKSUM = "file://LICENSE;md5=3b83ef96387f14655fc854ddc3c6bd57"
 CVE_PRODUCT = "ringbag"
 
+# The man pages and shell completions are written by the binary just built (`ringbag gen-docs`,
+# from its clap definitions), run under qemu-user on the build host: the qemu class and
+# qemu-native (MACHINE_FEATURES "qemu-usermode", on by default for aarch64).
+DEPENDS += "qemu-native"
+
 # The source: by default the git repository this layer lives in (yocto/meta-ringbag inside
 # it), fetched over the file protocol, so nothing is downloaded. Point RINGBAG_GIT_URI at your
 # mirror to build elsewhere. An image that ships pins SRCREV (SRCREV:pn-ringbag in the distro
@@ -26,7 +31,7 @@ S = "${WORKDIR}/git"
 # do_fetch, vendored by the cargo class, built with --frozen. No network at compile time.
 require ringbag-crates.inc
 
-inherit cargo systemd useradd
+inherit cargo systemd useradd qemu
 
 # `ringbag --version` names the commit: the git fetcher unpacks a clone with its .git into S,
 # where build.rs asks git (in HOSTTOOLS). A source without .git may export RINGBAG_GIT_COMMIT.
@@ -66,6 +71,18 @@ do_install:append() {
     # Prometheus alerting rules, for the monitoring server (not read on the robot).
     install -D -m 0644 ${S}/systemd/ringbag.rules.yml ${D}${datadir}/ringbag/ringbag.rules.yml
 
+    # Man pages (packaged in ${PN}-doc, as the doc class does) and completions (in ${PN}).
+    rm -rf ${B}/gen-docs
+    ${@qemu_run_binary(d, '${STAGING_DIR_TARGET}', '${D}${bindir}/ringbag')} gen-docs --out ${B}/gen-docs
+    install -d ${D}${mandir}/man1 ${D}${mandir}/man5
+    install -m 0644 ${B}/gen-docs/man1/*.1 ${D}${mandir}/man1/
+    install -m 0644 ${B}/gen-docs/man5/ringbag.toml.5 ${D}${mandir}/man5/
+    install -D -m 0644 ${B}/gen-docs/completions/ringbag.bash \
+        ${D}${datadir}/bash-completion/completions/ringbag
+    install -D -m 0644 ${B}/gen-docs/completions/_ringbag ${D}${datadir}/zsh/site-functions/_ringbag
+    install -D -m 0644 ${B}/gen-docs/completions/ringbag.fish \
+        ${D}${datadir}/fish/vendor_completions.d/ringbag.fish
+
     # The recording root, owned by the service user in the image itself: a read-only rootfs
     # cannot have systemd-tmpfiles fix it at boot.
     install -d -m 0750 -o ringbag -g ringbag ${D}${localstatedir}/lib/ringbag
@@ -77,6 +94,9 @@ FILES:${PN} += "\
     ${nonarch_libdir}/tmpfiles.d/ringbag.conf \
     ${nonarch_base_libdir}/udev/rules.d/60-ringbag-ptp.rules \
     ${datadir}/ringbag/ringbag.rules.yml \
+    ${datadir}/bash-completion/completions/ringbag \
+    ${datadir}/zsh/site-functions/_ringbag \
+    ${datadir}/fish/vendor_completions.d/ringbag.fish \
     ${localstatedir}/lib/ringbag \
 "
 # A locally edited configuration survives package upgrades.
