@@ -9,7 +9,7 @@
 #   scripts/test.sh --only STAGE one stage with its installs (repeatable; `ros` = both distros)
 #   scripts/test.sh --no-install never install anything; fail if a tool is missing
 #
-# Stages, in order: fmt clippy test check-ros ros-humble ros-jazzy yocto interop powercut
+# Stages, in order: fmt clippy docs test check-ros ros-humble ros-jazzy yocto interop powercut
 # systemd release cross-aarch64 (after `install`, which always runs).
 #
 # Respects CARGO_TARGET_DIR (default: target/). Cargo runs under `nice` because build machines
@@ -25,8 +25,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-ALL_STAGES=(fmt clippy test check-ros ros-humble ros-jazzy yocto interop powercut systemd release
-    cross-aarch64)
+ALL_STAGES=(fmt clippy docs test check-ros ros-humble ros-jazzy yocto interop powercut systemd
+    release cross-aarch64)
 QUICK=0
 INSTALL=1
 ONLY=()
@@ -479,6 +479,21 @@ run_yocto() {
     done
 }
 
+# The docs (scripts/docs-check.py): every --help flag and config key documented, links and
+# images resolving, the generated man pages free of groff and man warnings. Seconds, after the
+# debug build; needs only man-db (and its groff), installed here when missing.
+run_docs() {
+    if ! command -v man >/dev/null || ! command -v groff >/dev/null; then
+        [[ $INSTALL -eq 1 ]] || { echo "missing Debian package: man-db" >&2; return 1; }
+        echo "apt: installing man-db"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends man-db ||
+            { as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+                as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends man-db; }
+    fi
+    cargo_n build --bin ringbag
+    python3 scripts/docs-check.py --bin "$TARGET_DIR/debug/ringbag"
+}
+
 # Release binaries (scripts/build-release.sh): aarch64 and x86_64 against glibc 2.31, stripped,
 # checked (GLIBC_ versions, --version and info under qemu), tarballs and SHA256SUMS.
 run_release() { bash scripts/build-release.sh --out "$TARGET_DIR/dist"; }
@@ -494,6 +509,7 @@ stage "install" install_all
 setup_scratch
 maybe_stage "fmt" cargo_n fmt --check
 maybe_stage "clippy" cargo_n clippy --all-targets -- -D warnings
+maybe_stage "docs" run_docs
 maybe_stage "test" with_scratch run_host_tests
 # r2r's doc-only feature uses the bindings shipped in the crate instead of a sourced ROS 2, so
 # the `ros` code type-checks (and is linted) on machines without ROS; it cannot link or run.
