@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Docs that cannot rot: the `docs` stage of scripts/test.sh.
 
-    scripts/docs-check.py [--bin target/debug/ringbag]
+    scripts/docs-check.py [--bin target/debug/ringbag] [--root DIR]
+
+--root: the tree whose README.md and docs/*.md are checked [default: this repository]
+(tests/it/docs_check.rs checks altered copies).
 
 Fails (exit 1, one line per problem, then a count) when:
   * a flag in `ringbag --help` or any command's `--help` appears nowhere in README.md or
@@ -43,9 +46,9 @@ def run(args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, **kw)
 
 
-def doc_files() -> list[Path]:
-    docs = sorted((ROOT / "docs").glob("**/*.md")) if (ROOT / "docs").is_dir() else []
-    return [ROOT / "README.md", *docs]
+def doc_files(root: Path) -> list[Path]:
+    docs = sorted((root / "docs").glob("**/*.md")) if (root / "docs").is_dir() else []
+    return [root / "README.md", *docs]
 
 
 def help_of(binary: str, *command: str) -> str:
@@ -177,7 +180,7 @@ REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)")
 HTML = re.compile(r"<(?:img|a)\b[^>]*?\b(?:src|href)=\"([^\"]+)\"", re.I)
 
 
-def check_links(files: list[Path]) -> list[str]:
+def check_links(root: Path, files: list[Path]) -> list[str]:
     problems = []
     cache: dict[Path, set[str]] = {}
     for f in files:
@@ -191,7 +194,7 @@ def check_links(files: list[Path]) -> list[str]:
                     continue  # http:, https:, mailto:: not checked (no network in CI)
                 path, _, anchor = t.partition("#")
                 target = (f.parent / path).resolve() if path else f
-                where = f"{f.relative_to(ROOT)}:{n}"
+                where = f"{f.relative_to(root)}:{n}"
                 if not target.exists():
                     problems.append(f"{where}: link to {t}: {path} does not exist")
                     continue
@@ -219,13 +222,17 @@ def check_man(pages: list[Path]) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default=str(ROOT / "target/debug/ringbag"), help="the ringbag binary")
+    ap.add_argument("--root", default=str(ROOT), help="the tree whose docs are checked")
     a = ap.parse_args()
+    root = Path(a.root).resolve()
+    if not (root / "README.md").is_file():
+        die(f"no README.md in {root}")
     if not os.access(a.bin, os.X_OK):
         die(f"no ringbag binary at {a.bin} (cargo build --bin ringbag, or pass --bin)")
     for tool in ("groff", "man"):
         if run(["sh", "-c", f"command -v {tool}"]).returncode != 0:
             die(f"{tool} not found (Debian: man-db)")
-    files = doc_files()
+    files = doc_files(root)
     text = "\n".join(f.read_text() for f in files)
     problems = check_flags(a.bin, text)
     with tempfile.TemporaryDirectory() as out:
@@ -237,14 +244,14 @@ def main() -> int:
             pages = sorted(out.glob("man1/*.1")) + sorted(out.glob("man5/*.5"))
             problems += check_keys(out / "man5/ringbag.toml.5", files)
             problems += check_man(pages)
-    problems += check_links(files)
+    problems += check_links(root, files)
     for p in problems:
         print(f"docs-check: {p}")
     if problems:
         sys.stdout.flush()
         print(f"docs-check: {len(problems)} problem(s)", file=sys.stderr)
         return 1
-    print(f"docs-check: ok ({', '.join(str(f.relative_to(ROOT)) for f in files)})")
+    print(f"docs-check: ok ({', '.join(str(f.relative_to(root)) for f in files)})")
     return 0
 
 

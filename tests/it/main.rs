@@ -10,6 +10,7 @@ mod concurrency;
 mod convert;
 mod crash;
 mod deleted;
+mod docs_check;
 mod errors;
 mod final_status;
 mod format;
