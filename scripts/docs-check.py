@@ -17,7 +17,9 @@ Fails (exit 1, one line per problem, then a count) when:
   * a relative link or image in README.md or docs/*.md names a file that does not exist, or an
     anchor (#heading) that no heading of the target Markdown file makes;
   * the man pages do not build, or `groff -man -ww -z` or `MANWIDTH=80 man -l --warnings`
-    prints a warning for one of them.
+    prints a warning for one of them;
+  * the bash completion does not complete `ringbag rec` to `record` and `ringbag record
+    --max-bag-s` to `--max-bag-size`, or zsh -n / fish -n (where installed) reject theirs.
 
 Needs the built binary, groff and man (Debian: man-db); the standard library only.
 Exit 2 for bad usage or a binary that does not run.
@@ -219,6 +221,30 @@ def check_man(pages: list[Path]) -> list[str]:
     return problems
 
 
+BASH_COMPLETE = r'''
+source "$1"
+complete_words() { COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); COMPREPLY=()
+    _ringbag ringbag "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD - 1]}"
+    echo "${COMPREPLY[*]}"; }
+complete_words ringbag rec
+complete_words ringbag record --max-bag-s
+'''
+
+
+def check_completions(out: Path) -> list[str]:
+    problems = []
+    r = run(["bash", "-c", BASH_COMPLETE, "bash", str(out / "completions/ringbag.bash")])
+    if r.stdout.splitlines() != ["record", "--max-bag-size"]:
+        got = (r.stdout + r.stderr).strip().replace("\n", " | ")
+        problems.append(f"completions/ringbag.bash: `ringbag rec`, `ringbag record --max-bag-s` complete to: {got}")
+    for shell, name in (("zsh", "_ringbag"), ("fish", "ringbag.fish")):
+        if run(["sh", "-c", f"command -v {shell}"]).returncode == 0:
+            r = run([shell, "-n", str(out / "completions" / name)])
+            if r.returncode != 0:
+                problems.append(f"completions/{name}: {shell} -n: {r.stderr.strip()}")
+    return problems
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default=str(ROOT / "target/debug/ringbag"), help="the ringbag binary")
@@ -244,6 +270,7 @@ def main() -> int:
             pages = sorted(out.glob("man1/*.1")) + sorted(out.glob("man5/*.5"))
             problems += check_keys(out / "man5/ringbag.toml.5", files)
             problems += check_man(pages)
+            problems += check_completions(out)
     problems += check_links(root, files)
     for p in problems:
         print(f"docs-check: {p}")
