@@ -24,7 +24,7 @@ pub fn write_all(out: &Path) -> io::Result<()> {
     let man5 = out.join("man5");
     let completions = out.join("completions");
     for d in [&man1, &man5, &completions] {
-        fs::create_dir_all(d)?;
+        fs::create_dir_all(d).map_err(|e| at(d, e))?;
     }
     write_man1(&man1)?;
     write_file(&man5.join("ringbag.toml.5"), &ascii_roff(&config_page()))?;
@@ -90,11 +90,16 @@ fn docs_command() -> clap::Command {
     cmd
 }
 
+/// `e` with the path it is about, for the one-line error.
+fn at(path: &Path, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
 fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut f = fs::File::create(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    f.write_all(bytes)?;
-    f.flush()
+    let mut f = fs::File::create(path).map_err(|e| at(path, e))?;
+    f.write_all(bytes)
+        .and_then(|()| f.flush())
+        .map_err(|e| at(path, e))
 }
 
 /// `ringbag.toml(5)` from [`KEYS`].
@@ -185,6 +190,17 @@ mod tests {
         want.sort();
         assert_eq!(pages, want);
         assert!(!pages.iter().any(|p| p.contains("gen-docs")));
+        // Written again over itself: the same bytes (the packaging scripts compare them).
+        let again = tempfile::tempdir().unwrap();
+        write_all(again.path()).unwrap();
+        for p in &pages {
+            let a = fs::read(dir.path().join("man1").join(p)).unwrap();
+            assert_eq!(
+                a,
+                fs::read(again.path().join("man1").join(p)).unwrap(),
+                "{p}"
+            );
+        }
         let record = fs::read_to_string(dir.path().join("man1/ringbag-record.1")).unwrap();
         assert!(record.contains("max\\-bag\\-size"), "{record}");
         assert!(record.is_ascii());
@@ -197,5 +213,14 @@ mod tests {
             assert!(text.contains("max-bag-size"), "{c}");
             assert!(!text.contains("gen-docs"), "{c}");
         }
+    }
+
+    #[test]
+    fn an_output_that_cannot_be_made_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a-file");
+        fs::write(&file, "").unwrap();
+        let e = write_all(&file).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}/man1: ", file.display())), "{e}");
     }
 }
