@@ -165,4 +165,43 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn defaults_the_code_holds_are_the_codes() {
+        let default = |key: &str| KEYS.iter().find(|k| k.key == key).unwrap().default;
+        let bytes = |key: &str| crate::units::parse_bytes(default(key)).unwrap();
+        assert_eq!(
+            default("metrics_interval"),
+            crate::config::DEFAULT_METRICS_INTERVAL
+                .as_secs()
+                .to_string()
+        );
+        assert_eq!(
+            bytes("max_cache_size"),
+            crate::config::DEFAULT_MAX_CACHE_SIZE
+        );
+        assert_eq!(
+            default("tai_utc_offset"),
+            crate::clock::DEFAULT_TAI_UTC_OFFSET_S.to_string()
+        );
+        assert_eq!(
+            default("ptp_poll_interval"),
+            crate::clock::DEFAULT_POLL_INTERVAL.as_millis().to_string()
+        );
+        assert_eq!(
+            default("ptp_step_threshold"),
+            crate::clock::DEFAULT_STEP_THRESHOLD.as_micros().to_string()
+        );
+        assert_eq!(bytes("part_size"), crate::upload::DEFAULT_PART_SIZE);
+        assert_eq!(
+            default("concurrency"),
+            crate::upload::DEFAULT_CONCURRENCY.to_string()
+        );
+        let clock = crate::clock::ClockSettings::default();
+        assert_eq!(default("clock"), format!("{:?}", clock.kind).to_lowercase());
+        assert_eq!(
+            default("ptp_timescale"),
+            format!("{:?}", clock.timescale).to_lowercase()
+        );
+    }
 }
