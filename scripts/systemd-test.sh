@@ -89,10 +89,11 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------------- files
-# The release tarball's layout: the binary, install.sh and systemd/ side by side.
+# The release tarball's layout: the binary, install.sh, systemd/ and doc/ side by side.
 cp "$RB" "$WORK/ringbag"
 cp "$ROOT/scripts/install.sh" "$ROOT/scripts/systemd-dds-probe.py" "$WORK/"
 cp -r "$ROOT/systemd" "$WORK/systemd"
+"$RB" gen-docs --out "$WORK/doc"
 cp "$ROOT/systemd/ringbag.toml" "$WORK/shipped.toml"
 # The synthetic source with a small budget. clock = auto with an absent PTP device: the
 # fallback to the system clock must be logged once as a warning.
@@ -221,6 +222,9 @@ check_install() {
     C cmp -s "$IN/shipped.toml" "$CONFIG.new" || die "install.sh did not put the default at $CONFIG.new"
     [[ "$(prop ExecStart)" == *"path=/opt/ringbag/bin/ringbag "* ]] || die "ExecStart: $(prop ExecStart)"
     [[ "$(C systemctl is-enabled ringbag)" == enabled ]] || die "install.sh did not enable ringbag.service"
+    C test -f /opt/ringbag/share/man/man1/ringbag-record.1 -a \
+        -f /opt/ringbag/share/bash-completion/completions/ringbag ||
+        die "install.sh did not install the tarball's man pages and completions"
     # Reinstalling changes nothing.
     C bash "$IN/install.sh" --root / --prefix /opt/ringbag | grep -q 'nothing changed' ||
         die "a second install.sh run changed files"
