@@ -34,7 +34,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FLAG_IN_HELP = re.compile(r"^\s+(?:-[A-Za-z0-9], )?--([a-z0-9][a-z0-9-]*)")
+# An option's own line: clap indents it 2 (`  -o, --output`) or 6 (`      --long-only`)
+# spaces; a wrapped description line that starts with a flag is indented further.
+FLAG_IN_HELP = re.compile(r"^ {2,6}(?:-[A-Za-z0-9], )?--([a-z0-9][a-z0-9-]*)")
 # Flags every clap command has; the docs need not list them.
 IMPLICIT = {"help", "version"}
 
