@@ -1,7 +1,8 @@
 //! `ringbag gen-docs --out DIR` (hidden): the man pages and shell completions, generated from
 //! the clap definitions and the config's key table, so they say what this binary does. The
 //! packaging scripts (scripts/install.sh, scripts/build-release.sh, the Yocto recipe) run it
-//! on the build host rather than a build.rs, so a cross build runs nothing of the target's.
+//! after the build (a target binary under qemu-user) rather than in a build.rs, so a cross
+//! build itself runs nothing of the target's.
 //!
 //! Layout under DIR, as the installers copy it:
 //! `man1/ringbag.1`, `man1/ringbag-<command>.1`, `man5/ringbag.toml.5`,
