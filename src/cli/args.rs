@@ -470,9 +470,22 @@ pub struct RecordArgs {
     /// as the named topics and -e matches).
     #[arg(long, num_args = 1.., value_name = "TYPE")]
     pub topic_types: Vec<String>,
-    /// Record all topics.
-    #[arg(short = 'a', long, visible_alias = "all-topics")]
+    /// Record all topics and, on Jazzy, all services (as ros2 bag's -a/--all).
+    #[arg(short = 'a', long)]
     pub all: bool,
+    /// Record all topics (not services).
+    #[arg(long)]
+    pub all_topics: bool,
+    /// ROS source, Jazzy: record these services' introspection events (the
+    /// `<service>/_service_event` topics). Takes every value up to the next option.
+    #[arg(long, num_args = 1.., value_name = "SERVICE")]
+    pub services: Vec<String>,
+    /// ROS source, Jazzy: record every service's introspection events.
+    #[arg(long)]
+    pub all_services: bool,
+    /// ROS source, Jazzy: do not record these services (with -a, --all-services or -e).
+    #[arg(long, num_args = 1.., value_name = "SERVICE")]
+    pub exclude_services: Vec<String>,
     /// Record topics matching this regular expression.
     #[arg(short = 'e', long)]
     pub regex: Option<String>,

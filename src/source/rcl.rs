@@ -78,6 +78,75 @@ unsafe fn owned_str(p: *const c_char) -> String {
     }
 }
 
+fn lookup_error(message: String) -> RclError {
+    RclError {
+        call: "type support lookup",
+        code: RCL_RET_ERROR as i32,
+        message,
+    }
+}
+
+/// The C type support of message type `type_name`, 'static (its library stays loaded).
+/// r2r maps the message types sourced when it was built, but leaves everything under `srv/`
+/// out of its untyped table, service event messages (`pkg/srv/X_Event`) included: those are
+/// looked up in the package's typesupport library, as rosbag2 does.
+fn type_support(type_name: &str) -> Result<*const rosidl_message_type_support_t, RclError> {
+    if let Some((package, service)) = type_name
+        .strip_suffix("_Event")
+        .and_then(|s| s.split_once("/srv/"))
+    {
+        return service_event_type_support(package, service);
+    }
+    r2r::WrappedNativeMsgUntyped::new_from(type_name)
+        .map(|m| m.ts as *const _)
+        .map_err(|e| lookup_error(e.to_string()))
+}
+
+/// `pkg/srv/X_Event`'s type support: the getter rosidl generates for the event message in
+/// `lib<pkg>__rosidl_typesupport_c.so` (found on the sourced environment's library path).
+fn service_event_type_support(
+    package: &str,
+    service: &str,
+) -> Result<*const rosidl_message_type_support_t, RclError> {
+    let library = c_string("dlopen", &format!("lib{package}__rosidl_typesupport_c.so"))?;
+    let symbol = c_string(
+        "dlsym",
+        &format!(
+            "rosidl_typesupport_c__get_message_type_support_handle__{package}__srv__{service}_Event"
+        ),
+    )?;
+    let dl_error = |what: &str| {
+        // SAFETY: dlerror returns null or a NUL-terminated string valid until the next dl call
+        // on this thread; it is copied at once.
+        let e = unsafe { owned_str(libc::dlerror()) };
+        lookup_error(format!("{what}: {e}"))
+    };
+    // SAFETY: both names are NUL-terminated. The handle is never closed, so the library, and
+    // the type support it returns, stay valid for the rest of the process.
+    let handle = unsafe { libc::dlopen(library.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        return Err(dl_error("dlopen"));
+    }
+    // SAFETY: the handle is open (above).
+    let getter = unsafe { libc::dlsym(handle, symbol.as_ptr()) };
+    if getter.is_null() {
+        return Err(dl_error("dlsym"));
+    }
+    // SAFETY: the symbol is rosidl's generated C getter, declared
+    // `const rosidl_message_type_support_t * f(void)`; it only returns a static's address.
+    let ts = unsafe {
+        let get: unsafe extern "C" fn() -> *const rosidl_message_type_support_t =
+            std::mem::transmute(getter);
+        get()
+    };
+    if ts.is_null() {
+        return Err(lookup_error(format!(
+            "{package}/srv/{service}_Event: no type support"
+        )));
+    }
+    Ok(ts)
+}
+
 /// One publisher of a topic, as the graph reports it.
 pub struct PublisherEndpoint {
     pub qos: r2r::QosProfile,
@@ -257,15 +326,7 @@ impl RclNode {
         type_name: &str,
         qos: r2r::QosProfile,
     ) -> Result<SubId, RclError> {
-        // r2r loads the type support library for `type_name` (it only knows the types sourced
-        // when it was built). The pointer is 'static: the library stays loaded.
-        let ts = r2r::WrappedNativeMsgUntyped::new_from(type_name)
-            .map_err(|e| RclError {
-                call: "type support lookup",
-                code: RCL_RET_ERROR as i32,
-                message: e.to_string(),
-            })?
-            .ts;
+        let ts = type_support(type_name)?;
         let c_topic = c_string("rcl_subscription_init", topic)?;
         // SAFETY: the node is valid and outlives the subscription (Drop finalises
         // subscriptions first); the subscription is boxed so its address stays fixed for the

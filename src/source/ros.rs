@@ -19,8 +19,8 @@ use r2r::qos::{DurabilityPolicy, HistoryPolicy, LivelinessPolicy, ReliabilityPol
 use super::msgdef::{AmentPrefixPath, DefinitionCache};
 use super::rcl::{RclError, RclNode, Ready, SubId};
 use super::select::{
-    duration_from_std, duration_to_std, load_qos_overrides, requested_qos, Decision, QosOverrides,
-    RosSourceOptions, SelectError, TopicSelector,
+    definition_type, duration_from_std, duration_to_std, load_qos_overrides, requested_qos,
+    Decision, QosOverrides, RosSourceOptions, SelectError, TopicSelector,
 };
 use crate::bag::qos::{Durability, History, Liveliness, Reliability};
 use crate::bag::{MessageDefinition, QosProfile, TopicInfo};
@@ -280,7 +280,10 @@ impl<T: RecordTarget> Recorder<'_, T> {
             Ok(id) => {
                 let mut info = TopicInfo::new(name, type_name);
                 info.offered_qos_profiles = offers;
-                let definition = self.definitions.definition(type_name, &hash);
+                // A service event topic stores its service's `.srv` definition, as rosbag2's.
+                let definition = self
+                    .definitions
+                    .definition(definition_type(name, type_name), &hash);
                 // Jazzy's rosbag2 writes the hash twice, in `topics` (and metadata.yaml's
                 // topic_metadata) and in `message_definitions`; readers look in either.
                 info.type_description_hash = hash;

@@ -43,7 +43,7 @@ fn jazzy_selection_flags_record_exactly_their_topics_with_the_synthetic_source()
         // Jazzy's --topics, and the Humble positional list beside it: one list.
         (vec!["/imu", "--topics", "/tf"], vec!["/imu", "/tf"]),
         (vec!["--topics", "imu"], vec!["/imu"]),
-        // --all-topics is -a.
+        // --all-topics: every topic (-a adds the services, which the synthetic source has none of).
         (
             vec!["--all-topics", "--exclude-topics", "/points"],
             vec![
@@ -137,6 +137,18 @@ fn record_flags_without_a_meaning_on_the_synthetic_source_are_one_line_and_exit_
         (
             vec!["--compression-format", "zstd"],
             vec!["--compression-format needs a --compression-mode"],
+        ),
+        (
+            vec!["--services", "/set"],
+            vec!["--services: the synthetic source has no services"],
+        ),
+        (
+            vec!["--all-services"],
+            vec!["--all-services: the synthetic source has no services"],
+        ),
+        (
+            vec!["-a", "--exclude-services", "/set"],
+            vec!["--exclude-services: the synthetic source has no services"],
         ),
     ] {
         assert_bad_input(&with(&extra), &needles, &out);
