@@ -156,6 +156,61 @@ fn record_flags_without_a_meaning_on_the_synthetic_source_are_one_line_and_exit_
 }
 
 #[test]
+fn play_service_flags_are_refused_in_one_line_and_service_events_play_as_topics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("bag");
+    write_bag(
+        &bag,
+        Flavour::Jazzy,
+        &[
+            ("/set/_service_event", "std_srvs/srv/SetBool_Event"),
+            ("/a", "std_msgs/msg/String"),
+        ],
+        3,
+        0,
+    );
+    let b = bag.to_str().unwrap();
+    let never = tmp.path().join("never");
+    for (extra, needle) in [
+        (&["--services", "/set"][..], "--services: not supported yet"),
+        (
+            &["--exclude-services", "/set"],
+            "--exclude-services: not supported yet",
+        ),
+        (
+            &["--publish-service-requests"],
+            "--publish-service-requests: not supported yet",
+        ),
+        (
+            &["--service-requests-source", "client_introspection"],
+            "--service-requests-source: not supported yet",
+        ),
+    ] {
+        let args: Vec<&str> = ["play", b, "--sink", "echo"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        assert_bad_input(&args, &[needle], &never);
+    }
+    // Without them, the event topic is a topic like any other: --topics selects it.
+    let o = run(&[
+        "play",
+        b,
+        "--sink",
+        "echo",
+        "--topics",
+        "/set/_service_event",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(out.lines().count(), 3, "{out}");
+    assert!(
+        out.lines().all(|l| l.contains("/set/_service_event")),
+        "{out}"
+    );
+}
+
+#[test]
 fn play_jazzy_flags_ack_loan_and_clock_topics_through_the_echo_sink() {
     let tmp = tempfile::tempdir().unwrap();
     let bag = tmp.path().join("bag");
