@@ -1981,7 +1981,7 @@ fn services_are_recorded_from_their_introspection_events_as_jazzy_records_them()
         ),
         "{text}"
     );
-    // ringbag's own reader opens it as any bag.
+    // ringbag info lists it as a service too.
     let ours = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
         .args(["info"])
         .arg(&bag)
@@ -1991,7 +1991,8 @@ fn services_are_recorded_from_their_introspection_events_as_jazzy_records_them()
     assert!(ours.status.success(), "{text}");
     assert!(
         text.contains(
-            "Topic: /rl_svc/_service_event | Type: std_srvs/srv/SetBool_Event | Count: 20"
+            "Service information: Service: /rl_svc | Type: std_srvs/srv/SetBool | Event Count: \
+             20 | Serialization Format: cdr"
         ),
         "{text}"
     );

@@ -208,6 +208,22 @@ fn play_service_flags_are_refused_in_one_line_and_service_events_play_as_topics(
         out.lines().all(|l| l.contains("/set/_service_event")),
         "{out}"
     );
+    // info lists the event topic as a service, apart from the topics, as Jazzy's ros2 bag
+    // info does; `Messages:` counts the topics' messages only.
+    let o = run(&["info", b]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for line in [
+        "Messages:          3",
+        "Topic information: Topic: /a | Type: std_msgs/msg/String | Count: 3 | Serialization \
+         Format: cdr",
+        "Service:           1",
+        "Service information: Service: /set | Type: std_srvs/srv/SetBool | Event Count: 3 | \
+         Serialization Format: cdr",
+    ] {
+        assert!(out.lines().any(|l| l == line), "no line {line:?} in\n{out}");
+    }
+    assert!(!out.contains("Topic: /set"), "{out}");
 }
 
 #[test]
