@@ -1878,8 +1878,9 @@ fn reads_and_reindexes_what_ros2_bag_record_compresses_in_file_mode() {
 /// introspection topic, so each call of an introspected std_srvs/SetBool (server and client
 /// both on, tests/ros_live/introspection.py) is four events in the bag: request sent and
 /// received, response sent and received. The `.srv` definition is stored under the service's
-/// type, as rosbag2 stores it (the row real rosbag2 0.26 writes for it), and the real
-/// `ros2 bag info` lists the topic as a service with its event count. Humble has no service
+/// type, as rosbag2 stores it (the row real rosbag2 0.26 writes for it), the real
+/// `ros2 bag info` lists the topic as a service with its event count, and `ringbag play`
+/// publishes the events back, as a topic. Humble has no service
 /// introspection: there the flag is refused with one line and exit 2, as Humble's ros2 bag
 /// has no such flag.
 #[test]
@@ -1996,4 +1997,27 @@ fn services_are_recorded_from_their_introspection_events_as_jazzy_records_them()
         ),
         "{text}"
     );
+
+    // `ringbag play --sink ros` publishes the events as a topic, as rosbag2 plays them: a
+    // whole pass arrives byte for byte at a recorder of the service.
+    let events = &rows["/rl_svc/_service_event"];
+    let listen = Recording::start(RosSourceOptions {
+        services: vec!["/rl_svc".into()],
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    });
+    let player = Child::spawn(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
+            .args(["--log-level", "warn", "play"])
+            .arg(&bag)
+            .args(["--sink", "ros", "--loop"]),
+        "ringbag play",
+        tmp.path(),
+    );
+    wait_until(
+        "a whole pass of /rl_svc/_service_event from ringbag play",
+        || contains_run(&listen.collector.payloads("/rl_svc/_service_event"), events),
+    );
+    player.interrupt_and_wait();
+    listen.stop().expect("listener ends cleanly");
 }

@@ -154,6 +154,9 @@ pub struct PublisherEndpoint {
     pub type_hash: String,
 }
 
+/// Index of a publisher in its [`RclNode`].
+pub type PubId = usize;
+
 /// Index of a subscription in its [`RclNode`].
 pub type SubId = usize;
 
@@ -178,6 +181,10 @@ pub struct RclNode {
     wait_subs: usize,
     wait_events: usize,
     subs: Vec<Subscription>,
+    /// Publishers of serialized messages (`ringbag play`'s service event topics). Not boxed:
+    /// unlike subscriptions, no wait set or event keeps a publisher's address (the handle is
+    /// one pointer to rcl's own allocation, which does not move).
+    pubs: Vec<rcl_publisher_t>,
     /// Where every take lands; rmw grows it to the largest message so far, then reuses it.
     buffer: rcl_serialized_message_t,
     allocator: rcutils_allocator_t,
@@ -248,6 +255,7 @@ impl RclNode {
             wait_subs: 0,
             wait_events: 0,
             subs: Vec::new(),
+            pubs: Vec::new(),
             // SAFETY: a zero-initialised byte array (null buffer, capacity 0) is a valid
             // target for rcl_take_serialized_message, which allocates it with `allocator`.
             buffer: unsafe { rcutils_get_zero_initialized_uint8_array() },
@@ -320,6 +328,61 @@ impl RclNode {
 
     /// Subscribes to `topic` with `qos`, taking raw CDR. The message-lost event is set up
     /// when the rmw supports it (`has_lost_event`).
+    /// A publisher of serialized messages of `type_name` on `topic`, for the types r2r's
+    /// publishers cannot name (service events: see [`type_support`]).
+    pub fn advertise(
+        &mut self,
+        topic: &str,
+        type_name: &str,
+        qos: r2r::QosProfile,
+    ) -> Result<PubId, RclError> {
+        let ts = type_support(type_name)?;
+        let c_topic = c_string("rcl_publisher_init", topic)?;
+        // SAFETY: the node is valid and outlives the publisher (Drop finalises publishers
+        // first); the type support is 'static and rcl copies the topic name.
+        let mut handle = unsafe { rcl_get_zero_initialized_publisher() };
+        unsafe {
+            let mut options = rcl_publisher_get_default_options();
+            options.qos = qos.into();
+            check(
+                "rcl_publisher_init",
+                rcl_publisher_init(
+                    &mut handle,
+                    self.node.as_mut(),
+                    ts,
+                    c_topic.as_ptr(),
+                    &options,
+                ),
+            )?;
+        }
+        self.pubs.push(handle);
+        Ok(self.pubs.len() - 1)
+    }
+
+    /// Publishes CDR bytes (encapsulation header included) on publisher `id`.
+    pub fn publish(&self, id: PubId, data: &[u8]) -> Result<(), RclError> {
+        let Some(publisher) = self.pubs.get(id) else {
+            return Err(RclError {
+                call: "rcl_publish_serialized_message",
+                code: RCL_RET_PUBLISHER_INVALID as i32,
+                message: format!("no publisher {id}"),
+            });
+        };
+        // rcl only reads the bytes, during the call: the array borrows `data` (never
+        // resized or freed through the allocator).
+        let message = rcl_serialized_message_t {
+            buffer: data.as_ptr() as *mut u8,
+            buffer_length: data.len(),
+            buffer_capacity: data.len(),
+            allocator: self.allocator,
+        };
+        // SAFETY: the publisher was initialised by `advertise` and lives until Drop; the
+        // message points to `data`, valid for the call.
+        check("rcl_publish_serialized_message", unsafe {
+            rcl_publish_serialized_message(publisher, &message, std::ptr::null_mut())
+        })
+    }
+
     pub fn subscribe(
         &mut self,
         topic: &str,
@@ -510,9 +573,15 @@ impl Drop for RclNode {
                 log::debug!("{}", rcl_error(call, ret));
             }
         };
-        // SAFETY: teardown in rcl's order (events, subscriptions, wait set, buffer, node,
+        // SAFETY: teardown in rcl's order (publishers, events, subscriptions, wait set, buffer, node,
         // context); each handle was initialised and is finalised exactly once here.
         unsafe {
+            for p in &mut self.pubs {
+                log(
+                    "rcl_publisher_fini",
+                    rcl_publisher_fini(p, self.node.as_mut()),
+                );
+            }
             for s in &mut self.subs {
                 if let Some(e) = s.lost.as_mut() {
                     log("rcl_event_fini", rcl_event_fini(e.as_mut()));
