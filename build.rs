@@ -75,6 +75,7 @@ fn git_commit() -> Option<String> {
 
 fn ros_facts() {
     println!("cargo:rustc-check-cfg=cfg(ringbag_rmw_type_hash)");
+    println!("cargo:rustc-check-cfg=cfg(ringbag_service_introspection)");
     println!("cargo:rerun-if-env-changed=ROS_DISTRO");
     // rmw reports an endpoint's type hash from Iron on (Humble's struct has no such field).
     // Without a sourced distro (CI's `r2r/doc-only` check) the Humble layout is assumed,
@@ -86,6 +87,8 @@ fn ros_facts() {
         let distro = std::env::var("ROS_DISTRO").unwrap_or_default();
         if matches!(distro.as_str(), "iron" | "jazzy" | "kilted" | "rolling") {
             println!("cargo:rustc-cfg=ringbag_rmw_type_hash");
+            // Service introspection (`<service>/_service_event`) also arrived in Iron.
+            println!("cargo:rustc-cfg=ringbag_service_introspection");
         }
         // The snapshot service `~/snapshot` needs std_srvs, which r2r generates only from a
         // sourced distro (its doc-only bindings lack it): same rule as above, a distro set.

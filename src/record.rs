@@ -17,8 +17,9 @@ use crate::source::generator::{self, GeneratorConfig};
 #[derive(Debug, Clone)]
 pub enum SourceSettings {
     Synthetic(GeneratorConfig),
+    /// Boxed: the selection lists make it many times the synthetic variant's size.
     #[cfg(feature = "ros")]
-    Ros(crate::source::select::RosSourceOptions),
+    Ros(Box<crate::source::select::RosSourceOptions>),
 }
 
 #[derive(Debug, Clone)]

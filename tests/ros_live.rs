@@ -1873,3 +1873,151 @@ fn reads_and_reindexes_what_ros2_bag_record_compresses_in_file_mode() {
     assert!(out.status.success(), "reindex: {out:?}");
     assert_eq!(ros2_bag_info(&theirs), want, "after ringbag reindex");
 }
+
+/// Jazzy's service recording: `ringbag record --services` subscribes to the service's
+/// introspection topic, so each call of an introspected std_srvs/SetBool (server and client
+/// both on, tests/ros_live/introspection.py) is four events in the bag: request sent and
+/// received, response sent and received. The `.srv` definition is stored under the service's
+/// type, as rosbag2 stores it (the row real rosbag2 0.26 writes for it), the real
+/// `ros2 bag info` lists the topic as a service with its event count, and `ringbag play`
+/// publishes the events back, as a topic. Humble has no service
+/// introspection: there the flag is refused with one line and exit 2, as Humble's ros2 bag
+/// has no such flag.
+#[test]
+fn services_are_recorded_from_their_introspection_events_as_jazzy_records_them() {
+    require_ros2_cli!();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bag = tmp.path().join("services");
+    let record = || {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"));
+        c.args(["--log-level", "warn", "record", "--source", "ros"])
+            .args(["--services", "rl_svc", "--clock", "system", "-o"])
+            .arg(&bag);
+        c
+    };
+    if sourced_distro() == "humble" {
+        let out = record()
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("ringbag runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains("--services: this build's ROS 2 distro has no service introspection"));
+        assert!(!bag.exists());
+        eprintln!(
+            "SKIPPED recording: Humble has no service introspection (the refusal is checked)"
+        );
+        return;
+    }
+    let ringbag = Child::spawn(&mut record(), "ringbag record", tmp.path());
+    // The script waits for the recorder's subscription before its first call.
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/ros_live/introspection.py"
+    );
+    let calls = std::process::Command::new("python3")
+        .args([script, "/rl_svc", "5"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("python3 runs");
+    assert!(
+        calls.status.success(),
+        "{script}: {calls:?}\n{}",
+        String::from_utf8_lossy(&calls.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&calls.stdout).trim(), "done 5");
+    ringbag.interrupt_and_wait();
+
+    let rows = rows_in(&bag);
+    assert_eq!(rows.keys().collect::<Vec<_>>(), ["/rl_svc/_service_event"]);
+    // service_msgs/msg/ServiceEventInfo's first field, right after the CDR header: the kind
+    // of event (REQUEST_SENT 0, REQUEST_RECEIVED 1, RESPONSE_SENT 2, RESPONSE_RECEIVED 3).
+    let mut kinds = [0u32; 4];
+    for event in &rows["/rl_svc/_service_event"] {
+        kinds[usize::from(event[4])] += 1;
+    }
+    assert_eq!(kinds, [5, 5, 5, 5], "each call's four events");
+
+    let split = &splits(&bag)[0];
+    let db =
+        rusqlite::Connection::open_with_flags(split, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .expect("open split");
+    let (ty, hash): (String, String) = db
+        .query_row("SELECT type, type_description_hash FROM topics", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .expect("the topic row");
+    assert_eq!(ty, "std_srvs/srv/SetBool_Event");
+    assert!(hash.starts_with("RIHS01_"), "{hash}");
+    let definition: (String, String, String, String) = db
+        .query_row(
+            "SELECT topic_type, encoding, encoded_message_definition, type_description_hash \
+             FROM message_definitions",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .expect("one definition row");
+    // What rosbag2 0.26's recorder wrote for the same service here (ros2 bag record -s sqlite3
+    // --services): the .srv under SRV:, and `unknown` for a service with no nested message type.
+    let srv = format!(
+        "{}\nSRV: std_srvs/srv/SetBool\nbool data # e.g. for hardware enabling / disabling\n---\n\
+         bool success   # indicate successful run of triggered service\n\
+         string message # informational, e.g. for error messages\n",
+        "=".repeat(80)
+    );
+    assert_eq!(
+        definition,
+        ("std_srvs/srv/SetBool".into(), "unknown".into(), srv, hash)
+    );
+
+    let info = ros2(&["bag".as_ref(), "info".as_ref(), bag.as_os_str()]).expect("ros2 on PATH");
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(info.status.success(), "{text}");
+    assert!(text.contains("Service:           1"), "{text}");
+    assert!(
+        text.contains(
+            "Service: /rl_svc | Type: std_srvs/srv/SetBool | Event Count: 20 | \
+             Serialization Format: cdr"
+        ),
+        "{text}"
+    );
+    // ringbag info lists it as a service too.
+    let ours = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
+        .args(["info"])
+        .arg(&bag)
+        .output()
+        .expect("ringbag info");
+    let text = String::from_utf8_lossy(&ours.stdout);
+    assert!(ours.status.success(), "{text}");
+    assert!(
+        text.contains(
+            "Service information: Service: /rl_svc | Type: std_srvs/srv/SetBool | Event Count: \
+             20 | Serialization Format: cdr"
+        ),
+        "{text}"
+    );
+
+    // `ringbag play --sink ros` publishes the events as a topic, as rosbag2 plays them: a
+    // whole pass arrives byte for byte at a recorder of the service.
+    let events = &rows["/rl_svc/_service_event"];
+    let listen = Recording::start(RosSourceOptions {
+        services: vec!["/rl_svc".into()],
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    });
+    let player = Child::spawn(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
+            .args(["--log-level", "warn", "play"])
+            .arg(&bag)
+            .args(["--sink", "ros", "--loop"]),
+        "ringbag play",
+        tmp.path(),
+    );
+    wait_until(
+        "a whole pass of /rl_svc/_service_event from ringbag play",
+        || contains_run(&listen.collector.payloads("/rl_svc/_service_event"), events),
+    );
+    player.interrupt_and_wait();
+    listen.stop().expect("listener ends cleanly");
+}

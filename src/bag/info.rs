@@ -124,9 +124,18 @@ pub fn info_text(bag: &Bag) -> String {
     let _ = writeln!(out, "Duration:          {:.3}s", m.duration_ns as f64 / 1e9);
     let _ = writeln!(out, "Start:             {}", human_time(m.starting_time_ns));
     let _ = writeln!(out, "End:               {}", human_time(m.end_time_ns()));
-    let _ = writeln!(out, "Messages:          {}", m.message_count);
-    let topics: Vec<String> = m
-        .topics
+    // Jazzy's ros2 bag info lists service event topics apart, as services, and leaves their
+    // events out of `Messages:`.
+    let (services, topics): (Vec<_>, Vec<_>) = m.topics.iter().partition(|t| {
+        crate::source::select::is_service_event_topic(&t.topic.name, &t.topic.type_name)
+    });
+    let events: u64 = services.iter().map(|t| t.message_count).sum();
+    let _ = writeln!(
+        out,
+        "Messages:          {}",
+        m.message_count.saturating_sub(events)
+    );
+    let topics: Vec<String> = topics
         .iter()
         .map(|t| {
             format!(
@@ -140,6 +149,29 @@ pub fn info_text(bag: &Bag) -> String {
         "Topic information: {}",
         topics.join(&format!("\n{pad}"))
     );
+    if !services.is_empty() {
+        let services: Vec<String> = services
+            .iter()
+            .map(|t| {
+                let name = &t.topic.name;
+                let ty = &t.topic.type_name;
+                format!(
+                    "Service: {} | Type: {} | Event Count: {} | Serialization Format: {}",
+                    name.strip_suffix(crate::source::select::SERVICE_EVENT_SUFFIX)
+                        .unwrap_or(name),
+                    crate::source::select::service_of_event_type(ty).unwrap_or(ty),
+                    t.message_count,
+                    t.topic.serialization_format
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "Service:           {}", services.len());
+        let _ = writeln!(
+            out,
+            "Service information: {}",
+            services.join(&format!("\n{pad}"))
+        );
+    }
     let _ = writeln!(out, "Splits:");
     for s in &bag.splits {
         let count = m

@@ -318,6 +318,16 @@ pub enum SinkKind {
     Echo,
 }
 
+/// `play --service-requests-source`, as ros2 bag spells its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum ServiceRequestsSource {
+    /// The requests as the service's server received them.
+    ServiceIntrospection,
+    /// The requests as the clients sent them.
+    ClientIntrospection,
+}
+
 #[derive(Debug, Args)]
 pub struct PlayArgs {
     /// Bag directory, or a single .db3 file.
@@ -408,6 +418,22 @@ pub struct PlayArgs {
     /// Publish /clock with the message's time right before every message played.
     #[arg(long, conflicts_with_all = ["clock", "clock_topics"])]
     pub clock_topics_all: bool,
+    /// ros2 bag's service filter. Not yet supported: refused (exit 2); a recorded service's
+    /// events are the topic SERVICE/_service_event, which --topics selects.
+    #[arg(long, num_args = 1.., value_name = "SERVICE")]
+    pub services: Vec<String>,
+    /// ros2 bag's service exclusion. Not yet supported: refused (exit 2); --exclude-topics
+    /// SERVICE/_service_event leaves a service's events out.
+    #[arg(long, num_args = 1.., value_name = "SERVICE")]
+    pub exclude_services: Vec<String>,
+    /// Call the recorded services with the recorded requests (ros2 bag's flag). Not yet
+    /// supported: refused (exit 2).
+    #[arg(long)]
+    pub publish_service_requests: bool,
+    /// Which introspection events hold the requests for --publish-service-requests (ros2 bag's
+    /// flag; its default is service_introspection). Not yet supported: refused (exit 2).
+    #[arg(long, value_name = "SOURCE")]
+    pub service_requests_source: Option<ServiceRequestsSource>,
     /// Messages read ahead of playback, at most (>= 1).
     #[arg(long, value_name = "N", default_value_t = crate::play::DEFAULT_READ_AHEAD_MESSAGES as u64, allow_negative_numbers = true)]
     pub read_ahead_queue_size: u64,
@@ -482,9 +508,22 @@ pub struct RecordArgs {
     /// as the named topics and -e matches).
     #[arg(long, num_args = 1.., value_name = "TYPE")]
     pub topic_types: Vec<String>,
-    /// Record all topics.
-    #[arg(short = 'a', long, visible_alias = "all-topics")]
+    /// Record all topics and, on Jazzy, all services (as ros2 bag's -a/--all).
+    #[arg(short = 'a', long)]
     pub all: bool,
+    /// Record all topics (not services).
+    #[arg(long)]
+    pub all_topics: bool,
+    /// ROS source, Jazzy: record these services' introspection events (the
+    /// `<service>/_service_event` topics). Takes every value up to the next option.
+    #[arg(long, num_args = 1.., value_name = "SERVICE")]
+    pub services: Vec<String>,
+    /// ROS source, Jazzy: record every service's introspection events.
+    #[arg(long)]
+    pub all_services: bool,
+    /// ROS source, Jazzy: do not record these services (with -a, --all-services or -e).
+    #[arg(long, num_args = 1.., value_name = "SERVICE")]
+    pub exclude_services: Vec<String>,
     /// Record topics matching this regular expression.
     #[arg(short = 'e', long)]
     pub regex: Option<String>,

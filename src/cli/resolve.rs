@@ -346,7 +346,11 @@ fn ros_options(a: &RecordArgs) -> Result<crate::source::select::RosSourceOptions
 fn selection(a: &RecordArgs) -> crate::source::select::RosSourceOptions {
     crate::source::select::RosSourceOptions {
         topics: a.topics.iter().chain(&a.topics_flag).cloned().collect(),
-        all: a.all,
+        // Jazzy's -a/--all is topics and services; --all-topics and --all-services split it.
+        all: a.all || a.all_topics,
+        all_services: a.all || a.all_services,
+        services: a.services.clone(),
+        exclude_services: a.exclude_services.clone(),
         regex: a.regex.clone(),
         exclude_regex: a.exclude_regex.clone(),
         exclude_topics: a.exclude_topics.clone(),
@@ -384,6 +388,47 @@ fn compression_flags(a: &RecordArgs) -> Result<(), String> {
     }
 }
 
+/// The service flags: recorded from the introspection topics of a live Jazzy graph only.
+/// Humble has no service introspection, and its ros2 bag no such flags: refused there, as on
+/// the synthetic source (which has no services). `-a` stays usable everywhere: where there are
+/// no service event topics its service half matches nothing.
+fn service_flags(a: &RecordArgs, source: SourceKind) -> Result<(), String> {
+    let flag = if !a.services.is_empty() {
+        "--services"
+    } else if a.all_services {
+        "--all-services"
+    } else if !a.exclude_services.is_empty() {
+        "--exclude-services"
+    } else {
+        return Ok(());
+    };
+    if source == SourceKind::Synthetic {
+        return Err(format!(
+            "{flag}: the synthetic source has no services (--source ros only)"
+        ));
+    }
+    if !SERVICE_INTROSPECTION {
+        return Err(format!(
+            "{flag}: this build's ROS 2 distro has no service introspection (Iron or later; \
+             ros2 bag on Humble has no such flag)"
+        ));
+    }
+    // ros2 bag's own check: an exclusion needs something it can take away from.
+    let excludes = !a.exclude_services.is_empty();
+    if excludes && !(a.all || a.all_services || a.regex.is_some()) {
+        return Err(
+            "--exclude-services needs -a/--all, --all-services or -e/--regex \
+                    (as in ros2 bag)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Whether the services' introspection topics exist where this binary records: built with
+/// the `ros` feature against Iron or later (build.rs sets the cfg from `ROS_DISTRO`).
+const SERVICE_INTROSPECTION: bool = cfg!(all(feature = "ros", ringbag_service_introspection));
+
 /// ros2 bag's flags that only a live graph gives a meaning to, or that ringbag does not do
 /// yet: refused with one line rather than accepted and ignored (a script relying on one
 /// would record something else than it asked for).
@@ -407,6 +452,7 @@ fn source_only_flags(a: &RecordArgs, source: SourceKind) -> Result<(), String> {
             SourceKind::Ros => "--ignore-leaf-topics: not yet supported".into(),
         });
     }
+    service_flags(a, source)?;
     if let Some(name) = a.node_name.as_deref() {
         if source == SourceKind::Synthetic {
             return Err(format!(
@@ -454,7 +500,7 @@ fn ros_source(_a: &RecordArgs) -> Result<SourceSettings, String> {
 
 #[cfg(feature = "ros")]
 fn ros_source(a: &RecordArgs) -> Result<SourceSettings, String> {
-    Ok(SourceSettings::Ros(ros_options(a)?))
+    Ok(SourceSettings::Ros(Box::new(ros_options(a)?)))
 }
 
 pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySettings, String> {
@@ -502,6 +548,7 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
         crate::bag::storage_config::load_for_play(f)
             .map_err(|e| format!("--storage-config-file {e}"))?;
     }
+    play_service_flags(a)?;
     if let Some(ms) = a.wait_for_all_acked {
         if ms < 0 {
             return Err(format!(
@@ -576,6 +623,35 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
         rt_priority: a.rt_priority,
         burst: None,
     })
+}
+
+/// ros2 bag play's service flags: not there yet, so refused rather than ignored (a script
+/// asking for service calls would otherwise get topics published instead). Without them a
+/// bag's service event topics play as any topic does, and --topics/--exclude-topics select
+/// them by their `SERVICE/_service_event` names.
+fn play_service_flags(a: &super::args::PlayArgs) -> Result<(), String> {
+    let event_topics = "select a service's events with --topics or --exclude-topics \
+                        SERVICE/_service_event";
+    if !a.services.is_empty() {
+        return Err(format!("--services: not supported yet; {event_topics}"));
+    }
+    if !a.exclude_services.is_empty() {
+        return Err(format!(
+            "--exclude-services: not supported yet; {event_topics}"
+        ));
+    }
+    if a.publish_service_requests || a.service_requests_source.is_some() {
+        let flag = if a.publish_service_requests {
+            "--publish-service-requests"
+        } else {
+            "--service-requests-source"
+        };
+        return Err(format!(
+            "{flag}: not supported yet; ringbag plays a service's recorded events as the \
+             topic SERVICE/_service_event, it does not call the service"
+        ));
+    }
+    Ok(())
 }
 
 /// Seconds since the epoch, exact to the nanosecond; a leading `-` is allowed (a time before
@@ -851,9 +927,15 @@ mod record_flag_tests {
         let a = record(&["/imu", "--topics", "/tf", "points", "--all-topics"]);
         let sel = selection(&a);
         assert_eq!(sel.topics, ["/imu", "/tf", "points"]);
-        assert!(sel.all, "--all-topics is -a");
-        assert!(selection(&record(&["-a"])).all);
-        assert!(selection(&record(&["--all"])).all);
+        assert!(sel.all, "--all-topics records every topic");
+        assert!(!sel.all_services, "--all-topics records no service");
+        for all in ["-a", "--all"] {
+            let sel = selection(&record(&[all]));
+            assert!(
+                sel.all && sel.all_services,
+                "{all} is topics and services, as Jazzy's"
+            );
+        }
     }
 
     #[test]
@@ -873,6 +955,44 @@ mod record_flag_tests {
         );
         assert_eq!(sel.exclude_topic_types, ["sensor_msgs/msg/Image"]);
         assert!(sel.include_unpublished_topics);
+    }
+
+    #[test]
+    fn service_flags_reach_the_selection_and_are_refused_where_there_are_no_services() {
+        let a = record(&["--services", "/set", "get", "--all-services"]);
+        let sel = selection(&a);
+        assert_eq!(sel.services, ["/set", "get"]);
+        assert!(sel.all_services && !sel.all);
+        for flags in [
+            &["--services", "/set"][..],
+            &["--all-services"],
+            &["-a", "--exclude-services", "/set"],
+        ] {
+            let e = source_only_flags(&record(flags), SourceKind::Synthetic).unwrap_err();
+            assert!(e.starts_with("--"), "{e}");
+            assert!(e.contains("synthetic source has no services"), "{e}");
+            let ros = source_only_flags(&record(flags), SourceKind::Ros);
+            if SERVICE_INTROSPECTION {
+                assert!(ros.is_ok(), "{flags:?}: {ros:?}");
+            } else {
+                assert!(ros.unwrap_err().contains("no service introspection"));
+            }
+        }
+        // -a alone works on every source and distro.
+        assert!(source_only_flags(&record(&["-a"]), SourceKind::Synthetic).is_ok());
+        if SERVICE_INTROSPECTION {
+            let e = source_only_flags(&record(&["--exclude-services", "/set"]), SourceKind::Ros)
+                .unwrap_err();
+            assert!(
+                e.contains("needs -a/--all, --all-services or -e/--regex"),
+                "{e}"
+            );
+            let ok = source_only_flags(
+                &record(&["-e", "s", "--exclude-services", "/x"]),
+                SourceKind::Ros,
+            );
+            assert!(ok.is_ok(), "{ok:?}");
+        }
     }
 
     #[test]

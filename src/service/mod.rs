@@ -123,11 +123,13 @@ pub fn record_settings(
             topics: c.synthetic_topics,
         }),
         #[cfg(feature = "ros")]
-        SourceChoice::Ros => SourceSettings::Ros(crate::source::select::RosSourceOptions {
-            polling_interval: Duration::from_millis(100),
-            no_discovery: false,
-            ..c.config.selection()
-        }),
+        SourceChoice::Ros => {
+            SourceSettings::Ros(Box::new(crate::source::select::RosSourceOptions {
+                polling_interval: Duration::from_millis(100),
+                no_discovery: false,
+                ..c.config.selection()
+            }))
+        }
         // `ServiceConfig::check` refuses "ros" in a build without it.
         #[cfg(not(feature = "ros"))]
         SourceChoice::Ros => SourceSettings::Synthetic(GeneratorConfig {

@@ -78,12 +78,84 @@ unsafe fn owned_str(p: *const c_char) -> String {
     }
 }
 
+fn lookup_error(message: String) -> RclError {
+    RclError {
+        call: "type support lookup",
+        code: RCL_RET_ERROR as i32,
+        message,
+    }
+}
+
+/// The C type support of message type `type_name`, 'static (its library stays loaded).
+/// r2r maps the message types sourced when it was built, but leaves everything under `srv/`
+/// out of its untyped table, service event messages (`pkg/srv/X_Event`) included: those are
+/// looked up in the package's typesupport library, as rosbag2 does.
+fn type_support(type_name: &str) -> Result<*const rosidl_message_type_support_t, RclError> {
+    if let Some((package, service)) = type_name
+        .strip_suffix("_Event")
+        .and_then(|s| s.split_once("/srv/"))
+    {
+        return service_event_type_support(package, service);
+    }
+    r2r::WrappedNativeMsgUntyped::new_from(type_name)
+        .map(|m| m.ts as *const _)
+        .map_err(|e| lookup_error(e.to_string()))
+}
+
+/// `pkg/srv/X_Event`'s type support: the getter rosidl generates for the event message in
+/// `lib<pkg>__rosidl_typesupport_c.so` (found on the sourced environment's library path).
+fn service_event_type_support(
+    package: &str,
+    service: &str,
+) -> Result<*const rosidl_message_type_support_t, RclError> {
+    let library = c_string("dlopen", &format!("lib{package}__rosidl_typesupport_c.so"))?;
+    let symbol = c_string(
+        "dlsym",
+        &format!(
+            "rosidl_typesupport_c__get_message_type_support_handle__{package}__srv__{service}_Event"
+        ),
+    )?;
+    let dl_error = |what: &str| {
+        // SAFETY: dlerror returns null or a NUL-terminated string valid until the next dl call
+        // on this thread; it is copied at once.
+        let e = unsafe { owned_str(libc::dlerror()) };
+        lookup_error(format!("{what}: {e}"))
+    };
+    // SAFETY: both names are NUL-terminated. The handle is never closed, so the library, and
+    // the type support it returns, stay valid for the rest of the process.
+    let handle = unsafe { libc::dlopen(library.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        return Err(dl_error("dlopen"));
+    }
+    // SAFETY: the handle is open (above).
+    let getter = unsafe { libc::dlsym(handle, symbol.as_ptr()) };
+    if getter.is_null() {
+        return Err(dl_error("dlsym"));
+    }
+    // SAFETY: the symbol is rosidl's generated C getter, declared
+    // `const rosidl_message_type_support_t * f(void)`; it only returns a static's address.
+    let ts = unsafe {
+        let get: unsafe extern "C" fn() -> *const rosidl_message_type_support_t =
+            std::mem::transmute(getter);
+        get()
+    };
+    if ts.is_null() {
+        return Err(lookup_error(format!(
+            "{package}/srv/{service}_Event: no type support"
+        )));
+    }
+    Ok(ts)
+}
+
 /// One publisher of a topic, as the graph reports it.
 pub struct PublisherEndpoint {
     pub qos: r2r::QosProfile,
     /// `RIHS01_<hex>` where the distro reports type hashes (Iron and later), else empty.
     pub type_hash: String,
 }
+
+/// Index of a publisher in its [`RclNode`].
+pub type PubId = usize;
 
 /// Index of a subscription in its [`RclNode`].
 pub type SubId = usize;
@@ -109,6 +181,10 @@ pub struct RclNode {
     wait_subs: usize,
     wait_events: usize,
     subs: Vec<Subscription>,
+    /// Publishers of serialized messages (`ringbag play`'s service event topics). Not boxed:
+    /// unlike subscriptions, no wait set or event keeps a publisher's address (the handle is
+    /// one pointer to rcl's own allocation, which does not move).
+    pubs: Vec<rcl_publisher_t>,
     /// Where every take lands; rmw grows it to the largest message so far, then reuses it.
     buffer: rcl_serialized_message_t,
     allocator: rcutils_allocator_t,
@@ -179,6 +255,7 @@ impl RclNode {
             wait_subs: 0,
             wait_events: 0,
             subs: Vec::new(),
+            pubs: Vec::new(),
             // SAFETY: a zero-initialised byte array (null buffer, capacity 0) is a valid
             // target for rcl_take_serialized_message, which allocates it with `allocator`.
             buffer: unsafe { rcutils_get_zero_initialized_uint8_array() },
@@ -251,21 +328,68 @@ impl RclNode {
 
     /// Subscribes to `topic` with `qos`, taking raw CDR. The message-lost event is set up
     /// when the rmw supports it (`has_lost_event`).
+    /// A publisher of serialized messages of `type_name` on `topic`, for the types r2r's
+    /// publishers cannot name (service events: see [`type_support`]).
+    pub fn advertise(
+        &mut self,
+        topic: &str,
+        type_name: &str,
+        qos: r2r::QosProfile,
+    ) -> Result<PubId, RclError> {
+        let ts = type_support(type_name)?;
+        let c_topic = c_string("rcl_publisher_init", topic)?;
+        // SAFETY: the node is valid and outlives the publisher (Drop finalises publishers
+        // first); the type support is 'static and rcl copies the topic name.
+        let mut handle = unsafe { rcl_get_zero_initialized_publisher() };
+        unsafe {
+            let mut options = rcl_publisher_get_default_options();
+            options.qos = qos.into();
+            check(
+                "rcl_publisher_init",
+                rcl_publisher_init(
+                    &mut handle,
+                    self.node.as_mut(),
+                    ts,
+                    c_topic.as_ptr(),
+                    &options,
+                ),
+            )?;
+        }
+        self.pubs.push(handle);
+        Ok(self.pubs.len() - 1)
+    }
+
+    /// Publishes CDR bytes (encapsulation header included) on publisher `id`.
+    pub fn publish(&self, id: PubId, data: &[u8]) -> Result<(), RclError> {
+        let Some(publisher) = self.pubs.get(id) else {
+            return Err(RclError {
+                call: "rcl_publish_serialized_message",
+                code: RCL_RET_PUBLISHER_INVALID as i32,
+                message: format!("no publisher {id}"),
+            });
+        };
+        // rcl only reads the bytes, during the call: the array borrows `data` (never
+        // resized or freed through the allocator).
+        let message = rcl_serialized_message_t {
+            buffer: data.as_ptr() as *mut u8,
+            buffer_length: data.len(),
+            buffer_capacity: data.len(),
+            allocator: self.allocator,
+        };
+        // SAFETY: the publisher was initialised by `advertise` and lives until Drop; the
+        // message points to `data`, valid for the call.
+        check("rcl_publish_serialized_message", unsafe {
+            rcl_publish_serialized_message(publisher, &message, std::ptr::null_mut())
+        })
+    }
+
     pub fn subscribe(
         &mut self,
         topic: &str,
         type_name: &str,
         qos: r2r::QosProfile,
     ) -> Result<SubId, RclError> {
-        // r2r loads the type support library for `type_name` (it only knows the types sourced
-        // when it was built). The pointer is 'static: the library stays loaded.
-        let ts = r2r::WrappedNativeMsgUntyped::new_from(type_name)
-            .map_err(|e| RclError {
-                call: "type support lookup",
-                code: RCL_RET_ERROR as i32,
-                message: e.to_string(),
-            })?
-            .ts;
+        let ts = type_support(type_name)?;
         let c_topic = c_string("rcl_subscription_init", topic)?;
         // SAFETY: the node is valid and outlives the subscription (Drop finalises
         // subscriptions first); the subscription is boxed so its address stays fixed for the
@@ -449,9 +573,15 @@ impl Drop for RclNode {
                 log::debug!("{}", rcl_error(call, ret));
             }
         };
-        // SAFETY: teardown in rcl's order (events, subscriptions, wait set, buffer, node,
+        // SAFETY: teardown in rcl's order (publishers, events, subscriptions, wait set, buffer, node,
         // context); each handle was initialised and is finalised exactly once here.
         unsafe {
+            for p in &mut self.pubs {
+                log(
+                    "rcl_publisher_fini",
+                    rcl_publisher_fini(p, self.node.as_mut()),
+                );
+            }
             for s in &mut self.subs {
                 if let Some(e) = s.lost.as_mut() {
                     log("rcl_event_fini", rcl_event_fini(e.as_mut()));

@@ -19,8 +19,9 @@ use r2r::qos::{DurabilityPolicy, HistoryPolicy, LivelinessPolicy, ReliabilityPol
 use super::msgdef::{AmentPrefixPath, DefinitionCache};
 use super::rcl::{RclError, RclNode, Ready, SubId};
 use super::select::{
-    duration_from_std, duration_to_std, load_qos_overrides, requested_qos, Decision, QosOverrides,
-    RosSourceOptions, SelectError, TopicSelector,
+    definition_type, duration_from_std, duration_to_std, is_service_event_topic,
+    load_qos_overrides, requested_qos, Decision, QosOverrides, RosSourceOptions, SelectError,
+    TopicSelector,
 };
 use crate::bag::qos::{Durability, History, Liveliness, Reliability};
 use crate::bag::{MessageDefinition, QosProfile, TopicInfo};
@@ -69,6 +70,19 @@ pub enum RosSourceError {
         topic: String,
         #[source]
         source: r2r::Error,
+    },
+    #[error("cannot create a publisher on {topic} [{type_name}]: {source}")]
+    EventPublisher {
+        topic: String,
+        type_name: String,
+        #[source]
+        source: RclError,
+    },
+    #[error("cannot publish on {topic}: {source}")]
+    EventPublish {
+        topic: String,
+        #[source]
+        source: RclError,
     },
 }
 
@@ -280,7 +294,10 @@ impl<T: RecordTarget> Recorder<'_, T> {
             Ok(id) => {
                 let mut info = TopicInfo::new(name, type_name);
                 info.offered_qos_profiles = offers;
-                let definition = self.definitions.definition(type_name, &hash);
+                // A service event topic stores its service's `.srv` definition, as rosbag2's.
+                let definition = self
+                    .definitions
+                    .definition(definition_type(name, type_name), &hash);
                 // Jazzy's rosbag2 writes the hash twice, in `topics` (and metadata.yaml's
                 // topic_metadata) and in `message_definitions`; readers look in either.
                 info.type_description_hash = hash;
@@ -395,8 +412,18 @@ impl<T: RecordTarget> Recorder<'_, T> {
 /// Publishes raw CDR on live topics, for `ringbag play`.
 pub struct RosPublisherSink {
     node: r2r::Node,
+    node_name: String,
     /// (topic, publisher) in the order they were advertised.
-    publishers: Vec<(String, r2r::PublisherUntyped)>,
+    publishers: Vec<(String, Publisher)>,
+    /// rcl's own node for the service event topics, made at the first one (see
+    /// [`RosPublisherSink::advertise`]).
+    events: Option<RclNode>,
+}
+
+enum Publisher {
+    R2r(r2r::PublisherUntyped),
+    /// On `events`.
+    Rcl(super::rcl::PubId),
 }
 
 impl RosPublisherSink {
@@ -409,7 +436,9 @@ impl RosPublisherSink {
             })?;
         Ok(RosPublisherSink {
             node,
+            node_name: node_name.to_string(),
             publishers: Vec::new(),
+            events: None,
         })
     }
 
@@ -422,14 +451,36 @@ impl RosPublisherSink {
         type_name: &str,
         qos: &QosProfile,
     ) -> Result<usize, RosSourceError> {
-        let publisher = self
-            .node
-            .create_publisher_untyped(topic, type_name, to_r2r_qos(qos))
-            .map_err(|source| RosSourceError::Publisher {
-                topic: topic.into(),
-                type_name: type_name.into(),
-                source,
-            })?;
+        let publisher = if is_service_event_topic(topic, type_name) {
+            // r2r cannot name `pkg/srv/X_Event` types: rosbag2 plays a service's events as a
+            // topic, so these go through rcl, on a node of ringbag's own next to r2r's
+            // (`<node>_service_events`: the two share no handle to one rcl node).
+            let events = match &mut self.events {
+                Some(n) => n,
+                None => self.events.insert(
+                    RclNode::new(&format!("{}_service_events", self.node_name))
+                        .map_err(RosSourceError::Init)?,
+                ),
+            };
+            let id = events
+                .advertise(topic, type_name, to_r2r_qos(qos))
+                .map_err(|source| RosSourceError::EventPublisher {
+                    topic: topic.into(),
+                    type_name: type_name.into(),
+                    source,
+                })?;
+            Publisher::Rcl(id)
+        } else {
+            Publisher::R2r(
+                self.node
+                    .create_publisher_untyped(topic, type_name, to_r2r_qos(qos))
+                    .map_err(|source| RosSourceError::Publisher {
+                        topic: topic.into(),
+                        type_name: type_name.into(),
+                        source,
+                    })?,
+            )
+        };
         self.publishers.push((topic.to_string(), publisher));
         Ok(self.publishers.len() - 1)
     }
@@ -439,11 +490,25 @@ impl RosPublisherSink {
         let Some((topic, p)) = self.publishers.get(publisher) else {
             return Ok(());
         };
-        p.publish_raw(data)
-            .map_err(|source| RosSourceError::Publish {
-                topic: topic.clone(),
-                source,
-            })
+        match (p, &self.events) {
+            (Publisher::R2r(p), _) => {
+                p.publish_raw(data)
+                    .map_err(|source| RosSourceError::Publish {
+                        topic: topic.clone(),
+                        source,
+                    })
+            }
+            (Publisher::Rcl(id), Some(events)) => {
+                events
+                    .publish(*id, data)
+                    .map_err(|source| RosSourceError::EventPublish {
+                        topic: topic.clone(),
+                        source,
+                    })
+            }
+            // An Rcl publisher exists only once `events` does.
+            (Publisher::Rcl(_), None) => Ok(()),
+        }
     }
 }
 

@@ -48,6 +48,13 @@ pub struct RosSourceOptions {
     pub topic_types: Vec<String>,
     /// `--exclude-topic-types`: drop topics of these exact type names.
     pub exclude_topic_types: Vec<String>,
+    /// `--services`: services whose introspection events are recorded (service names, a
+    /// missing leading `/` added; the selector turns them into `<name>/_service_event`).
+    pub services: Vec<String>,
+    /// `--all-services` (and Jazzy's `-a/--all`): every service event topic.
+    pub all_services: bool,
+    /// `--exclude-services`: services whose events are not recorded (service names).
+    pub exclude_services: Vec<String>,
     /// `--include-unpublished-topics`: subscribe to selected topics that have no publisher
     /// yet (default QoS, or the override file's), instead of waiting for one.
     pub include_unpublished_topics: bool,
@@ -76,6 +83,9 @@ impl Default for RosSourceOptions {
             exclude_topics: Vec::new(),
             topic_types: Vec::new(),
             exclude_topic_types: Vec::new(),
+            services: Vec::new(),
+            all_services: false,
+            exclude_services: Vec::new(),
             include_unpublished_topics: false,
             node_name: DEFAULT_NODE_NAME.to_string(),
             polling_interval: DEFAULT_POLLING_INTERVAL,
@@ -90,7 +100,10 @@ impl Default for RosSourceOptions {
 /// Why a selection or an override file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SelectError {
-    #[error("no topics selected: name topics, or use -a/--all, -e/--regex or --topic-types")]
+    #[error(
+        "no topics selected: name topics, or use -a/--all, -e/--regex, --topic-types, \
+         --services or --all-services"
+    )]
     NothingSelected,
     #[error("invalid {flag} pattern {pattern:?}: {}", regex_error_line(.source))]
     BadRegex {
@@ -166,6 +179,42 @@ pub fn is_hidden_topic(name: &str) -> bool {
     name.split('/').any(|token| token.starts_with('_'))
 }
 
+/// The suffix of a service's introspection topic (`/add_two_ints/_service_event`).
+pub const SERVICE_EVENT_SUFFIX: &str = "/_service_event";
+
+/// rosbag2's test for a service event topic: the name ends with `/_service_event` and the
+/// type is `pkg/srv/X_Event`. Such topics are selected by the service flags only: `-a`,
+/// `--topics` and `--include-hidden-topics` never pick them as plain (hidden) topics.
+pub fn is_service_event_topic(name: &str, type_name: &str) -> bool {
+    name.ends_with(SERVICE_EVENT_SUFFIX) && service_of_event_type(type_name).is_some()
+}
+
+/// `pkg/srv/X` for a service event type `pkg/srv/X_Event`: whose definition the bag stores
+/// (rosbag2 writes the `.srv`, not the generated event message).
+pub fn service_of_event_type(type_name: &str) -> Option<&str> {
+    let service = type_name.strip_suffix("_Event")?;
+    let mut parts = service.split('/');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(p), Some("srv"), Some(x), None) if !p.is_empty() && !x.is_empty() => Some(service),
+        _ => None,
+    }
+}
+
+/// The type whose definition rosbag2 stores for topic `name` of type `type_name`: the
+/// service `pkg/srv/X` for a service event topic (the `.srv` text, with its `SRV: ` header),
+/// else the type itself.
+pub fn definition_type<'a>(name: &str, type_name: &'a str) -> &'a str {
+    match service_of_event_type(type_name) {
+        Some(service) if name.ends_with(SERVICE_EVENT_SUFFIX) => service,
+        _ => type_name,
+    }
+}
+
+/// The event topic of service `name` (normalized as a topic name).
+fn service_event_topic(name: &str) -> Result<String, SelectError> {
+    Ok(normalize_topic_name(name)? + SERVICE_EVENT_SUFFIX)
+}
+
 /// The outcome of asking whether a discovered topic is to be recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
@@ -189,6 +238,10 @@ pub struct TopicSelector {
     topic_types: Vec<String>,
     exclude_topic_types: Vec<String>,
     include_hidden: bool,
+    /// Event topics (`<service>/_service_event`) of `--services` and `--exclude-services`.
+    services: Vec<String>,
+    all_services: bool,
+    exclude_services: Vec<String>,
 }
 
 fn compile(flag: &'static str, pattern: &Option<String>) -> Result<Option<Regex>, SelectError> {
@@ -208,7 +261,12 @@ impl RosSourceOptions {
     /// Whether the options pick topics by themselves (a name, `-a`, `-e` or a type), rather
     /// than only excluding some or saying nothing.
     pub fn picks_topics(&self) -> bool {
-        !self.topics.is_empty() || self.all || self.regex.is_some() || !self.topic_types.is_empty()
+        !self.topics.is_empty()
+            || self.all
+            || self.regex.is_some()
+            || !self.topic_types.is_empty()
+            || !self.services.is_empty()
+            || self.all_services
     }
 }
 
@@ -235,6 +293,9 @@ impl TopicSelector {
             .iter()
             .map(|t| normalize_topic_name(t))
             .collect::<Result<Vec<_>, _>>()?;
+        let events = |names: &[String]| -> Result<Vec<String>, SelectError> {
+            names.iter().map(|s| service_event_topic(s)).collect()
+        };
         let exclude_topics = opts
             .exclude_topics
             .iter()
@@ -249,6 +310,9 @@ impl TopicSelector {
             topic_types: checked_types("--topic-types", &opts.topic_types)?,
             exclude_topic_types: checked_types("--exclude-topic-types", &opts.exclude_topic_types)?,
             include_hidden: opts.include_hidden_topics,
+            services: events(&opts.services)?,
+            all_services: opts.all_services,
+            exclude_services: events(&opts.exclude_services)?,
         })
     }
 
@@ -262,6 +326,11 @@ impl TopicSelector {
     /// types are not known yet (the snapshot options' warnings), `&[]`: the type rules then
     /// neither select nor exclude.
     pub fn decide(&self, name: &str, types: &[String]) -> Decision {
+        if let [type_name] = types {
+            if is_service_event_topic(name, type_name) {
+                return self.decide_service(name);
+            }
+        }
         let typed = |list: &[String]| types.iter().any(|t| list.contains(t));
         if typed(&self.exclude_topic_types) {
             return Decision::Excluded;
@@ -288,6 +357,30 @@ impl TopicSelector {
             return Decision::Hidden;
         }
         Decision::Record
+    }
+}
+
+impl TopicSelector {
+    /// rosbag2 Jazzy's service branch: `--exclude-services` and `--exclude-regex` drop the
+    /// event topic; `--all-services`, `--services` or `-e` pick it. Event topics are hidden
+    /// by name, but a service flag asks for them, so the hidden rule does not apply.
+    fn decide_service(&self, event_topic: &str) -> Decision {
+        if self.exclude_services.iter().any(|t| t == event_topic)
+            || self
+                .exclude_regex
+                .as_ref()
+                .is_some_and(|r| r.is_match(event_topic))
+        {
+            return Decision::Excluded;
+        }
+        if self.all_services
+            || self.services.iter().any(|t| t == event_topic)
+            || self.regex.as_ref().is_some_and(|r| r.is_match(event_topic))
+        {
+            Decision::Record
+        } else {
+            Decision::NotSelected
+        }
     }
 }
 
@@ -619,6 +712,90 @@ mod tests {
         o.include_hidden_topics = true;
         let sel = TopicSelector::new(&o).unwrap();
         assert_eq!(sel.decide("/fib/_action/feedback", &[]), Decision::Record);
+    }
+
+    #[test]
+    fn service_event_topics_are_told_apart_by_name_and_type() {
+        let ev = "std_srvs/srv/SetBool_Event";
+        assert!(is_service_event_topic("/set/_service_event", ev));
+        assert!(!is_service_event_topic(
+            "/set/_service_event",
+            "std_msgs/msg/Bool"
+        ));
+        assert!(!is_service_event_topic("/set/events", ev));
+        assert!(!is_service_event_topic(
+            "/set/_service_event",
+            "std_srvs/msg/SetBool_Event"
+        ));
+        assert_eq!(service_of_event_type(ev), Some("std_srvs/srv/SetBool"));
+        assert_eq!(service_of_event_type("std_srvs/srv/SetBool"), None);
+        assert_eq!(service_of_event_type("a/b/srv/X_Event"), None);
+        assert_eq!(
+            definition_type("/set/_service_event", ev),
+            "std_srvs/srv/SetBool"
+        );
+        assert_eq!(definition_type("/not_events", ev), ev);
+        assert_eq!(
+            definition_type("/imu", "sensor_msgs/msg/Imu"),
+            "sensor_msgs/msg/Imu"
+        );
+    }
+
+    #[test]
+    fn services_are_picked_by_the_service_flags_only() {
+        let ev = ["std_srvs/srv/SetBool_Event".to_string()];
+        let decide =
+            |o: RosSourceOptions, name: &str| TopicSelector::new(&o).unwrap().decide(name, &ev);
+        // --services names the service; its event topic is recorded though hidden.
+        let named = RosSourceOptions {
+            services: vec!["set".into()],
+            ..opts()
+        };
+        assert_eq!(
+            decide(named.clone(), "/set/_service_event"),
+            Decision::Record
+        );
+        assert_eq!(
+            decide(named, "/other/_service_event"),
+            Decision::NotSelected
+        );
+        // Topic flags never pick an event topic, hidden topics included.
+        let topics = RosSourceOptions {
+            all: true,
+            include_hidden_topics: true,
+            topics: vec!["/set/_service_event".into()],
+            ..opts()
+        };
+        assert_eq!(decide(topics, "/set/_service_event"), Decision::NotSelected);
+        // --all-services, minus --exclude-services and --exclude-regex.
+        let all = RosSourceOptions {
+            all_services: true,
+            exclude_services: vec!["/skip".into()],
+            exclude_regex: Some("private".into()),
+            ..opts()
+        };
+        assert_eq!(decide(all.clone(), "/set/_service_event"), Decision::Record);
+        assert_eq!(
+            decide(all.clone(), "/skip/_service_event"),
+            Decision::Excluded
+        );
+        assert_eq!(
+            decide(all.clone(), "/private/x/_service_event"),
+            Decision::Excluded
+        );
+        // --all-services alone picks no plain topic.
+        let sel = TopicSelector::new(&all).unwrap();
+        assert_eq!(
+            sel.decide("/imu", &["sensor_msgs/msg/Imu".into()]),
+            Decision::NotSelected
+        );
+        // -e matches the event topic's name.
+        let re = RosSourceOptions {
+            regex: Some("^/se".into()),
+            ..opts()
+        };
+        assert_eq!(decide(re.clone(), "/set/_service_event"), Decision::Record);
+        assert_eq!(decide(re, "/get/_service_event"), Decision::NotSelected);
     }
 
     #[test]

@@ -43,7 +43,7 @@ fn jazzy_selection_flags_record_exactly_their_topics_with_the_synthetic_source()
         // Jazzy's --topics, and the Humble positional list beside it: one list.
         (vec!["/imu", "--topics", "/tf"], vec!["/imu", "/tf"]),
         (vec!["--topics", "imu"], vec!["/imu"]),
-        // --all-topics is -a.
+        // --all-topics: every topic (-a adds the services, which the synthetic source has none of).
         (
             vec!["--all-topics", "--exclude-topics", "/points"],
             vec![
@@ -138,9 +138,92 @@ fn record_flags_without_a_meaning_on_the_synthetic_source_are_one_line_and_exit_
             vec!["--compression-format", "zstd"],
             vec!["--compression-format needs a --compression-mode"],
         ),
+        (
+            vec!["--services", "/set"],
+            vec!["--services: the synthetic source has no services"],
+        ),
+        (
+            vec!["--all-services"],
+            vec!["--all-services: the synthetic source has no services"],
+        ),
+        (
+            vec!["-a", "--exclude-services", "/set"],
+            vec!["--exclude-services: the synthetic source has no services"],
+        ),
     ] {
         assert_bad_input(&with(&extra), &needles, &out);
     }
+}
+
+#[test]
+fn play_service_flags_are_refused_in_one_line_and_service_events_play_as_topics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("bag");
+    write_bag(
+        &bag,
+        Flavour::Jazzy,
+        &[
+            ("/set/_service_event", "std_srvs/srv/SetBool_Event"),
+            ("/a", "std_msgs/msg/String"),
+        ],
+        3,
+        0,
+    );
+    let b = bag.to_str().unwrap();
+    let never = tmp.path().join("never");
+    for (extra, needle) in [
+        (&["--services", "/set"][..], "--services: not supported yet"),
+        (
+            &["--exclude-services", "/set"],
+            "--exclude-services: not supported yet",
+        ),
+        (
+            &["--publish-service-requests"],
+            "--publish-service-requests: not supported yet",
+        ),
+        (
+            &["--service-requests-source", "client_introspection"],
+            "--service-requests-source: not supported yet",
+        ),
+    ] {
+        let args: Vec<&str> = ["play", b, "--sink", "echo"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        assert_bad_input(&args, &[needle], &never);
+    }
+    // Without them, the event topic is a topic like any other: --topics selects it.
+    let o = run(&[
+        "play",
+        b,
+        "--sink",
+        "echo",
+        "--topics",
+        "/set/_service_event",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(out.lines().count(), 3, "{out}");
+    assert!(
+        out.lines().all(|l| l.contains("/set/_service_event")),
+        "{out}"
+    );
+    // info lists the event topic as a service, apart from the topics, as Jazzy's ros2 bag
+    // info does; `Messages:` counts the topics' messages only.
+    let o = run(&["info", b]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for line in [
+        "Messages:          3",
+        "Topic information: Topic: /a | Type: std_msgs/msg/String | Count: 3 | Serialization \
+         Format: cdr",
+        "Service:           1",
+        "Service information: Service: /set | Type: std_srvs/srv/SetBool | Event Count: 3 | \
+         Serialization Format: cdr",
+    ] {
+        assert!(out.lines().any(|l| l == line), "no line {line:?} in\n{out}");
+    }
+    assert!(!out.contains("Topic: /set"), "{out}");
 }
 
 #[test]
