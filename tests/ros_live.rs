@@ -2032,6 +2032,26 @@ fn the_pause_resume_is_paused_and_split_services_and_the_write_split_events_work
 
     let split = |i: u32| bag.join(format!("bag_{i}.db3")).display().to_string();
     let jazzy = cfg!(ringbag_split_bagfile);
+    // The names ros2 bag serves; `~/split_bagfile` only where rosbag2_interfaces has it.
+    let mut services = Vec::new();
+    wait_until("the recorder's services in `ros2 service list`", || {
+        let out = ros2(&["service".as_ref(), "list".as_ref(), "--no-daemon".as_ref()])
+            .expect("ros2 on PATH");
+        services = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.trim().to_string())
+            .filter(|l| l.starts_with(&format!("/{NODE}/")))
+            .collect();
+        services.len() >= 3
+    });
+    let mut want_services: Vec<String> = ["is_paused", "pause", "resume"]
+        .iter()
+        .chain(if jazzy { &["split_bagfile"][..] } else { &[] })
+        .map(|s| format!("/{NODE}/{s}"))
+        .collect();
+    want_services.sort();
+    services.sort();
+    assert_eq!(services, want_services);
     #[cfg(ringbag_split_bagfile)]
     {
         ros2_service_call(

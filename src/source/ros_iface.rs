@@ -184,16 +184,18 @@ fn serve(
         #[cfg(not(ringbag_split_bagfile))]
         let _ = progress;
         while let Some(e) = events.try_recv() {
-            #[allow(unused_mut)]
-            let mut msg = WriteSplitEvent {
+            // Humble's message has no `node_name` (build.rs reads the installed .msg).
+            #[cfg(ringbag_split_event_node_name)]
+            let msg = WriteSplitEvent {
                 closed_file: e.closed_file,
                 opened_file: e.opened_file,
-                ..Default::default()
+                node_name: fq_name.to_string(),
             };
-            #[cfg(ringbag_split_event_node_name)]
-            {
-                msg.node_name = fq_name.to_string();
-            }
+            #[cfg(not(ringbag_split_event_node_name))]
+            let msg = WriteSplitEvent {
+                closed_file: e.closed_file,
+                opened_file: e.opened_file,
+            };
             if let Err(err) = s.events.publish(&msg) {
                 log::warn!("cannot publish on /{WRITE_SPLIT_TOPIC}: {err}");
             }
