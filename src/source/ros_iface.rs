@@ -108,8 +108,15 @@ impl RosInterface {
                 .spawn(move || serve(served, &pause, &progress, &events, &stop, &fq_name))
                 .map_err(|e| e.to_string())?
         };
-        log::info!("ROS services /{node_name}/pause, resume, is_paused{}: listening; split events on /{WRITE_SPLIT_TOPIC}",
-            if cfg!(ringbag_split_bagfile) { ", split_bagfile" } else { "" });
+        let split = if cfg!(ringbag_split_bagfile) {
+            ", split_bagfile"
+        } else {
+            ""
+        };
+        log::info!(
+            "ROS services /{node_name}/pause, resume, is_paused{split}: listening; \
+             split events on /{WRITE_SPLIT_TOPIC}"
+        );
         Ok(RosInterface {
             stop,
             handle: Some(handle),
