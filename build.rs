@@ -82,6 +82,9 @@ fn ros_facts() {
     // which is also the layout of r2r_rcl's saved doc-only bindings: run that check with
     // ROS_DISTRO unset (scripts/test.sh does) even in a shell where Jazzy is sourced.
     println!("cargo:rustc-check-cfg=cfg(ringbag_std_srvs)");
+    println!("cargo:rustc-check-cfg=cfg(ringbag_rosbag2_iface)");
+    println!("cargo:rustc-check-cfg=cfg(ringbag_split_bagfile)");
+    println!("cargo:rustc-check-cfg=cfg(ringbag_split_event_node_name)");
     println!("cargo:rerun-if-env-changed=AMENT_PREFIX_PATH");
     if std::env::var_os("CARGO_FEATURE_ROS").is_some() {
         let distro = std::env::var("ROS_DISTRO").unwrap_or_default();
@@ -96,6 +99,30 @@ fn ros_facts() {
             .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("share/std_srvs").is_dir()));
         if !distro.is_empty() && has_std_srvs {
             println!("cargo:rustc-cfg=ringbag_std_srvs");
+        }
+        // The recorder's ROS interface (`~/pause`, `events/write_split`, ...) needs
+        // rosbag2_interfaces, likewise only from a sourced distro. What it holds differs:
+        // `SplitBagfile` and the split event's `node_name` came with Iron, so each is looked
+        // for in the installed interface files themselves, not inferred from the distro name.
+        let share = |rel: &str| {
+            std::env::var_os("AMENT_PREFIX_PATH").and_then(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join("share/rosbag2_interfaces").join(rel))
+                    .find(|f| f.is_file())
+            })
+        };
+        if let Some(event) = share("msg/WriteSplitEvent.msg").filter(|_| !distro.is_empty()) {
+            println!("cargo:rustc-cfg=ringbag_rosbag2_iface");
+            if share("srv/SplitBagfile.srv").is_some() {
+                println!("cargo:rustc-cfg=ringbag_split_bagfile");
+            }
+            let text = std::fs::read_to_string(&event).unwrap_or_default();
+            if text
+                .lines()
+                .any(|l| l.split_whitespace().nth(1) == Some("node_name"))
+            {
+                println!("cargo:rustc-cfg=ringbag_split_event_node_name");
+            }
         }
     }
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The live ROS 2 tests against one real distro: builds the `ros` feature against it and runs
 # tests/ros_live.rs in full (the rcl take loop, QoS adaptation, message definitions and type
-# hashes, `~/snapshot`, play to real topics, and the distro's own `ros2 bag`: info, play and
+# hashes, `~/snapshot`, the recorder's `~/pause`/`~/resume`/`~/is_paused`/`~/split_bagfile` and
+# `events/write_split`, play to real topics, and the distro's own `ros2 bag`: info, play and
 # reindex on ringbag's bags of both formats, and a recording beside `ros2 bag record`); for
 # jazzy also the README's `ros2 bag` parity table against `ros2 bag record/play --help`.
 #

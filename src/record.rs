@@ -390,13 +390,21 @@ pub fn run_with(
     } else {
         None
     };
-    let pipeline = Pipeline::start_with_tap(
-        writer,
-        Some(retention),
-        clock,
-        settings.pipeline.clone(),
-        tap,
-    );
+    // Only the ROS interface below adds to it.
+    #[allow(unused_mut)]
+    let mut pipeline_cfg = settings.pipeline.clone();
+    // rosbag2's `events/write_split`, with a live ROS source: the writer tells of each split
+    // close over a bounded queue that the ROS interface (started below) drains.
+    #[cfg(all(feature = "ros", ringbag_rosbag2_iface))]
+    let split_events = match &settings.source {
+        SourceSettings::Ros(_) => {
+            let (tx, rx) = crate::pipeline::split_events();
+            pipeline_cfg.split_events = Some(tx);
+            Some(rx)
+        }
+        _ => None,
+    };
+    let pipeline = Pipeline::start_with_tap(writer, Some(retention), clock, pipeline_cfg, tap);
     let producer = pipeline.producer();
     let source = {
         let producer = producer.clone();
@@ -444,6 +452,26 @@ pub fn run_with(
                 Ok(s) => Some(s),
                 Err(e) => {
                     log::warn!("{e}; snapshots by ROS service are off (the other triggers work)");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    // rosbag2's `~/pause`, `~/resume`, `~/is_paused`, `~/split_bagfile` and
+    // `events/write_split`, with a live ROS source.
+    #[cfg(all(feature = "ros", ringbag_rosbag2_iface))]
+    let ros_iface = match (&settings.source, split_events) {
+        (SourceSettings::Ros(opts), Some(events)) => {
+            match crate::source::ros_iface::RosInterface::start(
+                &opts.node_name,
+                pipeline.pause().clone(),
+                pipeline.progress(),
+                events,
+            ) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    log::warn!("{e}; the recorder's ROS services and split events are off");
                     None
                 }
             }
@@ -511,6 +539,11 @@ pub fn run_with(
     // Every source has been joined: no topic registers any more, so this list is final.
     let topics = pipeline.topic_stats();
     let (result, summary) = pipeline.finish();
+    // Only now: the writer has told of its final close, which goes out before the node does.
+    #[cfg(all(feature = "ros", ringbag_rosbag2_iface))]
+    if let Some(s) = ros_iface {
+        s.stop();
+    }
     hooks.finished(&Finished {
         progress: &progress,
         topics: &topics,

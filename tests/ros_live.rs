@@ -1675,6 +1675,9 @@ fn records_the_same_as_ros2_bag_record_beside_it() {
     let ringbag = Child::spawn(
         std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
             .args(["--log-level", "warn", "record", "--source", "ros"])
+            // A name of its own: under ros2 bag's default both would serve
+            // /rosbag2_recorder/pause and the rest, two services of one name.
+            .args(["--node-name", "ringbag_beside"])
             .args(["-e", "^/beside/", "--clock", "system", "--status-file"])
             .arg(&status)
             .arg("-o")
@@ -1872,6 +1875,235 @@ fn reads_and_reindexes_what_ros2_bag_record_compresses_in_file_mode() {
     let out = ours(&["reindex".as_ref(), theirs.as_os_str()]);
     assert!(out.status.success(), "reindex: {out:?}");
     assert_eq!(ros2_bag_info(&theirs), want, "after ringbag reindex");
+}
+
+/// `timeout 60 ros2 service call SERVICE TYPE`: its stdout, asserting it succeeded (bounded, so
+/// a service that never appears fails the test instead of hanging it).
+#[cfg(ringbag_rosbag2_iface)]
+fn ros2_service_call(service: &str, type_name: &str) -> String {
+    let out = std::process::Command::new("timeout")
+        .args(["60", "ros2", "service", "call", service, type_name])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("timeout ros2 service call");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "ros2 service call {service}: {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The recorder's ROS interface as `ros2 bag record` serves it, driven by the real `ros2
+/// service call`: `~/pause` leaves out what is published while paused (counted as paused),
+/// `~/is_paused` answers, `~/resume` records again; on Jazzy `~/split_bagfile` opens a new
+/// split; `/events/write_split` (rosbag2's QoS) tells of that split and of the final close.
+#[cfg(ringbag_rosbag2_iface)]
+#[test]
+fn the_pause_resume_is_paused_and_split_services_and_the_write_split_events_work() {
+    use futures_core::Stream;
+    use r2r::rosbag2_interfaces::msg::WriteSplitEvent;
+    use std::pin::Pin;
+    use std::task::{Context, Poll, Waker};
+    require_ros2_cli!();
+    const NODE: &str = "rl_iface_rec";
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bag = tmp.path().join("bag");
+    let status = tmp.path().join("status.json");
+    let status_of = |key: &str| {
+        std::fs::read_to_string(&status)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v[key].as_u64())
+            .unwrap_or(0)
+    };
+
+    // The listener, in this process.
+    let ctx = r2r::Context::create().expect("rcl context");
+    let mut listener = r2r::Node::create(ctx, "rl_iface_listener", "").expect("node");
+    let mut events = listener
+        .subscribe::<WriteSplitEvent>(
+            "/events/write_split",
+            r2r::QosProfile::default().keep_last(100).reliable(),
+        )
+        .expect("subscribe");
+    let mut seen: Vec<WriteSplitEvent> = Vec::new();
+    let mut cx = Context::from_waker(Waker::noop());
+    let bag_prefix = bag.display().to_string();
+    let mut listen = |listener: &mut r2r::Node, seen: &mut Vec<WriteSplitEvent>| {
+        listener.spin_once(Duration::from_millis(10));
+        while let Poll::Ready(Some(e)) = Pin::new(&mut events).poll_next(&mut cx) {
+            // Other tests' recorders may publish on the same topic: only this bag's.
+            if e.closed_file.starts_with(&bag_prefix) {
+                seen.push(e);
+            }
+        }
+    };
+
+    let mut node = TestPublisher::new("ringbag_test_pub_iface");
+    let p = node.publisher(
+        "/iface/chatter",
+        "std_msgs/msg/String",
+        r2r::QosProfile::default().keep_last(1000).reliable(),
+    );
+    let ringbag = Child::spawn(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
+            .args(["--log-level", "info", "record", "--source", "ros"])
+            .args(["--node-name", NODE, "--clock", "system", "--status-file"])
+            .arg(&status)
+            .arg("-o")
+            .arg(&bag)
+            .arg("/iface/chatter"),
+        "ringbag record",
+        tmp.path(),
+    );
+    wait_matched(&p, 1, "ringbag on /iface/chatter");
+    // The event publisher is volatile: the listener must have matched it before a split.
+    wait_until("ringbag's publisher on /events/write_split", || {
+        listen(&mut listener, &mut seen);
+        listener
+            .get_publishers_info_by_topic("/events/write_split", false)
+            .unwrap_or_default()
+            .iter()
+            .any(|i| i.node_name == format!("{NODE}_interface"))
+    });
+    let info = listener
+        .get_publishers_info_by_topic("/events/write_split", false)
+        .unwrap();
+    let info = info
+        .iter()
+        .find(|i| i.node_name == format!("{NODE}_interface"))
+        .unwrap();
+    assert_eq!(info.topic_type, "rosbag2_interfaces/msg/WriteSplitEvent");
+    // rosbag2's `create_publisher<WriteSplitEvent>("events/write_split", 1)`.
+    assert_eq!(info.qos_profile.depth, 1);
+    assert_eq!(
+        info.qos_profile.reliability,
+        r2r::qos::ReliabilityPolicy::Reliable
+    );
+    assert_eq!(
+        info.qos_profile.durability,
+        r2r::qos::DurabilityPolicy::Volatile
+    );
+
+    let batch = |tag: &str| -> Vec<Vec<u8>> {
+        numbered_strings(50, 40)
+            .into_iter()
+            .map(|mut m| {
+                let at = m.len() - 8;
+                m[at..at + tag.len()].copy_from_slice(tag.as_bytes());
+                m
+            })
+            .collect()
+    };
+    let publish = |msgs: &[Vec<u8>]| {
+        for m in msgs {
+            p.publish_raw(m).expect("publish");
+        }
+    };
+    let (a, b, c, d) = (batch("A"), batch("B"), batch("C"), batch("D"));
+    publish(&a);
+    wait_until("the first 50 committed", || status_of("committed") >= 50);
+
+    let pause = service_name_of(NODE, "pause");
+    ros2_service_call(&pause, "rosbag2_interfaces/srv/Pause");
+    let answer = ros2_service_call(
+        &service_name_of(NODE, "is_paused"),
+        "rosbag2_interfaces/srv/IsPaused",
+    );
+    assert!(answer.contains("paused=True"), "{answer}");
+    publish(&b);
+    wait_until("50 messages left out while paused", || {
+        status_of("paused_messages") >= 50
+    });
+    ros2_service_call(
+        &service_name_of(NODE, "resume"),
+        "rosbag2_interfaces/srv/Resume",
+    );
+    let answer = ros2_service_call(
+        &service_name_of(NODE, "is_paused"),
+        "rosbag2_interfaces/srv/IsPaused",
+    );
+    assert!(answer.contains("paused=False"), "{answer}");
+    publish(&c);
+    wait_until("100 committed", || status_of("committed") >= 100);
+
+    let split = |i: u32| bag.join(format!("bag_{i}.db3")).display().to_string();
+    let jazzy = cfg!(ringbag_split_bagfile);
+    // The names ros2 bag serves; `~/split_bagfile` only where rosbag2_interfaces has it.
+    let mut services = Vec::new();
+    wait_until("the recorder's services in `ros2 service list`", || {
+        let out = ros2(&["service".as_ref(), "list".as_ref(), "--no-daemon".as_ref()])
+            .expect("ros2 on PATH");
+        services = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.trim().to_string())
+            .filter(|l| l.starts_with(&format!("/{NODE}/")))
+            .collect();
+        services.len() >= 3
+    });
+    let mut want_services: Vec<String> = ["is_paused", "pause", "resume"]
+        .iter()
+        .chain(if jazzy { &["split_bagfile"][..] } else { &[] })
+        .map(|s| format!("/{NODE}/{s}"))
+        .collect();
+    want_services.sort();
+    services.sort();
+    assert_eq!(services, want_services);
+    #[cfg(ringbag_split_bagfile)]
+    {
+        ros2_service_call(
+            &service_name_of(NODE, "split_bagfile"),
+            "rosbag2_interfaces/srv/SplitBagfile",
+        );
+        wait_until("the split event", || {
+            listen(&mut listener, &mut seen);
+            !seen.is_empty()
+        });
+        assert_eq!(seen[0].closed_file, split(0));
+        assert_eq!(seen[0].opened_file, split(1));
+        #[cfg(ringbag_split_event_node_name)]
+        assert_eq!(seen[0].node_name, format!("/{NODE}"));
+    }
+    publish(&d);
+    wait_until("150 committed", || status_of("committed") >= 150);
+    ringbag.interrupt_and_wait();
+    let last = if jazzy { 1 } else { 0 };
+    wait_until("the final close's event", || {
+        listen(&mut listener, &mut seen);
+        seen.iter().any(|e| e.opened_file.is_empty())
+    });
+    let fin = seen.last().unwrap();
+    assert_eq!(
+        (fin.closed_file.as_str(), fin.opened_file.as_str()),
+        (split(last).as_str(), "")
+    );
+    assert_eq!(seen.len(), last as usize + 1, "one event per close");
+
+    // What was published while paused is not in the bag; the rest is, in order.
+    let want: Vec<Vec<u8>> = [a, c, d].concat();
+    let rows = rows_in(&bag);
+    assert!(rows["/iface/chatter"] == want, "rows: {:?}", counts(&rows));
+    assert_eq!(splits(&bag).len(), last as usize + 1);
+    if jazzy {
+        // The split made by the service holds what came after it: batch D.
+        let conn = rusqlite::Connection::open_with_flags(
+            split(1),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .unwrap();
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 50);
+    }
+}
+
+#[cfg(ringbag_rosbag2_iface)]
+fn service_name_of(node: &str, service: &str) -> String {
+    ringbag::source::ros_iface::service_name(node, service)
 }
 
 /// Jazzy's service recording: `ringbag record --services` subscribes to the service's

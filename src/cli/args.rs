@@ -544,8 +544,9 @@ pub struct RecordArgs {
     /// refused (exit 2) on both sources.
     #[arg(long)]
     pub ignore_leaf_topics: bool,
-    /// ROS source: the recorder's node name [default: rosbag2_recorder, as ros2 bag]; the
-    /// `~/snapshot` service is /NAME/snapshot. The synthetic source has no node: refused there.
+    /// ROS source: the recorder's node name [default: rosbag2_recorder, as ros2 bag]; its
+    /// services follow it (/NAME/pause, /NAME/resume, /NAME/is_paused, /NAME/split_bagfile on
+    /// Jazzy, /NAME/snapshot with a ring). The synthetic source has no node: refused there.
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
     /// Stamp with the /clock topic's time (ros2 bag's flag). Not yet supported: refused

@@ -13,6 +13,7 @@ mod burst;
 mod pause;
 mod queue;
 mod room;
+mod split_events;
 mod stats;
 mod syncer;
 mod writer_thread;
@@ -21,6 +22,9 @@ pub use burst::{Bursts, NoRoom, BURST_MESSAGE_MAX};
 pub use pause::PauseSwitch;
 pub use queue::{Pending, Producer, TopicHandle, NO_TAG};
 pub use room::{Answer, Room};
+pub use split_events::{
+    split_events, SplitEvent, SplitEventReceiver, SplitEventSender, SPLIT_EVENT_QUEUE,
+};
 pub use stats::{DurationHistogram, RecordSummary, TopicStats, BATCH_BUCKETS_S};
 pub use syncer::{SyncHealth, WRITEBACK_BYTES, WRITEBACK_INTERVAL};
 pub use writer_thread::{

@@ -66,6 +66,8 @@ pub struct PipelineConfig {
     /// Pause and resume (`--start-paused`, keys, the control socket): shared with whoever
     /// flips it; the writer reads it once per batch ([`super::pause`]).
     pub pause: Arc<super::PauseSwitch>,
+    /// Where each split close is told (the ROS side's `events/write_split`); None: nobody.
+    pub split_events: Option<super::SplitEventSender>,
 }
 
 impl Default for PipelineConfig {
@@ -83,6 +85,7 @@ impl Default for PipelineConfig {
             batch_max_bytes: 2 << 20,
             batch_max_delay: Duration::from_millis(50),
             pause: Arc::default(),
+            split_events: None,
         }
     }
 }
@@ -202,6 +205,15 @@ pub struct Progress {
     /// Why the writer stopped on its own with an error (set once, as it stops), for the
     /// status reports: the last figures must not read like a healthy recording.
     pub failure: std::sync::OnceLock<String>,
+}
+
+impl Progress {
+    /// [`Pipeline::request_rotate`], for whoever holds only the progress (the ROS side's
+    /// `~/split_bagfile`): two relaxed stores, never a wait on the writer.
+    pub fn request_rotate(&self) {
+        self.rotate_unless_empty.store(false, Relaxed);
+        self.rotate_requested.store(true, Relaxed);
+    }
 }
 
 pub struct Pipeline {
@@ -335,8 +347,7 @@ impl Pipeline {
     /// Ask the writer to close the open split now and open the next (through retention, as
     /// a size or time split does). Returns at once; the writer acts at its next turn.
     pub fn request_rotate(&self) {
-        self.progress.rotate_unless_empty.store(false, Relaxed);
-        self.progress.rotate_requested.store(true, Relaxed);
+        self.progress.request_rotate();
     }
 
     /// [`Pipeline::request_rotate`], except that a split holding no message yet is left
@@ -614,7 +625,12 @@ impl WriterCtx {
         self.drain_and_discard();
         self.annotate_custom_data();
         let writer = self.writer.take().expect("writer present until finish");
+        let last = writer.open_split_path().map(std::path::Path::to_path_buf);
         let finished = writer.finish();
+        // rosbag2 tells of the final close too, with no file opened.
+        if let (Some(tx), Some(last), Ok(_)) = (&self.cfg.split_events, &last, &finished) {
+            tx.send(last, None);
+        }
         // Whatever is still queued will never be written (it counts as unwritten); release
         // its bytes so the budget accounting stays right while producers shut down.
         self.drain_and_discard();
@@ -1026,6 +1042,13 @@ impl WriterCtx {
             w.mark_split_limit_reached();
             return Ok(Some(StopReason::MaxSplits(self.retention_max_splits())));
         }
+        // Only with a listener (the ROS side): the path is copied once per split.
+        let closed = self
+            .cfg
+            .split_events
+            .as_ref()
+            .and(w.open_split_path())
+            .map(std::path::Path::to_path_buf);
         match self.retention.as_mut() {
             Some(ret) => {
                 let d = ret.rotate(w)?;
@@ -1039,6 +1062,9 @@ impl WriterCtx {
         self.progress
             .splits
             .store(u64::from(w.splits_created()), Relaxed);
+        if let (Some(tx), Some(closed)) = (&self.cfg.split_events, closed) {
+            tx.send(&closed, w.open_split_path());
+        }
         Ok(None)
     }
 
@@ -1312,5 +1338,45 @@ mod tests {
         let (result, summary) = p.finish();
         result.expect("finish");
         assert_eq!(summary.written, 1);
+    }
+
+    /// `~/split_bagfile` and `events/write_split` without ROS: a rotation asked through the
+    /// progress (even of an empty split, as rosbag2's service splits) tells of the closed
+    /// and the opened file, and the final close of the last file with none opened.
+    #[test]
+    fn each_split_close_and_the_final_close_are_told_to_the_split_event_queue() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let bag = tmp.path().join("bag");
+        let w = BagWriter::create(&bag, WriterOptions::new(Flavour::Jazzy)).expect("create");
+        let clock: Arc<dyn crate::clock::TimeSource> = Arc::new(crate::clock::SystemClock);
+        let (tx, rx) = crate::pipeline::split_events();
+        let cfg = PipelineConfig {
+            split_events: Some(tx),
+            ..PipelineConfig::default()
+        };
+        let p = Pipeline::start(w, None, clock, cfg);
+        let progress = p.progress();
+        wait("the first split", || progress.splits.load(Relaxed) == 1);
+        progress.request_rotate();
+        wait("the second split", || progress.splits.load(Relaxed) == 2);
+        let (result, _) = p.finish();
+        result.expect("finish");
+        let file = |i: u32| bag.join(format!("bag_{i}.db3")).display().to_string();
+        let got: Vec<_> = std::iter::from_fn(|| rx.try_recv()).collect();
+        assert_eq!(
+            got,
+            [
+                crate::pipeline::SplitEvent {
+                    closed_file: file(0),
+                    opened_file: file(1),
+                },
+                crate::pipeline::SplitEvent {
+                    closed_file: file(1),
+                    opened_file: String::new(),
+                },
+            ]
+        );
+        assert_eq!(rx.dropped(), 0);
+        assert!(std::path::Path::new(&file(1)).exists());
     }
 }

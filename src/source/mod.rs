@@ -6,5 +6,7 @@ pub mod msgdef;
 mod rcl;
 #[cfg(feature = "ros")]
 pub mod ros;
+#[cfg(all(feature = "ros", ringbag_rosbag2_iface))]
+pub mod ros_iface;
 pub mod select;
 pub mod synthetic;
