@@ -16,7 +16,8 @@ Outputs in --out (default docs/img/), always the same five files:
                                             the bare loop beside it (bench-rosbag2.sh, tmpfs)
   robot-stall.png                           the robot mix's writer, second by second
   play-timing.png                           play's send-time error against the bare sleep loop
-  powercut.png                              each cut: closed splits before it, intact after
+  powercut.png                              each cut: splits closed before it, present and
+                                            intact after recovery and after reindex
 A missing input leaves its series out and says so in the title; it is not an error. A file
 that is not JSON, or JSON without the expected shape, is one line on stderr and exit 2.
 
@@ -203,26 +204,33 @@ def plot_powercut(plt, pc: dict | None, path: Path) -> None:
         title = f"Power cuts: {pc['passed']} passed, {pc['failed']} failed (seed {pc.get('meta', {}).get('seed', '?')})"
     if not cuts:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-    w = 0.27
+    w = 0.38
     for i, c in enumerate(cuts):
-        before = c["closed_before_cut"]
-        rec = c["after_recover"].get("closed_intact")
-        rei = c["after_reindex"].get("closed_intact")
-        ax.bar(i - w, before, w, color="#9e9e9e", label="closed (fsynced) before the cut" if i == 0 else None)
-        ax.bar(i, rec or 0, w, color="#2e6fbd", label="intact after record --recover" if i == 0 else None)
-        ax.bar(i + w, rei or 0, w, color="#58a55c", label="intact after reindex" if i == 0 else None)
-        top = max(before, rec or 0, rei or 0)
+        # Per check (after `record --recover`, after `reindex`): the splits logged closed
+        # (fsynced) before the cut, in the older bag and the cut one, split into those present
+        # and intact and those gone; the check lets a split be gone only as retention's deletion
+        # (a present one must be intact), so grey is retention at work, not loss.
+        top = 0
+        for dx, key, color, label in ((-w / 2, "after_recover", "#2e6fbd", "intact after record --recover"),
+                                      (w / 2, "after_reindex", "#58a55c", "intact after reindex")):
+            logged = c[key].get("closed_logged", c["closed_before_cut"])
+            intact = c[key].get("closed_intact") or 0
+            ax.bar(i + dx, intact, w, color=color, label=label if i == 0 else None)
+            ax.bar(i + dx, logged - intact, w, bottom=intact, color="#d9d9d9",
+                   label="gone: deleted by retention before the cut" if i == 0 and dx < 0 else None)
+            top = max(top, logged)
         mark = "PASS" if c["result"] == "PASS" else "FAIL"
         loss = c["after_recover"].get("window_loss_s")
         ax.annotate(mark + (f"\nlost {loss:.2f} s" if loss is not None else ""), (i, top), textcoords="offset points",
                     xytext=(0, 3), ha="center", fontsize=7, color="#2e7d4f" if mark == "PASS" else "#b03a2e")
     ax.set_xticks(range(len(cuts)))
     ax.set_xticklabels([f"{c['cut']}\n{c['preset']}\n{c['profile']} {c['rate']}" for c in cuts], fontsize=6)
-    ax.set_ylabel("closed splits")
+    ax.set_ylabel("splits closed before the cut (symlog)")
     ax.set_title(title, fontsize=10)
     if cuts:
         ax.legend(fontsize=7, loc="upper right")
-        ax.set_ylim(0, max(max(c["closed_before_cut"] for c in cuts), 1) * 1.35)
+        ax.set_yscale("symlog", linthresh=10)
+        ax.set_ylim(0, max(max(c["after_recover"].get("closed_logged", 1) or 1 for c in cuts), 10) * 3)
     ax.grid(axis="y", alpha=0.3)
     save(fig, path)
 
