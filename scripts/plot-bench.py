@@ -77,20 +77,21 @@ def spread(values: list[float]) -> tuple[float, float, float]:
 
 
 # ---------------------------------------------------------------- throughput
-def bench_series(bench: dict | None, case: str) -> list[tuple[str, list[float], bool]]:
-    """(label, MB/s per round, on tmpfs) from bench.sh's per-round rows of one case."""
+def bench_series(bench: dict | None, case: str) -> list[tuple[str, list[float], str]]:
+    """(label, MB/s per round, filesystem) from bench.sh's per-round rows of one case."""
     if bench is None:
         return []
+    fs = (bench.get("meta") or {}).get("fstype") or "disk"
     rows = [r for r in bench.get("rows") or [] if r.get("case") == case and "series" in r]
     out = []
     for series, label in (("ringbag", "ringbag"), ("floor", "bare SQLite loop"), ("dd", "dd + fdatasync")):
         v = [float(r["mb_s"]) for r in rows if r["series"] == series]
         if v:
-            out.append((label, v, False))
+            out.append((label, v, fs))
     return out
 
 
-def rosbag2_series(r2: dict | None, case: str) -> list[tuple[str, list[float], bool]]:
+def rosbag2_series(r2: dict | None, case: str) -> list[tuple[str, list[float], str]]:
     if r2 is None:
         return []
     c = (r2.get("cases") or {}).get(case)
@@ -99,7 +100,7 @@ def rosbag2_series(r2: dict | None, case: str) -> list[tuple[str, list[float], b
     out = []
     for prog, runs in c["programs"].items():
         label = "rosbag2" if prog.startswith("rosbag2") else prog
-        out.append((label, [x["payload"] / 1e6 / x["wall"] for x in runs], True))
+        out.append((label, [x["payload"] / 1e6 / x["wall"] for x in runs], "tmpfs"))
     # rosbag2 first: it is what the tmpfs group is about.
     return sorted(out, key=lambda s: not s[0].startswith("rosbag2"))
 
@@ -114,14 +115,15 @@ def plot_throughput(plt, bench: dict | None, r2: dict | None, case: str, title: 
     fig, ax = plt.subplots(figsize=SIZE, dpi=DPI)
     colors = {"ringbag": "#2e6fbd", "bare SQLite loop": "#7f7f7f", "dd + fdatasync": "#b7b7b7",
               "rosbag2": "#d1495b"}
-    for i, (label, v, tmpfs) in enumerate(series):
+    n_bench = len(bench_series(bench, case))
+    for i, (label, v, fs) in enumerate(series):
         med, lo, hi = spread(v)
-        ax.bar(i, med, color=colors.get(label, "#7f7f7f"), hatch="//" if tmpfs else None, edgecolor="black",
+        ax.bar(i, med, color=colors.get(label, "#7f7f7f"), hatch="//" if i >= n_bench else None, edgecolor="black",
                linewidth=0.5)
         ax.errorbar(i, med, yerr=[[med - lo], [hi - med]], color="black", capsize=4, linewidth=1)
         ax.annotate(f"{med:,.0f}", (i, hi), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
     ax.set_xticks(range(len(series)))
-    ax.set_xticklabels([f"{label}\n({'tmpfs' if tmpfs else 'disk'}, n={len(v)})" for label, v, tmpfs in series],
+    ax.set_xticklabels([f"{label}\n({fs}, n={len(v)})" for label, v, fs in series],
                        fontsize=8)
     ax.set_ylabel("payload MB/s (log scale)")
     if series:
@@ -130,8 +132,9 @@ def plot_throughput(plt, bench: dict | None, r2: dict | None, case: str, title: 
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
     ax.set_title(title + (f" [{'; '.join(notes)}]" if notes else ""), fontsize=10)
     ax.grid(axis="y", which="both", alpha=0.3)
-    fig.text(0.01, 0.01, "bars: median over rounds; whiskers: min-max. Hatched: bench-rosbag2.sh on tmpfs; "
-             "plain: bench.sh on its disk.", fontsize=7, color="#555555")
+    fig.text(0.01, 0.01, "bars: median over rounds; whiskers: min-max. Plain: bench.sh; hatched: "
+             "bench-rosbag2.sh (tmpfs). Below each bar: the filesystem and the number of rounds.",
+             fontsize=7, color="#555555")
     save(fig, path)
 
 
@@ -156,6 +159,8 @@ def plot_robot(plt, bench: dict | None, path: Path) -> None:
     ax.set_ylabel("ms (log scale)")
     if rows:
         ax.set_yscale("log")
+        top = max(max(p["longest_stall_ms"], p["slowest_batch_le_ms"] or 0) for r in rows for p in r["stall_series"])
+        ax.set_ylim(top=max(top, 1) * 8)  # room for the legend above the lines
         ax.legend(fontsize=7, loc="upper left")
     ax.set_title(title, fontsize=10)
     ax.grid(which="both", alpha=0.3)
