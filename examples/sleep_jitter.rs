@@ -2,7 +2,8 @@
 //! that waits for absolute CLOCK_MONOTONIC targets at a fixed rate, doing nothing else, and
 //! reports how late it woke. `spin_us` 0: clock_nanosleep(TIMER_ABSTIME) to the target;
 //! otherwise the same sleep to `spin_us` (at most half the wait) before it and a spin to the
-//! target (what ringbag play's scheduler does). Prints one JSON object.
+//! target (what ringbag play's scheduler does). Prints one JSON object, with `quantiles_ns`
+//! (the lateness at every half percent and the maximum) for scripts/plot-bench.py.
 //!
 //! Usage: sleep_jitter HZ SECONDS SPIN_US
 
@@ -58,10 +59,17 @@ fn main() {
     }
     late.sort_unstable();
     let q = |p: f64| late[((late.len() as f64 * p) as usize).min(late.len() - 1)];
+    // The distribution for scripts/plot-bench.py, bounded whatever the run's length: the
+    // lateness at every half percent (0, 0.5 .. 99.5 %) and the maximum, 201 numbers.
+    let quantiles: Vec<String> = (0..200)
+        .map(|i| q(i as f64 / 200.0).to_string())
+        .chain(std::iter::once(late[late.len() - 1].to_string()))
+        .collect();
     println!(
-        "{{\"hz\": {hz}, \"seconds\": {secs}, \"spin_us\": {spin_us}, \"n\": {n}, \"p50_ns\": {}, \"p99_ns\": {}, \"max_ns\": {}}}",
+        "{{\"hz\": {hz}, \"seconds\": {secs}, \"spin_us\": {spin_us}, \"n\": {n}, \"p50_ns\": {}, \"p99_ns\": {}, \"max_ns\": {}, \"quantiles_ns\": [{}]}}",
         q(0.5),
         q(0.99),
-        late[late.len() - 1]
+        late[late.len() - 1],
+        quantiles.join(", ")
     );
 }

@@ -15,6 +15,7 @@
 # drops messages once full and only logs it), and ringbag must report 0 dropped.
 #
 # Usage: scripts/bench-rosbag2.sh [--runs N] [--dir DIR] [--ringbag] [--fresh] [--only large|small]
+#                                 [--json FILE]
 #   --runs N    runs per program and case (default 3)
 #   --dir DIR   where the bags go (default /dev/shm/ringbag-bench-rosbag2, removed after)
 #   --ringbag   also build (cargo --release) and run ringbag and the bare loop
@@ -22,13 +23,15 @@
 #               (as a subscription hands it over); by default all messages share one buffer,
 #               as ringbag's synthetic source reuses its buffers and the bare loop its one
 #   --only C    one case: large (1 MiB x 1024) or small (100 B x 2,000,000)
+#   --json FILE also write every run (wall, CPU, timed s, payload, count, peak RSS, load) per
+#               case and program as JSON to FILE, for scripts/plot-bench.py
 # Needs a sourced ROS 2 with rosbag2_cpp and the sqlite3 storage plugin (e.g.
 # `source /work/ros-env-humble.sh`); without one it says so and exits 0: a manual benchmark,
 # not a CI stage. The writer is built with CMake into target/rosbag2-writer-$ROS_DISTRO.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-runs=3 dir=/dev/shm/ringbag-bench-rosbag2 with_ringbag=0 fresh=0 only=
+runs=3 dir=/dev/shm/ringbag-bench-rosbag2 with_ringbag=0 fresh=0 only= json_out=
 while [ $# -gt 0 ]; do
     case "$1" in
         --runs) runs="$2"; shift 2 ;;
@@ -36,7 +39,8 @@ while [ $# -gt 0 ]; do
         --ringbag) with_ringbag=1; shift ;;
         --fresh) fresh=1; shift ;;
         --only) only="$2"; shift 2 ;;
-        *) echo "usage: $0 [--runs N] [--dir DIR] [--ringbag] [--fresh] [--only large|small]" >&2; exit 2 ;;
+        --json) json_out="$(realpath -m "$2")"; shift 2 ;;
+        *) echo "usage: $0 [--runs N] [--dir DIR] [--ringbag] [--fresh] [--only large|small] [--json FILE]" >&2; exit 2 ;;
     esac
 done
 case "$only" in ''|large|small) ;; *) echo "bench-rosbag2: --only large|small, got '$only'" >&2; exit 2 ;; esac
@@ -70,7 +74,7 @@ trap 'rm -rf "$work"; rmdir "$dir" 2>/dev/null || true' EXIT
 # The driver: one child at a time, wall from a monotonic clock around it, CPU (user+sys) and
 # peak RSS from wait4 on that child alone, the 1-minute load average read just before it.
 WORK="$work" RUNS="$runs" ONLY="$only" WITH_RINGBAG="$with_ringbag" FRESH="$fresh" WRITER="$writer" \
-    DISTRO="$distro" R2_VERSION="$r2_version" python3 - <<'PY'
+    DISTRO="$distro" R2_VERSION="$r2_version" JSON_OUT="$json_out" python3 - <<'PY'
 import json, os, re, sqlite3, statistics, subprocess, sys, time
 from pathlib import Path
 
@@ -143,7 +147,7 @@ def bare_run(size: int, count: int, batch: int, page: int) -> dict:
     return r | {"timed": j["seconds"], "payload": j["payload_bytes"]}
 
 
-rows, leads = [], []
+rows, leads, dump = [], [], {}
 for name, profile, size, count, batch, page in cases:
     progs = [(rosbag2_name, lambda: rosbag2(size, count))]
     if fresh:
@@ -161,6 +165,9 @@ for name, profile, size, count, batch, page in cases:
             samples[prog].append(r)
             print(f"  {name:18} {prog:34} run {i + 1}: wall {r['wall']:.3f} s, CPU {r['cpu']:.3f} s, "
                   f"load {r['load']:.2f}", file=sys.stderr, flush=True)
+    dump[profile] = {"name": name, "size": size, "count": count, "programs": {
+        prog: [{k: x[k] for k in ("wall", "cpu", "timed", "payload", "rss_mib", "load")} for x in s]
+        for prog, s in samples.items()}}
     for prog, _ in progs:
         s = samples[prog]
         wall, cpu = statistics.median(x["wall"] for x in s), statistics.median(x["cpu"] for x in s)
@@ -187,4 +194,8 @@ for r in rows:
     print("| " + " | ".join(r) + " |")
 for line in leads:
     print(line)
+if os.environ["JSON_OUT"]:
+    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": os.uname().machine,
+            "cpus": os.cpu_count(), "runs": runs, "filesystem": str(work), "rosbag2": rosbag2_name}
+    Path(os.environ["JSON_OUT"]).write_text(json.dumps({"meta": meta, "cases": dump}, indent=2) + "\n")
 PY

@@ -187,11 +187,21 @@ def floor_rounds(work: Path, q: int, rounds: int) -> tuple[list[dict], list[dict
             r["size"] = size
             b["name"] += f" (round {i + 1})"
             r["name"] += f" (round {i + 1})"
+            # For scripts/plot-bench.py: which case, program and round each row is.
+            b |= {"case": profile, "series": "floor", "round": i + 1}
+            r |= {"case": profile, "series": "ringbag", "round": i + 1}
             rows += [b, r]
+            # The disk's own streaming rate for the same payload, in the same round: the floor
+            # under any SQLite writer.
+            d = dd(work, max(1, size * count // 1048576), sync=True)
+            d |= {"name": d["name"] + f" {size} B case (round {i + 1})", "case": profile, "series": "dd",
+                  "round": i + 1, "size": size, "msg_s": count / d["wall"]}
+            rows.append(d)
             # 100 B: also the least a queued design costs, so that the gap to the floor splits
             # into the price of the architecture and ringbag's own code.
             q = bare_queue(work, count, f"bare loop fed by a queue (round {i + 1})") if profile == "small" else None
             if q:
+                q |= {"case": profile, "series": "queue", "round": i + 1, "size": size}
                 rows.append(q)
             per_round.append((r["msg_s"] / b["msg_s"], r["cpu_s_per_gb"], b["cpu_s_per_gb"],
                               q["msg_s"] / b["msg_s"] if q else None, r["msg_s"] / q["msg_s"] if q else None))
@@ -233,10 +243,82 @@ def robot_probed(work: Path, secs: int, split: str) -> dict:
     # long probe insert is the machine's).
     inserts = subprocess.Popen([str(INSERT_PROBE), str(work), str(secs + 3), str(INSERT_PROBE_BYTES),
                                 str(INSERT_PROBE_PERIOD_MS)], stdout=subprocess.PIPE, text=True)
-    r = ringbag(work, "robot", 570 * secs, "realtime", ["-b", split])
+    prom = work / f"robot-{split}.prom"
+    # An older build given with --ringbag may have no metrics: then no series, the row as before.
+    metrics = "--metrics-textfile" in subprocess.run([str(RINGBAG), "record", "--help"], capture_output=True,
+                                                     text=True).stdout
+    sampler = MetricsSampler(prom)
+    sampler.start()
+    try:
+        r = ringbag(work, "robot", 570 * secs, "realtime", ["-b", split] + (
+            ["--metrics-textfile", str(prom), "--metrics-interval", "1"] if metrics else []))
+    finally:
+        sampler.stop()
+    if metrics:
+        r["stall_series"] = sampler.series()
+    prom.unlink(missing_ok=True)
     r["pause_ms"] = max(json.loads(p.communicate()[0])["max_ns"] for p in probes) / 1e6
     r["probe_insert_ms"] = json.loads(inserts.communicate()[0])["longest_ms"]
     return r
+
+
+class MetricsSampler:
+    """The writer's stalls second by second during one recording, from its metrics textfile
+    (`--metrics-interval 1`), read every 50 ms for a new version. The recorder keeps no
+    per-second stall of its own; the textfile has the batch-duration histogram (cumulative)
+    and the longest stall so far, so each one-second step gives the batches it finished, the
+    upper bound of the slowest one's bucket, and the running longest stall."""
+
+    BUCKET = re.compile(r'^ringbag_writer_batch_duration_seconds_bucket\{le="([^"]+)"\} (\d+)', re.M)
+    STALL = re.compile(r"^ringbag_writer_longest_stall_seconds ([\d.e+-]+)", re.M)
+
+    def __init__(self, path: Path) -> None:
+        import threading
+        self.path, self.samples, self.done = path, [], threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+        self.read()  # the final rewrite at exit
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):
+            self.read()
+
+    def read(self) -> None:
+        try:
+            text = self.path.read_text()
+        except OSError:
+            return
+        stall = self.STALL.search(text)
+        buckets = [(float(le), int(n)) for le, n in self.BUCKET.findall(text)]
+        if stall is None or not buckets:
+            return
+        if self.samples and self.samples[-1][2] == buckets and self.samples[-1][1] == float(stall.group(1)):
+            return  # not rewritten yet
+        self.samples.append((time.monotonic() - self.t0, float(stall.group(1)), buckets))
+
+    def series(self) -> list[dict]:
+        out, prev = [], None
+        for t, stall, buckets in self.samples:
+            counts = dict(buckets)
+            if prev is None:
+                step = counts
+            else:
+                step = {le: n - prev.get(le, 0) for le, n in counts.items()}
+            # The smallest bucket holding all of the step's batches bounds its slowest one.
+            total = step.get(float("inf"), 0)
+            bound = next((le for le in sorted(step) if step[le] >= total), float("inf")) if total else 0.0
+            out.append({"t_s": round(t, 3), "batches": total,
+                        "slowest_batch_le_ms": None if bound == float("inf") else bound * 1e3,
+                        "longest_stall_ms": stall * 1e3})
+            prev = counts
+        return out
 
 
 # ---------------------------------------------------------------- upload (issue 24)
@@ -731,7 +813,7 @@ def jitter(hz: float, secs: float, rt: bool) -> dict:
     j = json.loads(r["out"])
     return {"name": f"bare loop {hz:g} Hz{', SCHED_FIFO' if rt else ''}", "p50_us": j["p50_ns"] / 1e3,
             "p99_us": j["p99_ns"] / 1e3, "max_us": j["max_ns"] / 1e3, "cpu_per_s": r["cpu"] / r["wall"],
-            "rss_mib": r["rss_kib"] / 1024}
+            "rss_mib": r["rss_kib"] / 1024, "quantiles_us": [x / 1e3 for x in j.get("quantiles_ns", [])]}
 
 
 def play_timing(bag: Path, rate: float, echo: Path, rt: bool = False) -> dict:
@@ -761,7 +843,10 @@ def play_timing(bag: Path, rate: float, echo: Path, rt: bool = False) -> dict:
     cpu = ru.ru_utime + ru.ru_stime
     return {"name": f"ringbag play -r {rate:g}{f' --rt-priority {RT_PRIORITY}' if rt else ''}", "messages": n, "p50_us": quantile(errs, 0.5) / 1e3,
             "p99_us": quantile(errs, 0.99) / 1e3, "max_us": errs[-1] / 1e3, "early": sum(e < 0 for e in errs),
-            "cpu_per_s": cpu / wall, "wall": wall, "rss_mib": ru.ru_maxrss / 1024}
+            "cpu_per_s": cpu / wall, "wall": wall, "rss_mib": ru.ru_maxrss / 1024,
+            # The distribution for the plots, bounded: the error at every half percent and the
+            # maximum (201 numbers), as examples/sleep_jitter prints for the bare loop.
+            "quantiles_us": [errs[min(n - 1, i * n // 200)] / 1e3 for i in range(200)] + [errs[-1] / 1e3]}
 
 
 def first_message_ms(bag: Path, offset_s: float, echo: Path) -> float:
@@ -810,7 +895,7 @@ def playback_runs(work: Path, quick: bool) -> dict:
                "-o", str(large_bag)])
     r = play_timing(large_bag, 0.25, echo)
     r["name"] = f"ringbag play -r 0.25, {r['messages']} x 1 MiB"
-    for k in ("p50_us", "p99_us", "max_us"):
+    for k in ("p50_us", "p99_us", "max_us", "quantiles_us"):
         r[k] = None
     rows.append(r)
     shutil.rmtree(large_bag, ignore_errors=True)
@@ -846,7 +931,7 @@ def playback_runs(work: Path, quick: bool) -> dict:
         whole = play_timing(big_bag, 0.25, echo)
         whole["name"] = f"ringbag play -r 0.25, whole {big['size_gb']:.1f} GB bag"
         # Its timing is the disk's: a bag recorded as fast as possible replays at that speed.
-        for k in ("p50_us", "p99_us", "max_us"):
+        for k in ("p50_us", "p99_us", "max_us", "quantiles_us"):
             whole[k] = None
         rows.append(whole)
         big["rss_mib"] = whole["rss_mib"]
@@ -885,11 +970,12 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="filesystem to measure (default: a temp dir under target/)")
     ap.add_argument("--quick", action="store_true", help="smaller counts")
     ap.add_argument("--ringbag", default=None, help="the ringbag binary to measure (default: target/release/ringbag)")
-    ap.add_argument("--only", choices=["all", "write", "large", "robot", "upload", "metrics"], default="all",
+    ap.add_argument("--only", choices=["all", "write", "large", "robot", "upload", "metrics", "plots"], default="all",
                     help="write: the original table; large: 100 B, 1 MiB and 6 MiB against the floor, "
                          "--rounds times; robot: real-time robot mix; upload: ringbag upload against "
                          "boto3 to Garage on loopback, and the robot mix with and without uploads; "
-                         "metrics: scrape cost with 50 topics, and metrics on against off")
+                         "metrics: scrape cost with 50 topics, and metrics on against off; plots: what "
+                         "scripts/plot-bench.py draws (large, robot and the playback section)")
     ap.add_argument("--garage-dir", default=None,
                     help="upload: keep Garage's state under this directory (default: the bench directory)")
     ap.add_argument("--upload-link-rate", default="25MiB",
@@ -912,6 +998,12 @@ def main() -> None:
         sys.exit(f"bench: --dir {base}: {e.strerror}")
     work = Path(tempfile.mkdtemp(prefix="ringbag-bench-", dir=base))
     pr_start = page_reporting()
+    # Where and when, for whoever reads the JSON (or a plot of it) later.
+    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": os.uname().machine,
+            "cpus": os.cpu_count(), "load_start": os.getloadavg()[0], "quick": a.quick, "rounds": a.rounds,
+            "only": "play" if a.play_only else a.only, "dir": str(base),
+            "fstype": subprocess.run(["stat", "-f", "-c", "%T", str(base)], capture_output=True,
+                                     text=True).stdout.strip()}
     q = 4 if a.quick else 1
     if a.play_only:
         try:
@@ -919,7 +1011,7 @@ def main() -> None:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         if a.json:
-            print(json.dumps({"playback": pb}, indent=2))
+            print(json.dumps({"playback": pb, "meta": meta | {"load_end": os.getloadavg()[0]}}, indent=2))
         else:
             print(f"filesystem: {base} ({os.uname().machine}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f})")
             print_playback(pb)
@@ -935,8 +1027,12 @@ def main() -> None:
             mb = metrics_bench(work, a.quick, max(a.rounds, 1))
             print_metrics(mb)
             return
-        if a.only in ("large", "robot", "upload"):
-            if a.only == "large":
+        if a.only in ("large", "robot", "upload", "plots"):
+            if a.only == "plots":
+                rows, ratios = floor_rounds(work, q, max(a.rounds, 1))
+                rows += robot_realtime(work, 30 // q, max(a.robot_rounds, 1))
+                pb = playback(work, a.quick)
+            elif a.only == "large":
                 rows, ratios = floor_rounds(work, q, max(a.rounds, 1))
             elif a.only == "upload":
                 up = upload_bench(work, a.quick, 30 // q, a.garage_dir, a.upload_link_rate, max(a.upload_rounds, 1))
@@ -990,8 +1086,8 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if a.json:
-        print(json.dumps({"rows": rows, "ratios": ratios, "long_run": long_line, "upload": up, "playback": pb},
-                         indent=2))
+        print(json.dumps({"rows": rows, "ratios": ratios, "long_run": long_line, "upload": up, "playback": pb,
+                          "meta": meta | {"load_end": os.getloadavg()[0]}}, indent=2))
         return
     print(f"filesystem: {base} ({os.uname().machine}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f})")
     print(f"ringbag: {RINGBAG}")

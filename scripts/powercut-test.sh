@@ -26,8 +26,9 @@
 #
 # Environment: POWERCUT_CUTS (default 14), POWERCUT_UPLOAD_CUTS (default 2; Garage from
 # RINGBAG_GARAGE_SH, default scripts/garage.sh), POWERCUT_SEED (default: time), RINGBAG_BIN
-# (default: target/debug/ringbag, built if missing). Skips, with the reason, only where loop
-# devices cannot be used (no root, no /dev/loop-control, mounting refused).
+# (default: target/debug/ringbag, built if missing), POWERCUT_JSON (a file: also write a JSON
+# summary there, one object per cut and the totals, for scripts/plot-bench.py). Skips, with the
+# reason, only where loop devices cannot be used (no root, no /dev/loop-control, mounting refused).
 # Prints one line per cut and closes with `powercut: N passed, M failed`; exit 1 on a failure.
 set -euo pipefail
 
@@ -38,6 +39,7 @@ MAX_LOSS_S="${POWERCUT_MAX_LOSS_S:-3}"
 SEED="${POWERCUT_SEED:-$(date +%s)}"
 RANDOM=$((SEED % 32768))
 RB="${RINGBAG_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/ringbag}"
+JSON_OUT="${POWERCUT_JSON:+$(realpath -m "$POWERCUT_JSON")}"
 
 skip() {
     echo "powercut: SKIPPED: $*"
@@ -218,6 +220,27 @@ CONFIGS=(
     "write-optimized medium window -b 128MiB --max-record-size 300MiB"
 )
 
+# One JSON line per cut into $W/cuts.jsonl (POWERCUT_JSON): the check's summary lines parsed
+# into numbers (closed splits intact, and a window cut's loss), the lines themselves kept too.
+json_cut() {
+    [[ -n "$JSON_OUT" ]] || return 0
+    python3 - "$@" >>"$W/cuts.jsonl" <<'PY'
+import json, re, sys
+cut, preset, profile, rate, flags, closed, salvaged, after_recover, after_reindex, result = sys.argv[1:]
+def parse(line):
+    m = re.search(r"(\d+) bags, (\d+) messages, (\d+)/(\d+) closed splits present and intact"
+                  r"(?:, newest message ([\d.]+) s before the cut)?", line)
+    if not m:
+        return {"summary": line}
+    return {"summary": line, "bags": int(m[1]), "messages": int(m[2]), "closed_intact": int(m[3]),
+            "closed_logged": int(m[4]), "window_loss_s": float(m[5]) if m[5] else None}
+print(json.dumps({"cut": int(cut), "preset": preset, "profile": profile, "rate": rate, "flags": flags,
+                  "closed_before_cut": int(closed), "salvaged": int(salvaged),
+                  "after_recover": parse(after_recover), "after_reindex": parse(after_reindex),
+                  "result": result}))
+PY
+}
+
 echo "powercut: $CUTS cuts, seed $SEED, binary $RB"
 for ((cut = 1; cut <= CUTS; cut++)); do
     read -r preset profile rate flags <<<"${CONFIGS[$(((cut - 1) % ${#CONFIGS[@]}))]}"
@@ -301,6 +324,9 @@ for ((cut = 1; cut <= CUTS; cut++)); do
     printf 'cut %2d/%d %-15s %-6s %-8s %-32s %3d splits closed before the cut | recover (%d splits salvaged): %s | reindex: %s -> %s\n' \
         "$cut" "$CUTS" "$preset" "$profile" "$rate" "$flags" "$closed_n" "$salvaged" \
         "$(tail -n1 <<<"$out_a")" "$(tail -n1 <<<"$out_b")" "$result"
+    # shellcheck disable=SC2086
+    json_cut "$cut" "$preset" "$profile" "$( ((window)) && echo window || echo "$rate")" "$flags" "$closed_n" \
+        "$salvaged" "$(tail -n1 <<<"$out_a")" "$(tail -n1 <<<"$out_b")" "$result"
     if [[ $result == PASS ]]; then
         PASSED=$((PASSED + 1))
     else
@@ -482,4 +508,16 @@ fi
 
 FINISHED=1
 echo "powercut: $PASSED passed, $FAILED failed"
+if [[ -n "$JSON_OUT" ]]; then
+    python3 - "$W/cuts.jsonl" "$JSON_OUT" "$SEED" "$PASSED" "$FAILED" "$RB" <<'PY'
+import json, os, sys, time
+src, dst, seed, passed, failed, rb = sys.argv[1:]
+cuts = [json.loads(l) for l in open(src)] if os.path.exists(src) else []
+meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": os.uname().machine,
+        "seed": int(seed), "binary": rb}
+with open(dst, "w") as f:
+    json.dump({"meta": meta, "cuts": cuts, "passed": int(passed), "failed": int(failed)}, f, indent=2)
+    f.write("\n")
+PY
+fi
 ((FAILED == 0))

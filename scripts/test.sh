@@ -74,8 +74,10 @@ TARGET_AARCH64=aarch64-unknown-linux-gnu
 APT_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static binutils
     binutils-aarch64-linux-gnu systemd prometheus prometheus-node-exporter man-db)
 VENV="$ROOT/.venv"
-# rosbags and pytest (interop), oelint-adv (the Yocto layer's lint).
-REQUIREMENTS=("$ROOT/tests/interop/requirements.txt" "$ROOT/yocto/requirements.txt")
+# rosbags and pytest (interop), oelint-adv (the Yocto layer's lint), matplotlib (the benchmark
+# figures, checked in the docs stage).
+REQUIREMENTS=("$ROOT/tests/interop/requirements.txt" "$ROOT/yocto/requirements.txt"
+    "$ROOT/scripts/plot-requirements.txt")
 NICE=(nice -n "${RINGBAG_NICE:-10}")
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-auto}"
@@ -345,7 +347,7 @@ install_all() {
     # test in `test`), python3-venv (yocto, interop).
     if selected test yocto interop release cross-aarch64; then install_apt; fi
     install_rust
-    if selected yocto interop; then install_venv; fi
+    if selected docs yocto interop; then install_venv; fi
     # Every stage that may run the upload tests (the host and aarch64 suites, interop's boto3
     # read-back, uploads across power cuts, the unit uploading under systemd).
     if selected test cross-aarch64 interop powercut systemd; then install_garage; fi
@@ -480,18 +482,24 @@ run_yocto() {
 }
 
 # The docs (scripts/docs-check.py): every --help flag and config key documented, links and
-# images resolving, the generated man pages free of groff and man warnings. Seconds, after the
-# debug build; needs only man-db (and its groff), installed here when missing.
+# images resolving, the generated man pages free of groff and man warnings. Then the figures'
+# script on its fixtures (tests/plots/check.py, with the venv's matplotlib), which also checks
+# that docs/img/dataflow.svg is what Graphviz makes of docs/dataflow.dot. Seconds, after the
+# debug build; needs man-db (and its groff) and graphviz, installed here when missing.
 run_docs() {
-    if ! command -v man >/dev/null || ! command -v groff >/dev/null; then
-        [[ $INSTALL -eq 1 ]] || { echo "missing Debian package: man-db" >&2; return 1; }
-        echo "apt: installing man-db"
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends man-db ||
+    local pkg tool
+    for pkg in man-db:man graphviz:dot; do
+        tool="${pkg#*:}" pkg="${pkg%%:*}"
+        command -v "$tool" >/dev/null && { [[ $tool != man ]] || command -v groff >/dev/null; } && continue
+        [[ $INSTALL -eq 1 ]] || { echo "missing Debian package: $pkg" >&2; return 1; }
+        echo "apt: installing $pkg"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$pkg" ||
             { as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
-                as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends man-db; }
-    fi
+                as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$pkg"; }
+    done
     cargo_n build --bin ringbag
     python3 scripts/docs-check.py --bin "$TARGET_DIR/debug/ringbag"
+    "$VENV/bin/python" tests/plots/check.py
 }
 
 # Release binaries (scripts/build-release.sh): aarch64 and x86_64 against glibc 2.31, stripped,
