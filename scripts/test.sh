@@ -344,8 +344,8 @@ install_garage() {
 # What the selected stages need (the ROS 2 distros are installed by their own stages).
 install_all() {
     # apt: the cross toolchain and qemu (release, cross-aarch64), systemd's tools (the install
-    # test in `test`), python3-venv (yocto, interop).
-    if selected test yocto interop release cross-aarch64; then install_apt; fi
+    # test in `test`), python3-venv (docs, yocto, interop).
+    if selected test docs yocto interop release cross-aarch64; then install_apt; fi
     install_rust
     if selected docs yocto interop; then install_venv; fi
     # Every stage that may run the upload tests (the host and aarch64 suites, interop's boto3
