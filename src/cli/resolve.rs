@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::args::{RecordArgs, SourceKind, SyntheticRate, UploadArgs};
+use crate::bag::filemode::FileCompression;
 use crate::bag::writer::WriterOptions;
 use crate::bag::Flavour;
 use crate::config::Quantity;
@@ -65,7 +66,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         SourceKind::Synthetic
     });
     source_only_flags(a, source_kind)?;
-    compression_flags(a)?;
+    let compression = compression_flags(a)?;
     let source = match source_kind {
         SourceKind::Synthetic => SourceSettings::Synthetic(GeneratorConfig {
             profile: a.synthetic_profile,
@@ -163,6 +164,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
             max_bag_duration_ns,
             custom_data,
             extra_pragmas,
+            compression,
         },
         pipeline,
         retention,
@@ -362,10 +364,11 @@ fn selection(a: &RecordArgs) -> crate::source::select::RosSourceOptions {
     }
 }
 
-/// ros2 bag's compression flags. Only `--compression-mode none` (its default) is there yet:
-/// any other mode is refused rather than recording plain splits a script asked compressed.
-/// A format without a mode is refused as ros2 bag refuses it.
-fn compression_flags(a: &RecordArgs) -> Result<(), String> {
+/// ros2 bag's compression flags: `--compression-mode none` (its default) or `file` with
+/// `--compression-format zstd`; `message` is refused rather than recording plain splits a
+/// script asked compressed. A format without a mode, or a mode without a format, is refused
+/// as ros2 bag refuses it.
+fn compression_flags(a: &RecordArgs) -> Result<Option<FileCompression>, String> {
     let format = a.compression_format.as_str();
     if !format.is_empty() && format != crate::bag::compressed::ZSTD_FORMAT {
         return Err(format!(
@@ -376,10 +379,22 @@ fn compression_flags(a: &RecordArgs) -> Result<(), String> {
         "none" if !format.is_empty() => {
             Err("--compression-format needs a --compression-mode (as in ros2 bag)".into())
         }
-        "none" => Ok(()),
+        "none" => Ok(None),
+        "file" if format.is_empty() => Err(
+            "--compression-mode file needs a --compression-format (zstd, as in ros2 bag)".into(),
+        ),
+        "file" => Ok(Some(FileCompression {
+            // rosbag2's 0: as many threads as cores.
+            threads: match a.compression_threads {
+                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+                n => n as usize,
+            },
+            queue_size: a.compression_queue_size as usize,
+            level: crate::bag::compressed::DEFAULT_LEVEL,
+        })),
         mode => Err(format!(
-            "--compression-mode {mode}: not yet supported; ringbag records plain .db3 splits \
-             (it reads bags rosbag2 compressed in file mode)"
+            "--compression-mode {mode}: not supported yet; ringbag compresses in file mode \
+             (--compression-mode file)"
         )),
     }
 }
@@ -893,14 +908,13 @@ mod record_flag_tests {
     }
 
     #[test]
-    fn compression_is_none_by_default_and_every_other_mode_is_refused_in_one_line() {
-        assert!(compression_flags(&record(&[])).is_ok());
-        assert!(compression_flags(&record(&["--compression-mode", "none"])).is_ok());
+    fn compression_is_none_by_default_file_mode_takes_zstd_and_message_is_refused() {
+        assert_eq!(compression_flags(&record(&[])), Ok(None));
+        assert_eq!(
+            compression_flags(&record(&["--compression-mode", "none"])),
+            Ok(None)
+        );
         for (flags, says) in [
-            (
-                &["--compression-mode", "file", "--compression-format", "zstd"][..],
-                "--compression-mode file: not yet supported",
-            ),
             (
                 &[
                     "--compression-mode",
@@ -908,11 +922,15 @@ mod record_flag_tests {
                     "--compression-format",
                     "zstd",
                 ][..],
-                "--compression-mode message: not yet supported",
+                "--compression-mode message: not supported yet",
             ),
             (
                 &["--compression-format", "zstd"][..],
                 "--compression-format needs a --compression-mode",
+            ),
+            (
+                &["--compression-mode", "file"][..],
+                "--compression-mode file needs a --compression-format",
             ),
             (
                 &["--compression-mode", "file", "--compression-format", "lz4"][..],
@@ -923,13 +941,24 @@ mod record_flag_tests {
             assert!(e.starts_with(says), "{flags:?}: {e}");
             assert!(!e.contains('\n'), "{e}");
         }
-        let a = record(&[
-            "--compression-threads",
-            "4",
-            "--compression-queue-size",
-            "8",
-        ]);
-        assert_eq!((a.compression_threads, a.compression_queue_size), (4, 8));
+        let file = ["--compression-mode", "file", "--compression-format", "zstd"];
+        let c = compression_flags(&record(&file)).unwrap().unwrap();
+        assert!(c.threads >= 1);
+        assert_eq!((c.queue_size, c.level), (1, 1), "rosbag2's defaults");
+        let a = record(
+            &[
+                &file[..],
+                &[
+                    "--compression-threads",
+                    "4",
+                    "--compression-queue-size",
+                    "8",
+                ],
+            ]
+            .concat(),
+        );
+        let c = compression_flags(&a).unwrap().unwrap();
+        assert_eq!((c.threads, c.queue_size), (4, 8));
     }
 
     #[test]

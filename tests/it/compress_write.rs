@@ -1,0 +1,157 @@
+//! Recording in rosbag2's file compression mode (`record --compression-mode file
+//! --compression-format zstd`): each closed split becomes `<split>.db3.zstd` on the
+//! compression threads, metadata.yaml names it so, and the readers give back every message
+//! byte for byte. Bags rosbag2 compressed are read in tests/it/compressed.rs.
+
+use std::fs;
+use std::path::Path;
+
+use ringbag::bag::filemode::FileCompression;
+use ringbag::bag::reader::{Bag, ReadFilter};
+use ringbag::bag::writer::{BagWriter, WriterOptions};
+use ringbag::bag::{BagMetadata, Flavour, TopicInfo};
+
+use crate::common::{ringbag, stderr, stdout, RunOutput};
+
+/// File names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Message `i`: its topic (of 2) and bytes, about as compressible as sensor data (a smooth
+/// ramp with noise in the low bits), 200 B to 20 KB.
+fn message(i: usize) -> (usize, Vec<u8>) {
+    let len = 200 + (i * 7919) % 20_000;
+    let mut x = i as u32 | 1;
+    let data = (0..len)
+        .map(|j| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            ((j / 64) as u8).wrapping_add((x & 3) as u8)
+        })
+        .collect();
+    (i % 2, data)
+}
+
+/// A pipeline (the recorder's: sync and compression threads) writing into `dir`.
+fn pipeline(dir: &Path, compression: FileCompression) -> ringbag::pipeline::Pipeline {
+    let mut opts = WriterOptions::new(Flavour::Jazzy);
+    opts.max_bag_size = 256 << 10;
+    opts.compression = Some(compression);
+    ringbag::pipeline::Pipeline::start(
+        BagWriter::create(dir, opts).unwrap(),
+        None,
+        std::sync::Arc::new(ringbag::clock::SystemClock),
+        ringbag::pipeline::PipelineConfig::default(),
+    )
+}
+
+/// Every message of the bag at `dir` by topic, in the order read, through the library reader.
+fn read_back(dir: &Path) -> Vec<Vec<Vec<u8>>> {
+    let bag = Bag::open(dir).expect("bag opens");
+    let mut got = vec![Vec::new(), Vec::new()];
+    for m in bag.messages(&ReadFilter::default()).unwrap() {
+        let m = m.unwrap();
+        let t = ["/imu", "/scan"]
+            .iter()
+            .position(|n| *n == bag.topics[m.topic].name)
+            .unwrap();
+        got[t].push(m.data);
+    }
+    got
+}
+
+/// `n` messages pushed through a pipeline compressing with `c` into `dir`; its summary.
+fn record(dir: &Path, c: FileCompression, n: usize) -> ringbag::pipeline::RecordSummary {
+    let p = pipeline(dir, c);
+    let producer = p.producer();
+    let topics = [
+        producer.add_topic(TopicInfo::new("/imu", "std_msgs/msg/String"), None),
+        producer.add_topic(TopicInfo::new("/scan", "std_msgs/msg/String"), None),
+    ];
+    for i in 0..n {
+        let (t, data) = message(i);
+        assert!(producer.push(&topics[t], &data), "message {i} dropped");
+    }
+    drop(producer);
+    let (result, summary) = p.finish();
+    result.unwrap();
+    assert_eq!(summary.written, n as u64);
+    summary
+}
+
+/// The messages `0..n` by topic, as [`read_back`] gives them.
+fn want(n: usize) -> Vec<Vec<Vec<u8>>> {
+    let mut w = vec![Vec::new(), Vec::new()];
+    for i in 0..n {
+        let (t, d) = message(i);
+        w[t].push(d);
+    }
+    w
+}
+
+#[test]
+fn file_mode_leaves_only_zstd_splits_listed_as_rosbag2_does_and_every_message_reads_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("z");
+    const N: usize = 600;
+    let c = FileCompression {
+        threads: 2,
+        queue_size: 0,
+        level: 1,
+    };
+    record(&dir, c, N);
+    let files = names(&dir);
+    let splits: Vec<&String> = files.iter().filter(|n| *n != "metadata.yaml").collect();
+    assert!(splits.len() > 3, "rotations happened: {files:?}");
+    assert!(
+        splits.iter().all(|n| n.ends_with(".db3.zstd")),
+        "only .zstd splits (no .db3, no .partial): {files:?}"
+    );
+    let m = BagMetadata::read(&dir).unwrap();
+    assert_eq!(
+        (m.compression_format.as_str(), m.compression_mode.as_str()),
+        ("zstd", "FILE")
+    );
+    assert_eq!(
+        m.relative_file_paths,
+        (0..splits.len())
+            .map(|i| format!("z_{i}.db3.zstd"))
+            .collect::<Vec<_>>()
+    );
+    // rosbag2 keeps the .db3 name in files[].path.
+    assert!(
+        m.files.iter().all(|f| f.path.ends_with(".db3")),
+        "{:?}",
+        m.files
+    );
+    assert_eq!(m.message_count, N as u64);
+    let payload: u64 = (0..N).map(|i| message(i).1.len() as u64).sum();
+    let packed: u64 = splits
+        .iter()
+        .map(|n| fs::metadata(dir.join(n)).unwrap().len())
+        .sum();
+    assert!(
+        packed < payload * 3 / 4,
+        "{packed} bytes compressed for {payload} of payload"
+    );
+    assert!(read_back(&dir) == want(N), "the reader's bytes differ");
+
+    let d = dir.to_str().unwrap();
+    let out = ringbag().args(["info", "--json", d]).run_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let info: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(info["message_count"].as_u64(), Some(N as u64), "{info:#}");
+    let out = ringbag()
+        .args(["play", d, "--sink", "echo", "-r", "1000"])
+        .run_output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).lines().count(), N);
+}
