@@ -155,3 +155,143 @@ fn file_mode_leaves_only_zstd_splits_listed_as_rosbag2_does_and_every_message_re
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out).lines().count(), N);
 }
+
+/// Splits closing faster than one thread compresses them, behind a queue of one: the writer
+/// never waits, so some splits stay plain `.db3`, each counted in custom_data; nothing is
+/// lost, and the bag (mixed) reads back whole.
+#[test]
+fn a_full_queue_leaves_plain_splits_counted_and_loses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("z");
+    const N: usize = 2000;
+    let c = FileCompression {
+        threads: 1,
+        queue_size: 1,
+        // A slow level, so that the queue does fill.
+        level: 19,
+    };
+    record(&dir, c, N);
+    let files = names(&dir);
+    let plain = files.iter().filter(|n| n.ends_with(".db3")).count();
+    let packed = files.iter().filter(|n| n.ends_with(".db3.zstd")).count();
+    assert!(plain > 0 && packed > 0, "{files:?}");
+    assert!(!files.iter().any(|n| n.ends_with(".partial")), "{files:?}");
+    let m = BagMetadata::read(&dir).unwrap();
+    assert_eq!(
+        m.custom_data
+            .get("ringbag.compression_skipped")
+            .map(String::as_str),
+        Some(plain.to_string().as_str()),
+        "every plain split counted: {files:?}"
+    );
+    // The last split is compressed at finish (as rosbag2 does), queue full or not.
+    assert!(
+        m.relative_file_paths.last().unwrap().ends_with(".db3.zstd"),
+        "{:?}",
+        m.relative_file_paths
+    );
+    assert_eq!(m.relative_file_paths.len(), plain + packed);
+    assert!(read_back(&dir) == want(N), "the reader's bytes differ");
+    let out = ringbag()
+        .args([
+            "play",
+            dir.to_str().unwrap(),
+            "--sink",
+            "echo",
+            "-r",
+            "1000",
+        ])
+        .run_output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).lines().count(), N);
+}
+
+/// A [`Compression`] that holds the jobs handed to it until the test runs them.
+struct Held(std::sync::Arc<std::sync::Mutex<Vec<ringbag::bag::filemode::CompressJob>>>);
+
+impl ringbag::bag::writer::Compression for Held {
+    fn offer(
+        &mut self,
+        job: ringbag::bag::filemode::CompressJob,
+    ) -> Result<(), ringbag::bag::filemode::CompressJob> {
+        self.0.lock().unwrap().push(job);
+        Ok(())
+    }
+    fn push(&mut self, job: ringbag::bag::filemode::CompressJob) {
+        job.run();
+    }
+    fn wait_all(&mut self) {
+        for j in self.0.lock().unwrap().drain(..) {
+            j.run();
+        }
+    }
+}
+
+/// Retention deleting a split whose compression is queued: the job then does nothing (no
+/// `.zstd` brings the deleted split back), the reserve it held is released, and the other
+/// splits compress and are listed by their `.zstd`.
+#[test]
+fn a_split_deleted_while_its_compression_is_queued_is_not_brought_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("z");
+    let mut opts = WriterOptions::new(Flavour::Jazzy);
+    opts.compression = Some(FileCompression {
+        threads: 1,
+        queue_size: 0,
+        level: 1,
+    });
+    let mut w = BagWriter::create(&dir, opts).unwrap();
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    w.set_compression(Box::new(Held(held.clone())));
+    let t = w
+        .add_topic(TopicInfo::new("/imu", "std_msgs/msg/String"), None)
+        .unwrap();
+    let mut written = Vec::new();
+    for i in 0..3 {
+        for k in 0..50 {
+            let data = message(i * 50 + k).1;
+            w.write_batch([(t, (i * 50 + k) as i64, data.as_slice())])
+                .unwrap();
+            written.push(data);
+        }
+        if i < 2 {
+            w.split().unwrap();
+        }
+    }
+    // z_0 and z_1 are closed, their jobs held; z_2 is open.
+    assert_eq!(held.lock().unwrap().len(), 2);
+    assert!(w.compression_reserve() > 0);
+    let gone = w.delete_oldest_closed().unwrap().unwrap();
+    assert_eq!(gone.path, dir.join("z_0.db3"));
+    let jobs: Vec<_> = held.lock().unwrap().drain(..).collect();
+    for j in jobs {
+        j.run();
+    }
+    assert_eq!(w.compression_reserve(), 0, "every job released its reserve");
+    assert_eq!(
+        names(&dir),
+        [".ringbag.lock", "metadata.yaml", "z_1.db3.zstd", "z_2.db3"]
+    );
+    assert!(!dir.join("z_0.db3.zstd").exists() && !dir.join("z_0.db3").exists());
+    let m = BagMetadata::read(&dir).unwrap();
+    assert_eq!(m.relative_file_paths, ["z_1.db3.zstd"]);
+    assert_eq!(m.compression_mode, "FILE");
+    w.finish().unwrap();
+    assert_eq!(
+        names(&dir),
+        ["metadata.yaml", "z_1.db3.zstd", "z_2.db3.zstd"]
+    );
+    let m = BagMetadata::read(&dir).unwrap();
+    assert_eq!(m.relative_file_paths, ["z_1.db3.zstd", "z_2.db3.zstd"]);
+    let bag = Bag::open(&dir).unwrap();
+    let got: Vec<Vec<u8>> = bag
+        .messages(&ReadFilter::default())
+        .unwrap()
+        .map(|m| m.unwrap().data)
+        .collect();
+    assert!(
+        got == written[50..],
+        "splits 1 and 2 read back byte for byte"
+    );
+}
