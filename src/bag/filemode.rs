@@ -4,8 +4,10 @@
 //!
 //! The writer's thread never waits for a compression: it hands a [`CompressJob`] to a
 //! [`Compression`](super::writer::Compression) (the pipeline's thread pool) without blocking,
-//! and a split that finds the queue full stays a plain `.db3` (the readers take each split by
-//! its own name, so a bag may mix both).
+//! and a split that finds the queue full stays a plain `.db3` for a while (ringbag's readers
+//! take each split by its own name, so a bag may mix both): the writer hands it over once
+//! the queue has room, and at `finish` at the latest, because the real `ros2 bag play`
+//! refuses a file-mode bag with a plain split.
 //!
 //! One owner for metadata.yaml: every rewrite, the writer's own and the compressor's, goes
 //! through the bag's [`MetadataGate`] lock, under which the [`Listing`] maps each compressed
@@ -130,6 +132,11 @@ impl CompressJob {
         self.dir.join(&self.rel)
     }
 
+    /// The split's file name (`<name>_<N>.db3`).
+    pub fn rel(&self) -> &str {
+        &self.rel
+    }
+
     /// The most bytes it may add to the disk.
     pub fn bound(&self) -> u64 {
         self.bound
@@ -140,7 +147,7 @@ impl CompressJob {
         self.reserve.fetch_add(self.bound, Ordering::Relaxed);
     }
 
-    /// Dropped without running (the queue was full): the split stays a plain `.db3`.
+    /// Dropped without running (the queue was full): the split stays a plain `.db3` for now.
     pub fn skip(self) {
         self.reserve.fetch_sub(self.bound, Ordering::Relaxed);
         self.gate.with_listing(|l| l.queued.remove(&self.rel));

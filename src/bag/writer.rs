@@ -381,8 +381,13 @@ pub struct BagWriter {
     compress_next: Option<CompressJob>,
     /// What compressions handed over and not done may still add to the disk.
     compress_reserve: Arc<AtomicU64>,
-    /// Splits left plain because the compression queue was full.
-    compression_skipped: u64,
+    /// Times a closed split found the compression queue full.
+    compression_queue_full: u64,
+    /// Splits that found the queue full, still plain `.db3` (name, bound of their `.zstd`),
+    /// oldest first: handed over one per split opened while the queue has room, and the
+    /// rest at `finish`, so a finished bag is compressed throughout (the real `ros2 bag
+    /// play` refuses a bag in file mode with a plain split: "ZSTD decompression error").
+    deferred: VecDeque<(String, u64)>,
 }
 
 impl std::fmt::Debug for BagWriter {
@@ -508,7 +513,8 @@ impl BagWriter {
                 compression: None,
                 compress_next: None,
                 compress_reserve: Arc::default(),
-                compression_skipped: 0,
+                compression_queue_full: 0,
+                deferred: VecDeque::new(),
             };
             let r = w.open_split().and_then(|_| {
                 // A metadata.yaml from the first moment: a crash before the first split
@@ -543,39 +549,74 @@ impl BagWriter {
     /// What compressions of closed splits, handed over or about to be, may still add to the
     /// disk beside those splits (each its `.zstd`, at most [`compressed_bound`] of the
     /// split): the size budget counts it, so it holds while both forms of a split exist.
+    /// "About to be": the split closed last and the oldest deferred one, the two that the
+    /// next split's opening may hand over.
     pub fn compression_reserve(&self) -> u64 {
         self.compress_reserve.load(Ordering::Relaxed)
             + self.compress_next.as_ref().map_or(0, CompressJob::bound)
+            + self.deferred.front().map_or(0, |d| d.1)
     }
 
-    /// Splits left plain `.db3` because the compression queue was full.
-    pub fn compression_skipped(&self) -> u64 {
-        self.compression_skipped
+    /// Times a closed split found the compression queue full (it was compressed later).
+    pub fn compression_queue_full(&self) -> u64 {
+        self.compression_queue_full
     }
 
-    /// Hand the split closed last to compression: without waiting (a full queue leaves it a
-    /// plain `.db3`, counted and logged), or at `finish` waiting for room, as rosbag2
-    /// compresses a bag's last split when it closes.
+    /// Hand the split closed last to compression: without waiting (a full queue defers it,
+    /// counted and logged: it stays a plain `.db3` until the queue has room), or at `finish`
+    /// waiting for room, as rosbag2 compresses a bag's last split when it closes. With room
+    /// left, the oldest deferred split follows it.
     fn hand_over_compression(&mut self, wait: bool) {
-        let Some(job) = self.compress_next.take() else {
-            return;
-        };
-        job.handed_over();
-        match self.compression.as_mut() {
-            None => job.run(),
-            Some(c) if wait => c.push(job),
-            Some(c) => {
-                if let Err(job) = c.offer(job) {
-                    self.compression_skipped += 1;
-                    log::warn!(
-                        "{}: the compression queue is full (--compression-queue-size); this \
-                         split stays a plain .db3",
-                        job.split().display()
-                    );
-                    job.skip();
+        if let Some(job) = self.compress_next.take() {
+            job.handed_over();
+            match self.compression.as_mut() {
+                None => job.run(),
+                Some(c) if wait => c.push(job),
+                Some(c) => {
+                    if let Err(job) = c.offer(job) {
+                        self.compression_queue_full += 1;
+                        log::warn!(
+                            "{}: the compression queue is full (--compression-queue-size); \
+                             this split stays a plain .db3 until it has room",
+                            job.split().display()
+                        );
+                        self.deferred
+                            .push_back((job.rel().to_string(), job.bound()));
+                        job.skip();
+                        return;
+                    }
                 }
             }
         }
+        if wait {
+            return;
+        }
+        let Some((rel, bound)) = self.deferred.front().cloned() else {
+            return;
+        };
+        if self.compression.is_none() {
+            return;
+        }
+        let job = self.new_job(&rel, bound);
+        job.handed_over();
+        match self.compression.as_mut().map(|c| c.offer(job)) {
+            Some(Ok(())) => {
+                self.deferred.pop_front();
+            }
+            Some(Err(job)) => job.skip(),
+            None => {}
+        }
+    }
+
+    fn new_job(&self, rel: &str, bound: u64) -> CompressJob {
+        CompressJob::new(
+            &self.dir,
+            rel,
+            self.opts.compression.map_or(0, |c| c.level),
+            bound,
+            self.meta_gate.clone(),
+            self.compress_reserve.clone(),
+        )
     }
 
     /// Route fsyncs and deletions of splits through `ops` (tests record their order).
@@ -890,6 +931,7 @@ impl BagWriter {
         {
             self.compress_next = None;
         }
+        self.deferred.retain(|d| d.0 != old.file.path);
         let r = r.and_then(|_| {
             if let Some(d) = self.durability.as_mut() {
                 // Never delete ahead of durability: newer splits must be on disk first.
@@ -974,8 +1016,9 @@ impl BagWriter {
         // The complete metadata.yaml is written below, once every split is durable.
         let close = self.close_split_publishing(false);
         // The last split is compressed now, as rosbag2 does at close; the bag is finished
-        // once every compression handed over is done (bounded by the queue), so a finished
-        // bag has no .db3 left but those a full queue skipped.
+        // once every compression handed over is done (bounded by the queue), and then the
+        // deferred ones, one at a time (the reserve retention kept holds one), so that a
+        // finished bag has no plain split left.
         if close.is_ok() {
             self.hand_over_compression(true);
         }
@@ -986,10 +1029,17 @@ impl BagWriter {
         if let Some(c) = self.compression.as_mut() {
             c.wait_all();
         }
-        if self.compression_skipped > 0 {
+        if close.is_ok() {
+            while let Some((rel, bound)) = self.deferred.pop_front() {
+                let job = self.new_job(&rel, bound);
+                job.handed_over();
+                job.run();
+            }
+        }
+        if self.compression_queue_full > 0 {
             self.set_custom_data(
-                "ringbag.compression_skipped",
-                self.compression_skipped.to_string(),
+                "ringbag.compression_queue_full",
+                self.compression_queue_full.to_string(),
             );
         }
         let close = close.and(synced);
@@ -1361,18 +1411,12 @@ impl BagWriter {
             path,
             per_topic,
         };
-        if let Some(c) = self.opts.compression {
+        if self.opts.compression.is_some() {
             // Handed over when the next split opens (or at finish): after retention made
             // room for its reserve.
             self.hand_over_compression(false);
-            self.compress_next = Some(CompressJob::new(
-                &self.dir,
-                &closed.file.path,
-                c.level,
-                compressed_bound(closed.size_bytes),
-                self.meta_gate.clone(),
-                self.compress_reserve.clone(),
-            ));
+            self.compress_next =
+                Some(self.new_job(&closed.file.path, compressed_bound(closed.size_bytes)));
         }
         self.closed.push_back(closed.clone());
         self.newly_closed.push(closed);

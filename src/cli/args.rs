@@ -519,8 +519,9 @@ pub struct RecordArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub compression_threads: u32,
     /// Closed splits waiting for a compression thread (rosbag2's default 1; 0 = no limit).
-    /// The recorder never waits: a split that finds the queue full stays a plain `.db3`,
-    /// counted in custom_data `ringbag.compression_skipped` and logged at warn.
+    /// The recorder never waits: a split that finds the queue full stays a plain `.db3`
+    /// until the queue has room (at the latest when the recording stops), counted in
+    /// custom_data `ringbag.compression_queue_full` and logged at warn.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub compression_queue_size: u32,
     /// Topic discovery polling interval, milliseconds.

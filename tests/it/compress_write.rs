@@ -157,10 +157,12 @@ fn file_mode_leaves_only_zstd_splits_listed_as_rosbag2_does_and_every_message_re
 }
 
 /// Splits closing faster than one thread compresses them, behind a queue of one: the writer
-/// never waits, so some splits stay plain `.db3`, each counted in custom_data; nothing is
-/// lost, and the bag (mixed) reads back whole.
+/// never waits, so some splits find the queue full and stay plain `.db3` for a while, each
+/// time counted in custom_data; they are compressed when the queue has room or at the
+/// latest at finish, so the finished bag is compressed throughout (the real `ros2 bag play`
+/// refuses a file-mode bag with a plain split), and nothing is lost.
 #[test]
-fn a_full_queue_leaves_plain_splits_counted_and_loses_nothing() {
+fn a_full_queue_defers_splits_counted_and_the_finished_bag_is_compressed_throughout() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("z");
     const N: usize = 2000;
@@ -168,30 +170,24 @@ fn a_full_queue_leaves_plain_splits_counted_and_loses_nothing() {
         threads: 1,
         queue_size: 1,
         // A slow level, so that the queue does fill.
-        level: 19,
+        level: 7,
     };
     record(&dir, c, N);
     let files = names(&dir);
-    let plain = files.iter().filter(|n| n.ends_with(".db3")).count();
-    let packed = files.iter().filter(|n| n.ends_with(".db3.zstd")).count();
-    assert!(plain > 0 && packed > 0, "{files:?}");
-    assert!(!files.iter().any(|n| n.ends_with(".partial")), "{files:?}");
-    let m = BagMetadata::read(&dir).unwrap();
-    assert_eq!(
-        m.custom_data
-            .get("ringbag.compression_skipped")
-            .map(String::as_str),
-        Some(plain.to_string().as_str()),
-        "every plain split counted: {files:?}"
-    );
-    // The last split is compressed at finish (as rosbag2 does), queue full or not.
     assert!(
-        m.relative_file_paths.last().unwrap().ends_with(".db3.zstd"),
-        "{:?}",
-        m.relative_file_paths
+        files
+            .iter()
+            .all(|n| n == "metadata.yaml" || n.ends_with(".db3.zstd")),
+        "{files:?}"
     );
-    assert_eq!(m.relative_file_paths.len(), plain + packed);
-    // metadata.yaml lists exactly the files on disk, by the form each is in, counts true.
+    let m = BagMetadata::read(&dir).unwrap();
+    let full: u64 = m
+        .custom_data
+        .get("ringbag.compression_queue_full")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(full > 0, "the queue was full at times: {:?}", m.custom_data);
+    // metadata.yaml lists exactly the files on disk, counts true.
     crate::retention::assert_true_and_readable(&dir);
     assert!(read_back(&dir) == want(N), "the reader's bytes differ");
     let out = ringbag()
