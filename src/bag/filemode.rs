@@ -45,6 +45,53 @@ pub struct FileCompression {
     pub level: i32,
 }
 
+impl FileCompression {
+    /// ros2 bag's compression flags (`--compression-mode`, `--compression-format`,
+    /// `--compression-threads`, `--compression-queue-size`; the service's config keys of the
+    /// same names): None for mode `none`, file mode with zstd, or one line saying why not.
+    /// `message` mode is refused rather than recording plain splits a script asked
+    /// compressed; a format without a mode, or a mode without a format, as ros2 bag refuses
+    /// them. Threads 0 = one per core (rosbag2's 0).
+    pub fn from_flags(
+        mode: &str,
+        format: &str,
+        threads: u32,
+        queue_size: u32,
+    ) -> Result<Option<Self>, String> {
+        if !format.is_empty() && format != ZSTD_FORMAT {
+            return Err(format!(
+                "--compression-format {format}: unknown compression format (zstd is the only one)"
+            ));
+        }
+        match mode {
+            "none" | "" if !format.is_empty() => {
+                Err("--compression-format needs a --compression-mode (as in ros2 bag)".into())
+            }
+            "none" | "" => Ok(None),
+            "file" if format.is_empty() => Err(
+                "--compression-mode file needs a --compression-format (zstd, as in ros2 bag)"
+                    .into(),
+            ),
+            "file" => Ok(Some(FileCompression {
+                threads: match threads {
+                    0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+                    n => n as usize,
+                },
+                queue_size: queue_size as usize,
+                level: super::compressed::DEFAULT_LEVEL,
+            })),
+            "message" => Err(
+                "--compression-mode message: not supported yet; ringbag compresses in file \
+                 mode (--compression-mode file)"
+                    .into(),
+            ),
+            mode => Err(format!(
+                "--compression-mode {mode}: unknown mode (none, file or message)"
+            )),
+        }
+    }
+}
+
 /// Which splits of the bag are compressed, kept under the bag's [`MetadataGate`] lock.
 #[derive(Debug, Default)]
 pub struct Listing {

@@ -364,39 +364,14 @@ fn selection(a: &RecordArgs) -> crate::source::select::RosSourceOptions {
     }
 }
 
-/// ros2 bag's compression flags: `--compression-mode none` (its default) or `file` with
-/// `--compression-format zstd`; `message` is refused rather than recording plain splits a
-/// script asked compressed. A format without a mode, or a mode without a format, is refused
-/// as ros2 bag refuses it.
+/// ros2 bag's compression flags ([`FileCompression::from_flags`]).
 fn compression_flags(a: &RecordArgs) -> Result<Option<FileCompression>, String> {
-    let format = a.compression_format.as_str();
-    if !format.is_empty() && format != crate::bag::compressed::ZSTD_FORMAT {
-        return Err(format!(
-            "--compression-format {format}: unknown compression format (zstd is the only one)"
-        ));
-    }
-    match a.compression_mode.as_str() {
-        "none" if !format.is_empty() => {
-            Err("--compression-format needs a --compression-mode (as in ros2 bag)".into())
-        }
-        "none" => Ok(None),
-        "file" if format.is_empty() => Err(
-            "--compression-mode file needs a --compression-format (zstd, as in ros2 bag)".into(),
-        ),
-        "file" => Ok(Some(FileCompression {
-            // rosbag2's 0: as many threads as cores.
-            threads: match a.compression_threads {
-                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-                n => n as usize,
-            },
-            queue_size: a.compression_queue_size as usize,
-            level: crate::bag::compressed::DEFAULT_LEVEL,
-        })),
-        mode => Err(format!(
-            "--compression-mode {mode}: not supported yet; ringbag compresses in file mode \
-             (--compression-mode file)"
-        )),
-    }
+    FileCompression::from_flags(
+        &a.compression_mode,
+        &a.compression_format,
+        a.compression_threads,
+        a.compression_queue_size,
+    )
 }
 
 /// ros2 bag's flags that only a live graph gives a meaning to, or that ringbag does not do
