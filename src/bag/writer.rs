@@ -1647,6 +1647,20 @@ mod tests {
     use super::*;
     use crate::bag::schema::{LARGE_PAGE_SIZE, SMALL_PAGE_SIZE};
 
+    /// The background syncer may reach a closed split after its compression deleted the
+    /// `.db3`: the split is then durable in its `.zstd` (fsynced before the `.db3` went), not
+    /// a failed fsync that would stop the recording. A split gone in both forms still fails.
+    #[test]
+    fn syncing_a_split_already_compressed_syncs_its_zstd() {
+        let dir = tempfile::tempdir().unwrap();
+        let split = dir.path().join("b_0.db3");
+        fs::write(dir.path().join("b_0.db3.zstd"), b"z").unwrap();
+        RealStorage.sync_file(&split).unwrap();
+        let gone = dir.path().join("b_1.db3");
+        let e = RealStorage.sync_file(&gone).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    }
+
     #[test]
     fn storage_config_pragmas_run_after_the_presets_on_every_split() {
         let dir = tempfile::tempdir().unwrap();
