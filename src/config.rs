@@ -95,6 +95,11 @@ pub struct ServiceConfig {
     pub min_free_space: Option<Quantity>,
     pub min_free_space_percent: Option<f64>,
     pub storage_preset_profile: Option<StoragePreset>,
+    /// `record`'s compression flags: `none` (default) or `file` with format `zstd`.
+    pub compression_mode: Option<String>,
+    pub compression_format: Option<String>,
+    pub compression_threads: Option<u32>,
+    pub compression_queue_size: Option<u32>,
     pub max_cache_size: Option<Quantity>,
     pub clock: Option<ClockKind>,
     pub ptp_device: Option<PathBuf>,
@@ -226,6 +231,8 @@ pub struct Checked {
     /// The synthetic profile's topics the selection keys keep (`GeneratorConfig::topics`).
     pub synthetic_topics: u64,
     pub max_cache_size: u64,
+    /// `compression_mode = "file"`: closed splits compressed (as `record`'s flags).
+    pub compression: Option<crate::bag::filemode::FileCompression>,
     pub snapshot: crate::snapshot::SnapshotSettings,
     /// Settings that are valid but cannot act as written (a snapshot or rate key naming a
     /// topic the selection does not record); logged by [`ServiceConfig::load_checked`].
@@ -573,6 +580,23 @@ impl ServiceConfig {
                 ),
             ));
         }
+        let compression = crate::bag::filemode::FileCompression::from_flags(
+            config.compression_mode.as_deref().unwrap_or("none"),
+            config.compression_format.as_deref().unwrap_or(""),
+            config.compression_threads.unwrap_or(0),
+            config.compression_queue_size.unwrap_or(1),
+        )
+        .map_err(|m| {
+            let m = flags_as_keys(&m);
+            let key = if m.starts_with("compression_format") {
+                "compression_format"
+            } else {
+                "compression_mode"
+            };
+            // `key: file needs …`, not `key: key file needs …`.
+            let m = m.strip_prefix(key).map_or(m.as_str(), str::trim_start);
+            err(key, m.to_string())
+        })?;
         let max_cache_size = budgets.max_cache_size.unwrap_or(DEFAULT_MAX_CACHE_SIZE);
         if max_cache_size == 0 {
             return Err(err("max_cache_size", "must be greater than 0".into()));
@@ -858,6 +882,7 @@ impl ServiceConfig {
             synthetic_rate: config.synthetic_rate.unwrap_or(SyntheticRate::Realtime),
             synthetic_count: config.synthetic_count.unwrap_or(0),
             max_cache_size,
+            compression,
             warnings,
             snapshot,
             config,
@@ -1272,6 +1297,57 @@ mod tests {
             c.storage_preset_profile,
             Some(StoragePreset::WriteOptimized)
         );
+    }
+
+    #[test]
+    fn compression_keys_take_record_s_values_and_refuse_the_rest_naming_the_key() {
+        let root = tempfile::tempdir().unwrap();
+        let base = format!(
+            "output_root = \"{}\"\nsource = \"synthetic\"\n",
+            root.path().display()
+        );
+        let c = ServiceConfig::check(&base, Path::new("c.toml")).unwrap();
+        assert_eq!(c.compression, None, "plain splits by default");
+        let c = ServiceConfig::check(
+            &format!(
+                "{base}compression_mode = \"file\"\ncompression_format = \"zstd\"\n\
+                 compression_threads = 2\ncompression_queue_size = 4\n"
+            ),
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        let f = c.compression.expect("file mode");
+        assert_eq!((f.threads, f.queue_size, f.level), (2, 4, 1));
+        for (extra, says) in [
+            (
+                "compression_mode = \"message\"\ncompression_format = \"zstd\"\n",
+                ("c.toml:3:", "compression_mode: message: not supported yet"),
+            ),
+            (
+                "compression_mode = \"file\"\n",
+                (
+                    "c.toml:3:",
+                    "compression_mode: file needs a compression_format",
+                ),
+            ),
+            (
+                "compression_format = \"zstd\"\n",
+                ("c.toml:3:", "compression_format: needs a compression_mode"),
+            ),
+            (
+                "compression_mode = \"file\"\ncompression_format = \"lz4\"\n",
+                (
+                    "c.toml:4:",
+                    "compression_format: lz4: unknown compression format",
+                ),
+            ),
+        ] {
+            let e = ServiceConfig::check(&format!("{base}{extra}"), Path::new("c.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(says.0) && e.contains(says.1), "{extra}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

@@ -760,7 +760,7 @@ fn start_snapshots(
             let old = kept.and_then(|r| set_aside(r, &path));
             // A failure to write the crash bag is logged, not fatal: recording matters more.
             let recover = snapshotter::RecoverOptions {
-                writer: settings.writer.clone(),
+                writer: snapshot_writer(&settings.writer),
                 retention: settings.retention.clone(),
                 whole_root: settings.recover,
                 upload_retention: settings.upload_retention.clone(),
@@ -822,7 +822,7 @@ fn start_snapshots(
     }
     let cfg = snapshotter::Config {
         root: root.to_path_buf(),
-        writer: settings.writer.clone(),
+        writer: snapshot_writer(&settings.writer),
         clock,
         finished: None,
         room: None,
@@ -963,8 +963,33 @@ fn write_status_counts(
     crate::bag::metadata::write_file_atomic(dir, name, text.as_bytes())
 }
 
+/// The recording's writer options for a snapshot bag: the same but plain splits. A snapshot
+/// is written on the snapshotter's thread inside the room retention granted it, which does
+/// not cover a compression's second copy of a split (`--compression-mode file` applies to the
+/// continuous recording only).
+fn snapshot_writer(w: &WriterOptions) -> WriterOptions {
+    WriterOptions {
+        compression: None,
+        ..w.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn snapshot_bags_are_written_plain_whatever_the_recording_compresses() {
+        let mut w = super::WriterOptions::new(crate::bag::Flavour::Jazzy);
+        w.max_bag_size = 1 << 20;
+        w.compression = Some(crate::bag::filemode::FileCompression {
+            threads: 1,
+            queue_size: 1,
+            level: 1,
+        });
+        let s = super::snapshot_writer(&w);
+        assert_eq!(s.compression, None);
+        assert_eq!(s.max_bag_size, 1 << 20);
+    }
     use super::SourceEnd;
     use std::sync::atomic::Ordering::Acquire;
     use std::time::{Duration, Instant};

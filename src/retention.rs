@@ -313,6 +313,11 @@ pub trait CurrentBag {
     fn page_size(&self) -> u64 {
         4096
     }
+    /// What compressions of closed splits in flight may still add beside them
+    /// (`--compression-mode file`: each its `.zstd` while the `.db3` exists).
+    fn compression_reserve(&self) -> u64 {
+        0
+    }
     fn take_newly_closed(&mut self) -> Vec<ClosedSplit>;
     /// Delete the closed split at `path` (as given by `take_newly_closed`), keeping
     /// metadata.yaml true; `None` when no closed split is there.
@@ -346,6 +351,9 @@ impl CurrentBag for BagWriter {
     }
     fn page_size(&self) -> u64 {
         BagWriter::page_size(self)
+    }
+    fn compression_reserve(&self) -> u64 {
+        BagWriter::compression_reserve(self)
     }
     fn take_newly_closed(&mut self) -> Vec<ClosedSplit> {
         BagWriter::take_newly_closed(self)
@@ -920,6 +928,7 @@ impl Retention {
         let meta = fs::metadata(w.dir().join(METADATA_FILE)).map_or(0, |m| m.len());
         w.open_split_footprint()
             + need
+            + w.compression_reserve()
             + self.metadata_reserve(meta)
             + BAG_DIR_RESERVE_BYTES
             + self.in_progress_bytes

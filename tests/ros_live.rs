@@ -1367,10 +1367,12 @@ fn refused_by_sourced_distro(bag: &std::path::Path, flavour: &str) -> bool {
 }
 
 /// `ringbag record --synthetic-profile mixed` into `bag` in `flavour`'s format, 1 MiB splits:
-/// small messages sent in bursts, 2 MB ones alone, so a split per blob.
-fn record_mixed(bag: &std::path::Path, flavour: &str) {
+/// small messages sent in bursts, 2 MB ones alone, so a split per blob. `extra`: more
+/// `record` flags.
+fn record_mixed(bag: &std::path::Path, flavour: &str, extra: &[&str]) {
     let rec = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
         .args(["--log-level", "warn", "record", "--source", "synthetic"])
+        .args(extra)
         .args(["--synthetic-profile", "mixed", "--synthetic-count", "400"])
         .args([
             "-b",
@@ -1393,12 +1395,30 @@ fn record_mixed(bag: &std::path::Path, flavour: &str) {
 /// `bag::compressed::compress_file` into rosbag2's file mode (the `.db3` removed, metadata.yaml
 /// naming the `.zstd`, as rosbag2 writes it), which `ros2 bag play` decompresses with its own
 /// zstd plugin.
-fn ros2_bag_describes_and_plays(flavour: &str, compress: bool) {
+fn ros2_bag_describes_and_plays(flavour: &str, compress: Compress) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let bag = tmp.path().join("mixed");
-    record_mixed(&bag, flavour);
-    let rows = rows_in(&bag);
-    if compress {
+    let recorder_compresses = ["--compression-mode", "file", "--compression-format", "zstd"];
+    if compress == Compress::ByTheRecorder {
+        record_mixed(&bag, flavour, &recorder_compresses);
+    } else {
+        record_mixed(&bag, flavour, &[]);
+    }
+    let rows = if compress == Compress::ByTheRecorder {
+        let files = std::fs::read_dir(&bag)
+            .expect("bag dir")
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "metadata.yaml")
+            .collect::<Vec<_>>();
+        assert!(
+            files.len() > 1 && files.iter().all(|n| n.ends_with(".db3.zstd")),
+            "the recorder left only compressed splits: {files:?}"
+        );
+        rows_read(&bag)
+    } else {
+        rows_in(&bag)
+    };
+    if compress == Compress::Afterwards {
         let mut m = ringbag::bag::BagMetadata::read(&bag).expect("metadata.yaml");
         for rel in &mut m.relative_file_paths {
             let plain = bag.join(&*rel);
@@ -1451,13 +1471,13 @@ fn ros2_bag_describes_and_plays(flavour: &str, compress: bool) {
 #[test]
 fn the_real_ros2_bag_describes_and_plays_a_humble_format_bag() {
     require_ros2_cli!();
-    ros2_bag_describes_and_plays("humble", false);
+    ros2_bag_describes_and_plays("humble", Compress::No);
 }
 
 #[test]
 fn the_real_ros2_bag_describes_and_plays_a_jazzy_format_bag() {
     require_ros2_cli!();
-    ros2_bag_describes_and_plays("jazzy", false);
+    ros2_bag_describes_and_plays("jazzy", Compress::No);
 }
 
 /// The sourced distro's `ros2 bag info` and `play` (its zstd plugin) read splits compressed by
@@ -1470,7 +1490,46 @@ fn the_real_ros2_bag_describes_and_plays_splits_compressed_by_ringbag() {
     } else {
         "jazzy"
     };
-    ros2_bag_describes_and_plays(flavour, true);
+    ros2_bag_describes_and_plays(flavour, Compress::Afterwards);
+}
+
+/// The sourced distro's `ros2 bag info` and `play` (its zstd plugin) read a recording
+/// ringbag compressed itself (`record --compression-mode file --compression-format zstd`),
+/// in its own distro's format: every split a `.zstd`, every message played.
+#[test]
+fn the_real_ros2_bag_describes_and_plays_a_recording_ringbag_compressed_in_file_mode() {
+    require_ros2_cli!();
+    let flavour = if sourced_distro() == "humble" {
+        "humble"
+    } else {
+        "jazzy"
+    };
+    ros2_bag_describes_and_plays(flavour, Compress::ByTheRecorder);
+}
+
+/// How the bag of [`ros2_bag_describes_and_plays`] is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Compress {
+    No,
+    /// Each split compressed by `bag::compressed::compress_file` after the recording.
+    Afterwards,
+    /// By the recorder itself, `--compression-mode file`.
+    ByTheRecorder,
+}
+
+/// Every message of `bag` by topic, in the order read, through ringbag's own reader (which
+/// reads compressed splits).
+fn rows_read(bag: &std::path::Path) -> std::collections::BTreeMap<String, Vec<Vec<u8>>> {
+    use ringbag::bag::reader::{Bag, ReadFilter};
+    let b = Bag::open(bag).expect("bag opens");
+    let mut rows: std::collections::BTreeMap<String, Vec<Vec<u8>>> = Default::default();
+    for m in b.messages(&ReadFilter::default()).expect("messages") {
+        let m = m.expect("message");
+        rows.entry(b.topics[m.topic].name.clone())
+            .or_default()
+            .push(m.data);
+    }
+    rows
 }
 
 /// After kill -9 in the middle of a split, `ringbag reindex` leaves a bag in `flavour`'s

@@ -131,6 +131,53 @@ fn decompress_into(src: &Path, dir: &Path, reserve: u64) -> Result<Decompressed,
 /// `.db3.zstd` is complete whenever it exists; `src` is left for the caller to remove once
 /// metadata.yaml names the `.zstd`. Returns the `.zstd` path.
 pub fn compress_file(src: &Path, level: i32) -> Result<PathBuf, BagError> {
+    let c = compress_partial(src, level, &|| false)?.expect("never stopped");
+    c.publish()
+}
+
+/// A split compressed into its hidden `.partial` file, fsynced, not yet renamed: removed when
+/// dropped unless [`publish`](Compressed::publish)ed.
+#[derive(Debug)]
+pub struct Compressed {
+    partial: Decompressed,
+    dst: PathBuf,
+    dir: PathBuf,
+}
+
+impl Compressed {
+    /// Rename the `.partial` to its `.db3.zstd` name and fsync the directory.
+    pub fn publish(self) -> Result<PathBuf, BagError> {
+        self.rename()?;
+        super::metadata::sync_dir(&self.dir)?;
+        Ok(self.dst)
+    }
+
+    /// The rename alone (the caller makes it durable, e.g. by the metadata.yaml rewrite that
+    /// follows, which fsyncs the directory).
+    pub fn rename(&self) -> Result<(), BagError> {
+        fs::rename(&self.partial.path, &self.dst).map_err(BagError::io(&self.dst))
+    }
+
+    /// The `.db3.zstd` it becomes.
+    pub fn dst(&self) -> &Path {
+        &self.dst
+    }
+}
+
+/// Bytes a `.zstd` of a `len`-byte file can take at most (zstd's `ZSTD_compressBound`, with
+/// room for the frame header and a block header per 128 KiB block): what a compression in
+/// flight may add to the disk beside the split it compresses.
+pub fn compressed_bound(len: u64) -> u64 {
+    len + len / 128 + (128 << 10)
+}
+
+/// [`compress_file`] up to the fsynced `.partial`, checking `stop` every MiB: `Ok(None)`
+/// (and no `.partial` left) when it said to stop, as when retention deleted the split.
+pub fn compress_partial(
+    src: &Path,
+    level: i32,
+    stop: &dyn Fn() -> bool,
+) -> Result<Option<Compressed>, BagError> {
     let name = src
         .file_name()
         .and_then(|n| n.to_str())
@@ -158,13 +205,26 @@ pub fn compress_file(src: &Path, level: i32) -> Result<PathBuf, BagError> {
     enc.set_pledged_src_size(Some(len))
         .map_err(BagError::io(src))?;
     // Exactly the pledged length: a closed split does not grow, and zstd fails the frame
-    // rather than write a wrong content size if it did.
-    io::copy(&mut io::Read::take(&mut input, len), &mut enc).map_err(BagError::io(src))?;
+    // rather than write a wrong content size if it did. A MiB at a time, so that a split
+    // deleted meanwhile stops costing CPU and disk within a MiB.
+    let mut left = len;
+    let mut buf = vec![0u8; 1 << 20];
+    while left > 0 {
+        if stop() {
+            return Ok(None);
+        }
+        let n = (buf.len() as u64).min(left) as usize;
+        io::Read::read_exact(&mut input, &mut buf[..n]).map_err(BagError::io(src))?;
+        io::Write::write_all(&mut enc, &buf[..n]).map_err(BagError::io(&partial.path))?;
+        left -= n as u64;
+    }
     let out = enc.finish().map_err(io_err)?;
     out.sync_all().map_err(BagError::io(&partial.path))?;
-    fs::rename(&partial.path, &dst).map_err(BagError::io(&dst))?;
-    super::metadata::sync_dir(dir)?;
-    Ok(dst)
+    Ok(Some(Compressed {
+        partial,
+        dst,
+        dir: dir.to_path_buf(),
+    }))
 }
 
 #[cfg(test)]

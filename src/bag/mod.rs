@@ -4,6 +4,7 @@
 
 pub mod compressed;
 pub mod error;
+pub mod filemode;
 pub mod fsguard;
 pub mod info;
 pub mod insert;

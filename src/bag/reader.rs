@@ -316,10 +316,14 @@ fn open_sqlite(
             None => OpenError::Damaged(BagError::sqlite(path)(e)),
         })?;
     // Before any query touches `topics` or `messages`.
-    let budget = super::sqlguard::harden(&mut conn, path, !held).map_err(|e| match e {
-        e @ BagError::Invalid { .. } => OpenError::Refused(e),
-        e => OpenError::Damaged(e),
-    })?;
+    // A copy's own size bounds its values (the `.zstd`'s would refuse a well-compressed
+    // large message as too big).
+    let size = copy.then(|| fs::metadata(db).map_or(0, |m| m.len()));
+    let budget =
+        super::sqlguard::harden_sized(&mut conn, path, !held, size).map_err(|e| match e {
+            e @ BagError::Invalid { .. } => OpenError::Refused(e),
+            e => OpenError::Damaged(e),
+        })?;
     if !has_messages {
         return Err(OpenError::Damaged(BagError::invalid(
             path,

@@ -51,13 +51,19 @@ pub struct Budget {
     /// from its `-wal` into it between two `stat`s), so it gets SQLite's default length
     /// limit; its tables are checked all the same.
     fixed: bool,
+    /// The size of the SQLite file when `path` is not it: a compressed split read through
+    /// its decompressed copy (unlinked once open) is bounded by the copy's size, not by the
+    /// `.zstd`'s, which may be 20 times smaller.
+    size: Option<u64>,
 }
 
 impl Budget {
     /// Refill the budget for the next statement(s) and set the length limit from the file's
     /// size now (a live split grows while it is read).
     pub fn recharge(&self, conn: &Connection, path: &Path) {
-        let size = file_len(path) + file_len(&side(path, "-wal"));
+        let size = self
+            .size
+            .unwrap_or_else(|| file_len(path) + file_len(&side(path, "-wal")));
         let ops = BASE_OPS.saturating_add(OPS_PER_BYTE.saturating_mul(size));
         self.left
             .store(ops / OPS_PER_CALL as u64 + 1, Ordering::Relaxed);
@@ -85,7 +91,18 @@ fn file_len(path: &Path) -> u64 {
 /// its rosbag2 tables. An error here means the file is hostile, not damaged.
 /// `fixed`: the file does not change while it is read (see [`Budget`]).
 pub fn harden(conn: &mut Connection, path: &Path, fixed: bool) -> Result<Budget, BagError> {
-    let budget = limit(conn, path, fixed)?;
+    harden_sized(conn, path, fixed, None)
+}
+
+/// [`harden`] of a connection to a file of `size` bytes other than `path` (the decompressed
+/// copy of the compressed split `path`); None = `path`'s own size.
+pub fn harden_sized(
+    conn: &mut Connection,
+    path: &Path,
+    fixed: bool,
+    size: Option<u64>,
+) -> Result<Budget, BagError> {
+    let budget = limit_sized(conn, path, fixed, size)?;
     check_tables(conn, path)?;
     check_sizes(conn, path)?;
     Ok(budget)
@@ -94,12 +111,22 @@ pub fn harden(conn: &mut Connection, path: &Path, fixed: bool) -> Result<Budget,
 /// The limits of [`harden`] without the table check (for a salvage, which reads what it
 /// can of a split already checked).
 pub fn limit(conn: &mut Connection, path: &Path, fixed: bool) -> Result<Budget, BagError> {
+    limit_sized(conn, path, fixed, None)
+}
+
+fn limit_sized(
+    conn: &mut Connection,
+    path: &Path,
+    fixed: bool,
+    size: Option<u64>,
+) -> Result<Budget, BagError> {
     let sqlite = BagError::sqlite(path);
     conn.pragma_update(None, "trusted_schema", false)
         .map_err(sqlite)?;
     let budget = Budget {
         left: Arc::new(AtomicU64::new(0)),
         fixed,
+        size,
     };
     let left = Arc::clone(&budget.left);
     conn.progress_handler(

@@ -8,10 +8,13 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OpenFlags};
 
+use super::compressed::compressed_bound;
+use super::filemode::{CompressJob, FileCompression, Listing};
 use super::insert::MessageInsert;
 use super::lock::BagLock;
 use super::metadata::{
@@ -38,6 +41,9 @@ pub struct WriterOptions {
     /// `--storage-config-file`'s write pragmas (`storage_config`, validated against the
     /// preset), run on each split's connection after the preset's own.
     pub extra_pragmas: String,
+    /// `--compression-mode file`: each closed split becomes a `.db3.zstd`
+    /// ([`super::filemode`]). None = plain `.db3` splits.
+    pub compression: Option<FileCompression>,
 }
 
 impl WriterOptions {
@@ -49,6 +55,7 @@ impl WriterOptions {
             max_bag_duration_ns: 0,
             custom_data: BTreeMap::new(),
             extra_pragmas: String::new(),
+            compression: None,
         }
     }
 }
@@ -141,7 +148,18 @@ pub struct RealStorage;
 
 impl StorageOps for RealStorage {
     fn sync_file(&self, path: &Path) -> std::io::Result<()> {
-        fs::File::open(path).and_then(|f| f.sync_all())
+        match fs::File::open(path) {
+            Ok(f) => f.sync_all(),
+            // A closed split already compressed (`--compression-mode file`) and its .db3
+            // deleted: the split is durable in its .zstd, which was fsynced before the .db3
+            // went.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let mut zstd = path.as_os_str().to_owned();
+                zstd.push(super::compressed::ZSTD_SUFFIX);
+                fs::File::open(zstd).map_err(|_| e)?.sync_all()
+            }
+            Err(e) => Err(e),
+        }
     }
     fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
         fs::File::open(dir).and_then(|d| d.sync_all())
@@ -183,14 +201,99 @@ pub trait Durability: Send {
     fn metadata(&mut self, write: MetadataWrite);
 }
 
+/// Runs [`CompressJob`]s off the writer's thread (the pipeline installs a pool of nice'd
+/// threads, `pipeline::compress`); without one, the writer runs each job inline. `bag`
+/// itself starts no thread: this is the seam.
+pub trait Compression: Send {
+    /// Hand `job` over without waiting; give it back when the queue is full.
+    fn offer(&mut self, job: CompressJob) -> Result<(), CompressJob>;
+    /// Hand `job` over, waiting for room in the queue (the bag's last split, at finish).
+    fn push(&mut self, job: CompressJob);
+    /// Wait until every job handed over is done.
+    fn wait_all(&mut self);
+}
+
 /// Orders the rewrites of one bag's metadata.yaml made on different threads (the writer's
 /// own, and a [`Durability`] thread's after a split close): a rewrite older than the last
 /// one written is dropped, so the listing never goes back in time (say, to name a split that
-/// retention has deleted meanwhile).
+/// retention has deleted meanwhile). With file compression it is also the one owner of the
+/// split names metadata.yaml gives (see [`super::filemode`]).
 #[derive(Debug, Default)]
 pub struct MetadataGate {
+    state: Mutex<GateState>,
+    /// Set at creation: whether `state.listing` exists (read without the lock).
+    compressing: bool,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
     /// Generation of the last metadata.yaml written.
-    written: Mutex<u64>,
+    written: u64,
+    /// With file compression: which splits metadata.yaml names by their `.zstd`.
+    listing: Option<Listing>,
+    dir: PathBuf,
+    flavour: Option<Flavour>,
+}
+
+impl MetadataGate {
+    fn new(dir: &Path, flavour: Flavour, compressing: bool) -> Self {
+        MetadataGate {
+            state: Mutex::new(GateState {
+                written: 0,
+                listing: compressing.then(Listing::default),
+                dir: dir.to_path_buf(),
+                flavour: Some(flavour),
+            }),
+            compressing,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `f` on the listing, under the lock; None without file compression.
+    pub(crate) fn with_listing<T>(&self, f: impl FnOnce(&mut Listing) -> T) -> Option<T> {
+        self.lock().listing.as_mut().map(f)
+    }
+
+    /// Under the lock: unless the split `rel` was deleted meanwhile, `rename` its `.zstd`
+    /// into place, mark it compressed and rewrite the last metadata.yaml written so that it
+    /// names the `.zstd` (that rewrite's directory fsync makes the rename durable too).
+    /// False when the split was deleted. Either way the split's job is done.
+    pub(crate) fn publish_compressed(
+        &self,
+        rel: &str,
+        rename: impl FnOnce() -> Result<(), BagError>,
+    ) -> Result<bool, BagError> {
+        let mut st = self.lock();
+        let GateState {
+            listing: Some(listing),
+            dir,
+            flavour,
+            ..
+        } = &mut *st
+        else {
+            return Ok(false);
+        };
+        let Some(stop) = listing.queued.remove(rel) else {
+            return Ok(false);
+        };
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(false);
+        }
+        rename()?;
+        listing.compressed.insert(rel.to_string());
+        match (&listing.last, flavour) {
+            (Some(last), Some(flavour)) => {
+                let mut m = last.clone();
+                listing.apply(&mut m);
+                write_file_atomic(dir, METADATA_FILE, m.to_yaml(*flavour).as_bytes())?;
+            }
+            _ => sync_dir(dir)?,
+        }
+        Ok(true)
+    }
 }
 
 /// One rewrite of metadata.yaml, prepared on the writer's thread (the metadata, O(topics +
@@ -209,21 +312,33 @@ impl MetadataWrite {
     /// Replace metadata.yaml atomically (temp file, fsync, rename, fsync of the directory),
     /// unless a newer rewrite of it got there first.
     pub fn write(self) -> Result<(), BagError> {
-        let outdated =
-            || *self.gate.written.lock().unwrap_or_else(|p| p.into_inner()) > self.generation;
+        let outdated = || self.gate.lock().written > self.generation;
         if outdated() {
             return Ok(());
         }
-        // The YAML outside the lock: the other thread's rewrite need not wait for it.
-        let yaml = self.meta.to_yaml(self.flavour);
+        // The YAML outside the lock (the other thread's rewrite need not wait for it), but
+        // under it when compressing: which splits are compressed may change until then.
+        let yaml = (!self.gate.compressing).then(|| self.meta.to_yaml(self.flavour));
         // Held across the write: a newer rewrite on another thread waits for this one
         // rather than being overtaken by it (a few ms, and only at a split close or delete).
-        let mut written = self.gate.written.lock().unwrap_or_else(|p| p.into_inner());
-        if *written > self.generation {
+        let mut st = self.gate.lock();
+        if st.written > self.generation {
             return Ok(());
         }
+        let yaml = match (yaml, &st.listing) {
+            (Some(y), _) => y,
+            (None, Some(l)) => {
+                let mut m = self.meta.clone();
+                l.apply(&mut m);
+                m.to_yaml(self.flavour)
+            }
+            (None, None) => self.meta.to_yaml(self.flavour),
+        };
         write_file_atomic(&self.dir, METADATA_FILE, yaml.as_bytes())?;
-        *written = self.generation;
+        st.written = self.generation;
+        if let Some(l) = st.listing.as_mut() {
+            l.last = Some(self.meta);
+        }
         Ok(())
     }
 
@@ -259,6 +374,20 @@ pub struct BagWriter {
     /// prepared.
     meta_gate: Arc<MetadataGate>,
     meta_generation: u64,
+    /// Where compression jobs run (`--compression-mode file`); inline when None.
+    compression: Option<Box<dyn Compression>>,
+    /// The split closed last, to hand to compression when the next one opens: after
+    /// retention made room for it ([`BagWriter::compression_reserve`] counts it).
+    compress_next: Option<CompressJob>,
+    /// What compressions handed over and not done may still add to the disk.
+    compress_reserve: Arc<AtomicU64>,
+    /// Times a closed split found the compression queue full.
+    compression_queue_full: u64,
+    /// Splits that found the queue full, still plain `.db3` (name, bound of their `.zstd`),
+    /// oldest first: handed over one per split opened while the queue has room, and the
+    /// rest at `finish`, so a finished bag is compressed throughout (the real `ros2 bag
+    /// play` refuses a bag in file mode with a plain split: "ZSTD decompression error").
+    deferred: VecDeque<(String, u64)>,
 }
 
 impl std::fmt::Debug for BagWriter {
@@ -357,6 +486,11 @@ impl BagWriter {
             }
             // The lock (and unclean-finish marker) exists before any split does.
             let lock = BagLock::acquire(dir)?;
+            let meta_gate = Arc::new(MetadataGate::new(
+                dir,
+                opts.flavour,
+                opts.compression.is_some(),
+            ));
             let mut w = BagWriter {
                 ops: Arc::new(RealStorage),
                 durability: None,
@@ -374,8 +508,13 @@ impl BagWriter {
                 split_limit_reached: false,
                 rows_seen: 0,
                 bytes_seen: 0,
-                meta_gate: Arc::default(),
+                meta_gate,
                 meta_generation: 0,
+                compression: None,
+                compress_next: None,
+                compress_reserve: Arc::default(),
+                compression_queue_full: 0,
+                deferred: VecDeque::new(),
             };
             let r = w.open_split().and_then(|_| {
                 // A metadata.yaml from the first moment: a crash before the first split
@@ -399,6 +538,85 @@ impl BagWriter {
             }
             remove_created_dirs(created.get(1..).unwrap_or_default());
         })
+    }
+
+    /// Run compression jobs (`--compression-mode file`) through `c` (off this thread)
+    /// instead of inline.
+    pub fn set_compression(&mut self, c: Box<dyn Compression>) {
+        self.compression = Some(c);
+    }
+
+    /// What compressions of closed splits, handed over or about to be, may still add to the
+    /// disk beside those splits (each its `.zstd`, at most [`compressed_bound`] of the
+    /// split): the size budget counts it, so it holds while both forms of a split exist.
+    /// "About to be": the split closed last and the oldest deferred one, the two that the
+    /// next split's opening may hand over.
+    pub fn compression_reserve(&self) -> u64 {
+        self.compress_reserve.load(Ordering::Relaxed)
+            + self.compress_next.as_ref().map_or(0, CompressJob::bound)
+            + self.deferred.front().map_or(0, |d| d.1)
+    }
+
+    /// Times a closed split found the compression queue full (it was compressed later).
+    pub fn compression_queue_full(&self) -> u64 {
+        self.compression_queue_full
+    }
+
+    /// Hand the split closed last to compression: without waiting (a full queue defers it,
+    /// counted and logged: it stays a plain `.db3` until the queue has room), or at `finish`
+    /// waiting for room, as rosbag2 compresses a bag's last split when it closes. With room
+    /// left, the oldest deferred split follows it.
+    fn hand_over_compression(&mut self, wait: bool) {
+        if let Some(job) = self.compress_next.take() {
+            job.handed_over();
+            match self.compression.as_mut() {
+                None => job.run(),
+                Some(c) if wait => c.push(job),
+                Some(c) => {
+                    if let Err(job) = c.offer(job) {
+                        self.compression_queue_full += 1;
+                        log::warn!(
+                            "{}: the compression queue is full (--compression-queue-size); \
+                             this split stays a plain .db3 until it has room",
+                            job.split().display()
+                        );
+                        self.deferred
+                            .push_back((job.rel().to_string(), job.bound()));
+                        job.skip();
+                        return;
+                    }
+                }
+            }
+        }
+        if wait {
+            return;
+        }
+        let Some((rel, bound)) = self.deferred.front().cloned() else {
+            return;
+        };
+        if self.compression.is_none() {
+            return;
+        }
+        let job = self.new_job(&rel, bound);
+        job.handed_over();
+        match self.compression.as_mut().map(|c| c.offer(job)) {
+            Some(Ok(())) => {
+                self.deferred.pop_front();
+            }
+            Some(Err(job)) => job.skip(),
+            None => {}
+        }
+    }
+
+    fn new_job(&self, rel: &str, bound: u64) -> CompressJob {
+        CompressJob::new(
+            &self.dir,
+            rel,
+            self.opts.compression.map_or(0, |c| c.level),
+            bound,
+            self.meta_gate.clone(),
+            self.compress_reserve.clone(),
+        )
     }
 
     /// Route fsyncs and deletions of splits through `ops` (tests record their order).
@@ -700,12 +918,40 @@ impl BagWriter {
         // reader accepts, rather than a listed file that is gone, which it refuses. Written
         // here, not queued: the file goes next. It lists the closed splits, as at a close.
         let r = self.prepare_metadata(self.recording_metadata()).write();
+        // A compression of this split stops (under the gate's lock: after this, no job
+        // renames a .zstd of it); whether its .zstd was complete says which form to delete.
+        let compressed = self
+            .meta_gate
+            .with_listing(|l| l.forget(&old.file.path))
+            .unwrap_or(false);
+        if self
+            .compress_next
+            .as_ref()
+            .is_some_and(|j| j.split() == old.path)
+        {
+            self.compress_next = None;
+        }
+        self.deferred.retain(|d| d.0 != old.file.path);
         let r = r.and_then(|_| {
             if let Some(d) = self.durability.as_mut() {
                 // Never delete ahead of durability: newer splits must be on disk first.
                 d.wait(&old.path).map_err(BagError::io(&old.path))?;
             }
-            remove_split_file(self.ops.as_ref(), &old.path)?;
+            if compressed {
+                let mut zstd = old.path.as_os_str().to_owned();
+                zstd.push(super::compressed::ZSTD_SUFFIX);
+                let zstd = PathBuf::from(zstd);
+                self.ops.remove_file(&zstd).map_err(BagError::io(&zstd))?;
+                // The job deletes the .db3 after its rename: it may be gone already.
+                match self.ops.remove_file(&old.path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(BagError::io(&old.path)(e))
+                    }
+                    _ => {}
+                }
+            } else {
+                remove_split_file(self.ops.as_ref(), &old.path)?;
+            }
             self.ops
                 .sync_dir(&self.dir)
                 .map_err(BagError::io(&self.dir))
@@ -769,10 +1015,33 @@ impl BagWriter {
     pub fn finish(mut self) -> Result<BagSummary, BagError> {
         // The complete metadata.yaml is written below, once every split is durable.
         let close = self.close_split_publishing(false);
+        // The last split is compressed now, as rosbag2 does at close; the bag is finished
+        // once every compression handed over is done (bounded by the queue), and then the
+        // deferred ones, one at a time (the reserve retention kept holds one), so that a
+        // finished bag has no plain split left.
+        if close.is_ok() {
+            self.hand_over_compression(true);
+        }
         let synced = match self.durability.as_mut() {
             Some(d) => d.wait_all().map_err(BagError::io(&self.dir)),
             None => Ok(()),
         };
+        if let Some(c) = self.compression.as_mut() {
+            c.wait_all();
+        }
+        if close.is_ok() {
+            while let Some((rel, bound)) = self.deferred.pop_front() {
+                let job = self.new_job(&rel, bound);
+                job.handed_over();
+                job.run();
+            }
+        }
+        if self.compression_queue_full > 0 {
+            self.set_custom_data(
+                "ringbag.compression_queue_full",
+                self.compression_queue_full.to_string(),
+            );
+        }
         let close = close.and(synced);
         let meta = self.write_metadata();
         if let Some(reason) = self.failed.take() {
@@ -787,7 +1056,8 @@ impl BagWriter {
         if let Some(lock) = self.lock.take() {
             lock.release_clean()?;
         }
-        let metadata = self.metadata();
+        let mut metadata = self.metadata();
+        self.meta_gate.with_listing(|l| l.apply(&mut metadata));
         let size_bytes = self.closed.iter().map(|c| c.size_bytes).sum();
         Ok(BagSummary {
             dir: self.dir.clone(),
@@ -866,6 +1136,7 @@ impl BagWriter {
     }
 
     fn open_split(&mut self) -> Result<(), BagError> {
+        self.hand_over_compression(false);
         let index = self.next_index;
         let (rel, path) = self.split_path(index);
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -1140,6 +1411,13 @@ impl BagWriter {
             path,
             per_topic,
         };
+        if self.opts.compression.is_some() {
+            // Handed over when the next split opens (or at finish): after retention made
+            // room for its reserve.
+            self.hand_over_compression(false);
+            self.compress_next =
+                Some(self.new_job(&closed.file.path, compressed_bound(closed.size_bytes)));
+        }
         self.closed.push_back(closed.clone());
         self.newly_closed.push(closed);
         if publish {
@@ -1368,6 +1646,20 @@ pub fn remove_split_file(ops: &dyn StorageOps, path: &Path) -> Result<(), BagErr
 mod tests {
     use super::*;
     use crate::bag::schema::{LARGE_PAGE_SIZE, SMALL_PAGE_SIZE};
+
+    /// The background syncer may reach a closed split after its compression deleted the
+    /// `.db3`: the split is then durable in its `.zstd` (fsynced before the `.db3` went), not
+    /// a failed fsync that would stop the recording. A split gone in both forms still fails.
+    #[test]
+    fn syncing_a_split_already_compressed_syncs_its_zstd() {
+        let dir = tempfile::tempdir().unwrap();
+        let split = dir.path().join("b_0.db3");
+        fs::write(dir.path().join("b_0.db3.zstd"), b"z").unwrap();
+        RealStorage.sync_file(&split).unwrap();
+        let gone = dir.path().join("b_1.db3");
+        let e = RealStorage.sync_file(&gone).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    }
 
     #[test]
     fn storage_config_pragmas_run_after_the_presets_on_every_split() {

@@ -556,21 +556,24 @@ pub struct RecordArgs {
     /// Also record hidden topics (a name part starting with `_`).
     #[arg(long)]
     pub include_hidden_topics: bool,
-    /// rosbag2's compression mode: `none` (the default) writes plain `.db3` splits. `file`
-    /// and `message` are not yet supported: refused (exit 2). ringbag reads bags rosbag2
-    /// compressed in `file` mode.
+    /// rosbag2's compression mode: `none` (the default) writes plain `.db3` splits; `file`
+    /// (with --compression-format zstd) compresses each closed split whole into
+    /// `<split>.db3.zstd` on background threads, as rosbag2's file mode. `message` is not
+    /// supported yet: refused (exit 2).
     #[arg(long, value_name = "MODE", default_value = "none",
           value_parser = ["none", "file", "message"])]
     pub compression_mode: String,
-    /// rosbag2's compression format (`zstd`, the only one); needs a --compression-mode other
-    /// than `none`, as in ros2 bag.
+    /// rosbag2's compression format (`zstd`, the only one, at rosbag2's level 1); needs a
+    /// --compression-mode other than `none`, and that mode needs it, as in ros2 bag.
     #[arg(long, value_name = "FORMAT", default_value = "")]
     pub compression_format: String,
-    /// Compression threads (0 = rosbag2's default); only with a --compression-mode.
+    /// Threads compressing closed splits, at nice 19 (0 = one per core, as rosbag2).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub compression_threads: u32,
-    /// Splits or messages waiting for compression (rosbag2's default 1); only with a
-    /// --compression-mode.
+    /// Closed splits waiting for a compression thread (rosbag2's default 1; 0 = no limit).
+    /// The recorder never waits: a split that finds the queue full stays a plain `.db3`
+    /// until the queue has room (at the latest when the recording stops), counted in
+    /// custom_data `ringbag.compression_queue_full` and logged at warn.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub compression_queue_size: u32,
     /// Topic discovery polling interval, milliseconds.

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::args::{RecordArgs, SourceKind, SyntheticRate, UploadArgs};
+use crate::bag::filemode::FileCompression;
 use crate::bag::writer::WriterOptions;
 use crate::bag::Flavour;
 use crate::config::Quantity;
@@ -65,7 +66,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
         SourceKind::Synthetic
     });
     source_only_flags(a, source_kind)?;
-    compression_flags(a)?;
+    let compression = compression_flags(a)?;
     let source = match source_kind {
         SourceKind::Synthetic => SourceSettings::Synthetic(GeneratorConfig {
             profile: a.synthetic_profile,
@@ -163,6 +164,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
             max_bag_duration_ns,
             custom_data,
             extra_pragmas,
+            compression,
         },
         pipeline,
         retention,
@@ -366,26 +368,14 @@ fn selection(a: &RecordArgs) -> crate::source::select::RosSourceOptions {
     }
 }
 
-/// ros2 bag's compression flags. Only `--compression-mode none` (its default) is there yet:
-/// any other mode is refused rather than recording plain splits a script asked compressed.
-/// A format without a mode is refused as ros2 bag refuses it.
-fn compression_flags(a: &RecordArgs) -> Result<(), String> {
-    let format = a.compression_format.as_str();
-    if !format.is_empty() && format != crate::bag::compressed::ZSTD_FORMAT {
-        return Err(format!(
-            "--compression-format {format}: unknown compression format (zstd is the only one)"
-        ));
-    }
-    match a.compression_mode.as_str() {
-        "none" if !format.is_empty() => {
-            Err("--compression-format needs a --compression-mode (as in ros2 bag)".into())
-        }
-        "none" => Ok(()),
-        mode => Err(format!(
-            "--compression-mode {mode}: not yet supported; ringbag records plain .db3 splits \
-             (it reads bags rosbag2 compressed in file mode)"
-        )),
-    }
+/// ros2 bag's compression flags ([`FileCompression::from_flags`]).
+fn compression_flags(a: &RecordArgs) -> Result<Option<FileCompression>, String> {
+    FileCompression::from_flags(
+        &a.compression_mode,
+        &a.compression_format,
+        a.compression_threads,
+        a.compression_queue_size,
+    )
 }
 
 /// The service flags: recorded from the introspection topics of a live Jazzy graph only.
@@ -1013,14 +1003,13 @@ mod record_flag_tests {
     }
 
     #[test]
-    fn compression_is_none_by_default_and_every_other_mode_is_refused_in_one_line() {
-        assert!(compression_flags(&record(&[])).is_ok());
-        assert!(compression_flags(&record(&["--compression-mode", "none"])).is_ok());
+    fn compression_is_none_by_default_file_mode_takes_zstd_and_message_is_refused() {
+        assert_eq!(compression_flags(&record(&[])), Ok(None));
+        assert_eq!(
+            compression_flags(&record(&["--compression-mode", "none"])),
+            Ok(None)
+        );
         for (flags, says) in [
-            (
-                &["--compression-mode", "file", "--compression-format", "zstd"][..],
-                "--compression-mode file: not yet supported",
-            ),
             (
                 &[
                     "--compression-mode",
@@ -1028,11 +1017,15 @@ mod record_flag_tests {
                     "--compression-format",
                     "zstd",
                 ][..],
-                "--compression-mode message: not yet supported",
+                "--compression-mode message: not supported yet",
             ),
             (
                 &["--compression-format", "zstd"][..],
                 "--compression-format needs a --compression-mode",
+            ),
+            (
+                &["--compression-mode", "file"][..],
+                "--compression-mode file needs a --compression-format",
             ),
             (
                 &["--compression-mode", "file", "--compression-format", "lz4"][..],
@@ -1043,13 +1036,24 @@ mod record_flag_tests {
             assert!(e.starts_with(says), "{flags:?}: {e}");
             assert!(!e.contains('\n'), "{e}");
         }
-        let a = record(&[
-            "--compression-threads",
-            "4",
-            "--compression-queue-size",
-            "8",
-        ]);
-        assert_eq!((a.compression_threads, a.compression_queue_size), (4, 8));
+        let file = ["--compression-mode", "file", "--compression-format", "zstd"];
+        let c = compression_flags(&record(&file)).unwrap().unwrap();
+        assert!(c.threads >= 1);
+        assert_eq!((c.queue_size, c.level), (1, 1), "rosbag2's defaults");
+        let a = record(
+            &[
+                &file[..],
+                &[
+                    "--compression-threads",
+                    "4",
+                    "--compression-queue-size",
+                    "8",
+                ],
+            ]
+            .concat(),
+        );
+        let c = compression_flags(&a).unwrap().unwrap();
+        assert_eq!((c.threads, c.queue_size), (4, 8));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! burst of a few hundred (`burst`).
 
 mod burst;
+mod compress;
 mod pause;
 mod queue;
 mod room;

@@ -281,6 +281,16 @@ impl Pipeline {
             }
             None => log::warn!("cannot start the sync thread; fsyncing on the writer thread"),
         }
+        // Closed splits are compressed (`--compression-mode file`) on threads of their own,
+        // which the writer hands them to without ever waiting.
+        if let Some(c) = writer.options().compression {
+            match super::compress::CompressPool::start(&c) {
+                Some(pool) => writer.set_compression(Box::new(pool)),
+                None => log::warn!(
+                    "cannot start the compression threads; compressing on the writer thread"
+                ),
+            }
+        }
         let bag_dir = writer.dir().to_path_buf();
         let room = tap.as_ref().and_then(|t| t.room());
         let retention = match (&room, retention) {

@@ -151,6 +151,7 @@ pub fn record_settings(
             max_bag_duration_ns: c.budgets.max_bag_duration_ns,
             custom_data: BTreeMap::new(),
             extra_pragmas: String::new(),
+            compression: c.compression,
         },
         pipeline: PipelineConfig::for_limits(
             c.max_cache_size,

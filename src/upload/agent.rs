@@ -532,7 +532,7 @@ enum Pass {
 
 impl AgentThread {
     fn run(self) {
-        lower_priority();
+        lower_priority("upload", true);
         let seed = unix_ms() ^ u64::from(std::process::id());
         let mut backoff = Backoff::new(BACKOFF_BASE, BACKOFF_CAP, seed);
         let mut last_logged: Option<(String, Instant)> = None;
@@ -789,21 +789,30 @@ impl AgentThread {
 /// Nice 19 (the lowest) and the idle I/O class for this thread (and the reader and senders it
 /// spawns, which inherit both): uploads take what the recorder leaves. At nice 19 a thread
 /// still gets a share of a busy CPU (about 1.5 % beside each nice-0 thread), so uploads slow
-/// down on a saturated robot but never stop; SCHED_IDLE would let them starve.
-fn lower_priority() {
+/// down on a saturated robot but never stop; SCHED_IDLE would let them starve. With
+/// `idle_io` false the I/O class is best-effort at its lowest level instead (the split
+/// compressor: its reads come from the page cache, and the idle class could starve its writes
+/// for as long as the recorder writes). `who` names the thread in the log.
+pub(crate) fn lower_priority(who: &str, idle_io: bool) {
     // SAFETY: gettid has no preconditions and returns this thread's id.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
     // SAFETY: setpriority with a valid `which` and our own thread id only changes our nice
     // value (Linux keeps it per thread); failure is reported by the return value.
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 19) } != 0 {
         log::debug!(
-            "upload: cannot lower the thread's priority: {}",
+            "{who}: cannot lower the thread's priority: {}",
             std::io::Error::last_os_error()
         );
     }
     const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_BE: libc::c_long = 2;
     const IOPRIO_CLASS_IDLE: libc::c_long = 3;
     const IOPRIO_CLASS_SHIFT: libc::c_long = 13;
+    let prio = if idle_io {
+        IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT
+    } else {
+        (IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT) | 7
+    };
     // SAFETY: ioprio_set takes three integers and only changes the I/O priority of the thread
     // named (ours); failure is reported by the return value.
     let r = unsafe {
@@ -811,12 +820,12 @@ fn lower_priority() {
             libc::SYS_ioprio_set,
             IOPRIO_WHO_PROCESS,
             tid as libc::c_long,
-            IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT,
+            prio,
         )
     };
     if r != 0 {
         log::debug!(
-            "upload: cannot set the idle I/O class: {}",
+            "{who}: cannot lower the I/O priority: {}",
             std::io::Error::last_os_error()
         );
     }

@@ -389,3 +389,30 @@ fn recovery_at_start_reindexes_a_compressed_bag_left_unclean_or_with_a_stale_par
     }
     assert!(recover_root(root).reports.is_empty(), "recovered once");
 }
+
+/// A message far larger than its compressed split (a 3 MB image of one colour in a `.zstd`
+/// of a few KiB) reads: values are bounded by the decompressed copy's size, not the
+/// `.zstd`'s.
+#[test]
+fn a_message_larger_than_its_compressed_split_reads() {
+    use ringbag::bag::writer::{BagWriter, WriterOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let bag = tmp.path().join("z");
+    let image = vec![7u8; 3 << 20];
+    let mut w = BagWriter::create(&bag, WriterOptions::new(Flavour::Jazzy)).unwrap();
+    let t = w
+        .add_topic(crate::common::topic("/cam", "sensor_msgs/msg/Image"), None)
+        .unwrap();
+    w.write_batch([(t, 1, image.as_slice())]).unwrap();
+    w.finish().unwrap();
+    compress_like_rosbag2(&bag);
+    let z = fs::metadata(bag.join("z_0.db3.zstd")).unwrap().len();
+    assert!(z < 1 << 20, "{z} bytes");
+    let opened = Bag::open(&bag).unwrap();
+    let got: Vec<Vec<u8>> = opened
+        .messages(&ReadFilter::default())
+        .unwrap()
+        .map(|m| m.unwrap().data)
+        .collect();
+    assert!(got == [image], "read back whole");
+}

@@ -131,8 +131,17 @@ fn record_flags_without_a_meaning_on_the_synthetic_source_are_one_line_and_exit_
             vec!["--exclude-topic-types \"bad\": not a type name"],
         ),
         (
-            vec!["--compression-mode", "file", "--compression-format", "zstd"],
-            vec!["--compression-mode file: not yet supported"],
+            vec![
+                "--compression-mode",
+                "message",
+                "--compression-format",
+                "zstd",
+            ],
+            vec!["--compression-mode message: not supported yet"],
+        ),
+        (
+            vec!["--compression-mode", "file"],
+            vec!["--compression-mode file needs a --compression-format"],
         ),
         (
             vec!["--compression-format", "zstd"],
@@ -569,4 +578,49 @@ fn record_compression_mode_none_and_its_queue_flags_record_plain_splits() {
         (m.compression_format.as_str(), m.compression_mode.as_str()),
         ("", "")
     );
+}
+
+/// `record --compression-mode file --compression-format zstd` (ros2 bag's flags, through the
+/// command line): every split of the finished bag is a `.db3.zstd`, listed as rosbag2 lists
+/// them, every message there.
+#[test]
+fn record_compression_mode_file_records_zstd_splits_as_rosbag2_does() {
+    use crate::common::{ringbag, RunOutput};
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("z");
+    let o = ringbag()
+        .args([
+            "record",
+            "--source",
+            "synthetic",
+            "--synthetic-profile",
+            "medium",
+        ])
+        .args(["--synthetic-rate", "max", "--synthetic-count", "60"])
+        .args(["-b", "100KiB", "--compression-mode", "file"])
+        .args(["--compression-format", "zstd", "--compression-threads", "1"])
+        .args(["--compression-queue-size", "1", "-o"])
+        .arg(&out)
+        .run_output()
+        .expect("record runs");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let m = ringbag::bag::BagMetadata::read(&out).unwrap();
+    assert_eq!(m.message_count, 60);
+    assert!(
+        m.relative_file_paths.len() > 1,
+        "{:?}",
+        m.relative_file_paths
+    );
+    assert!(
+        m.relative_file_paths
+            .iter()
+            .all(|r| r.ends_with(".db3.zstd")),
+        "{:?}",
+        m.relative_file_paths
+    );
+    assert_eq!(
+        (m.compression_format.as_str(), m.compression_mode.as_str()),
+        ("zstd", "FILE")
+    );
+    crate::retention::assert_true_and_readable(&out);
 }
