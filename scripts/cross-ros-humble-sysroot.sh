@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Cross.toml's pre-build step for aarch64-unknown-linux-gnu: an arm64 ROS 2 Humble sysroot in
 # cross's image, so `cross build --features ros` can generate r2r's bindings and link against
-# arm64 rcl. See README.md, "Cross-compiling for the Jetson", for the build command.
+# arm64 rcl. See docs/ros.md, "Cross-compiling for the Jetson", for the build command.
 #
 # NOT RUN in this repository's CI: its machines have no container engine, so `cross` cannot run
 # there. Every step is written out so that it can be followed, or debugged, by hand.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Device bytes written by one `ringbag record` of the synthetic robot mix, for the README's
+"""Device bytes written by one `ringbag record` of the synthetic robot mix, for docs/snapshots.md's
 Black-box snapshots table. usage: snapshot-device-writes.py RINGBAG continuous|snapshot|trigger SECONDS ROOT
 
 Counts ru_oublock of the child: the same task I/O accounting as /proc/<pid>/io write_bytes,

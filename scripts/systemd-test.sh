@@ -237,7 +237,7 @@ check_install() {
     C systemd-analyze security ringbag.service | tail -n1 | sed 's/^/    /'
 }
 
-# The exposure score the README quotes, from the unit file as shipped (offline: no systemd
+# The exposure score docs/service.md quotes, from the unit file as shipped (offline: no systemd
 # needed, so this runs on the host).
 MAX_EXPOSURE=2.0
 check_exposure() {
@@ -564,7 +564,7 @@ check_bad_config() {
 # Garage on the host's loopback. The container has no network namespace of its own
 # (systemd-nspawn without --private-network), so 127.0.0.1 inside is the host's, and the unit's
 # IPAddressAllow= admits `localhost`; an endpoint outside the private ranges needs a drop-in
-# (README, "Fleet offload"). What the bags' journals count as uploaded is read back with curl's
+# (docs/upload.md, "Fleet offload"). What the bags' journals count as uploaded is read back with curl's
 # SigV4 (scripts/upload-verify.py): HEAD size and ETag, and SHA-256 against the file.
 GARAGE_SH="${RINGBAG_GARAGE_SH:-$ROOT/scripts/garage.sh}"
 check_upload() {

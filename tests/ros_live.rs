@@ -899,7 +899,7 @@ fn a_backlog_is_taken_whole_at_one_wake_up_not_a_message_per_wake_up() {
 /// CycloneDDS offers the message-lost event, and ringbag subscribes to it for every topic.
 /// Cyclone 0.10 raises it only for samples its reader history rejects (source-timestamp
 /// ordering, exclusive ownership, content filters: none of which ROS 2 QoS turns on), so here
-/// it reads 0 while a keep-last-1 publisher floods; the README says which losses no layer
+/// it reads 0 while a keep-last-1 publisher floods; docs/ros.md says which losses no layer
 /// reports.
 #[test]
 fn the_message_lost_event_is_wired_for_every_topic_and_counts_what_cyclone_reports() {
@@ -1706,7 +1706,7 @@ fn table_rows(
 /// publishers at the same time, keep the same messages byte for byte in the same order, and
 /// describe the topics alike: type, serialization format, the offered QoS, and from Jazzy on
 /// the type hash and the message definition rows. ros2 bag record subscribes keep-all here
-/// (an override file; its default keep-last 10 loses a burst, see the README), so anything
+/// (an override file; its default keep-last 10 loses a burst, see docs/ros.md), so anything
 /// one has and the other lacks is a recorder's loss.
 #[test]
 fn records_the_same_as_ros2_bag_record_beside_it() {

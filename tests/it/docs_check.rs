@@ -1,4 +1,4 @@
-//! `scripts/docs-check.py` (the `docs` stage) on altered copies of the README: it passes on
+//! `scripts/docs-check.py` (the `docs` stage) on altered copies of the README and docs/: it passes on
 //! the docs as they are, and each kind of rot it exists for fails it with one line naming it.
 
 use std::fs;
@@ -21,19 +21,71 @@ fn docs_check(root: &Path) -> Output {
         .expect("python3 runs docs-check.py")
 }
 
-/// A tree holding the repository's README.md with `edit` applied, and links to the rest of the
-/// repository's top level (the files the README links to), but not its docs/.
-fn tree(edit: impl FnOnce(String) -> String) -> tempfile::TempDir {
+/// A tree holding copies of the repository's README.md and docs/ (every Markdown file passed
+/// through `edit` with its path relative to the root), and links to the rest of the repository's
+/// top level (the files the docs link to).
+fn tree(edit: impl Fn(&str, String) -> String) -> tempfile::TempDir {
+    fn copy(from: &Path, to: &Path, rel: &str, edit: &dyn Fn(&str, String) -> String) {
+        if from.is_dir() {
+            fs::create_dir(to).unwrap();
+            for e in fs::read_dir(from).unwrap() {
+                let name = e.unwrap().file_name();
+                let name = name.to_str().unwrap();
+                copy(
+                    &from.join(name),
+                    &to.join(name),
+                    &format!("{rel}/{name}"),
+                    edit,
+                );
+            }
+        } else if rel.ends_with(".md") {
+            fs::write(to, edit(rel, fs::read_to_string(from).unwrap())).unwrap();
+        } else {
+            fs::copy(from, to).unwrap();
+        }
+    }
     let dir = tempfile::tempdir().unwrap();
-    let readme = fs::read_to_string(repo().join("README.md")).unwrap();
-    fs::write(dir.path().join("README.md"), edit(readme)).unwrap();
     for e in fs::read_dir(repo()).unwrap() {
         let name = e.unwrap().file_name();
-        if !["README.md", "docs", "target"].contains(&name.to_str().unwrap_or("")) {
-            std::os::unix::fs::symlink(repo().join(&name), dir.path().join(&name)).unwrap();
+        let name = name.to_str().unwrap();
+        match name {
+            "README.md" | "docs" => copy(&repo().join(name), &dir.path().join(name), name, &edit),
+            "target" => {}
+            _ => std::os::unix::fs::symlink(repo().join(name), dir.path().join(name)).unwrap(),
         }
     }
     dir
+}
+
+/// The ok line for the repository's docs, plus `extra` (a path under the root).
+fn ok_line(extra: &[&str]) -> String {
+    let mut files: Vec<String> = ["README.md"]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect();
+    let mut docs = vec![];
+    let mut stack = vec![repo().join("docs")];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "md") {
+                docs.push(
+                    p.strip_prefix(repo())
+                        .unwrap()
+                        .to_str()
+                        .unwrap()
+                        .to_string(),
+                );
+            }
+        }
+    }
+    files.extend(docs);
+    // docs-check.py lists README.md, then docs/**/*.md sorted as paths.
+    files[1..].sort_by_key(|f| std::path::PathBuf::from(f));
+    format!("docs-check: ok ({})\n", files.join(", "))
 }
 
 /// Exit 1 with exactly `want` as the report, and the count on stderr.
@@ -60,29 +112,30 @@ fn docs_check_passes_on_the_docs_and_fails_on_each_kind_of_rot() {
         "man is missing: scripts/test.sh installs the Debian package `man-db`"
     );
 
-    let ok = tree(|r| r);
+    let ok = tree(|_, r| r);
     let o = docs_check(ok.path());
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
-    assert_eq!(stdout(&o), "docs-check: ok (README.md)\n");
+    assert_eq!(stdout(&o), ok_line(&[]));
+    // The manual is in docs/: the README alone, with its links into docs/, is the front door.
+    assert!(stdout(&o).contains(", docs/record.md, "), "{}", stdout(&o));
 
-    // A flag the docs no longer name; then named again, in docs/ rather than the README.
-    let undocumented = tree(|r| r.replace("--output-options", "--output-opts"));
+    // A flag the docs no longer name; then named again, in a new file of docs/.
+    let undocumented = tree(|_, r| r.replace("--output-options", "--output-opts"));
     fails_with(
         &docs_check(undocumented.path()),
         &["docs-check: ringbag convert: --output-options is in --help but not in README.md or docs/*.md"],
     );
-    fs::create_dir(undocumented.path().join("docs")).unwrap();
     fs::write(
-        undocumented.path().join("docs/convert.md"),
-        "# convert\n\n`-o`/`--output-options FILE`: the options YAML. Back to [the config](../README.md#config).\n",
+        undocumented.path().join("docs/convert-options.md"),
+        "# convert\n\n`-o`/`--output-options FILE`: the options YAML. Back to [the config](service.md#config).\n",
     )
     .unwrap();
     let o = docs_check(undocumented.path());
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
-    assert_eq!(stdout(&o), "docs-check: ok (README.md, docs/convert.md)\n");
+    assert_eq!(stdout(&o), ok_line(&["docs/convert-options.md"]));
 
     // A config key whose documented default is not the one ringbag.toml(5) gives.
-    let wrong_default = tree(|r| {
+    let wrong_default = tree(|_, r| {
         r.replace(
             "| `ptp_poll_interval` | `1000` |",
             "| `ptp_poll_interval` | `500` |",
@@ -98,7 +151,10 @@ fn docs_check_passes_on_the_docs_and_fails_on_each_kind_of_rot() {
         .unwrap()
         .lines()
         .count();
-    let broken = tree(|r| {
+    let broken = tree(|path, r| {
+        if path != "README.md" {
+            return r;
+        }
         format!(
             "{r}See [the manual](docs/manual.md), ![a plot](docs/img/plot.png), \
              [nowhere](#no-such-heading), [the licence](LICENSE), [web](https://example.invalid/x).\n"
