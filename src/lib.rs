@@ -1,7 +1,7 @@
 //! ringbag: an always-on ROS 2 bag recorder for edge devices.
 //!
 //! The library holds everything; `main.rs` only calls `cli::main_entry`. Module dependencies
-//! point one way (see README "Architecture"): `bag` knows nothing of clocks, threads,
+//! point one way (see docs/architecture.md): `bag` knows nothing of clocks, threads,
 //! sources or the CLI, so the format can be tested and fuzzed alone.
 
 pub mod bag;

@@ -37,7 +37,7 @@ pub fn create_tables(conn: &Connection, flavour: Flavour) -> rusqlite::Result<()
 }
 
 /// How a split is written: what a crash or a power cut costs, and what it buys in speed.
-/// See the README's durability table.
+/// See the durability table in docs/crash-safety.md.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize, serde::Serialize,
 )]

@@ -1,5 +1,5 @@
 //! Every key of ringbag.toml, with its default and meaning: the one list that `ringbag.toml(5)`
-//! is generated from (`ringbag gen-docs`) and that scripts/docs-check.py holds the README to.
+//! is generated from (`ringbag gen-docs`) and that scripts/docs-check.py holds the docs to.
 //! The tests below tie it to the parser's own structs ([`ServiceConfig`], [`RawUpload`] and
 //! `upload::settings::KEYS`): a key added to the parser and not here fails them, so the man
 //! page cannot fall behind the file format.
@@ -41,7 +41,7 @@ const fn upload(key: &'static str, default: &'static str, meaning: &'static str)
     }
 }
 
-/// In the order the README's config tables list them.
+/// In the order the config tables of docs/service.md list them.
 pub const KEYS: &[KeyDoc] = &[
     top("output_root", super::DEFAULT_OUTPUT_ROOT, "recording root: absolute, created if missing, must be writable"),
     top("status_file", super::DEFAULT_STATUS_FILE, "status file (absolute), rewritten atomically every second and once more with a bag's final counts"),
