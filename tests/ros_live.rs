@@ -309,7 +309,7 @@ fn picks_up_a_topic_that_appears_mid_recording() {
     let rec = Recording::start(RosSourceOptions {
         all: true,
         // Other tests run concurrently in this process; keep away from their topics.
-        exclude_regex: Some("^/rl_(?:exact|adapt|excl|bag)/".into()),
+        exclude_regex: Some("^/rl_(?:exact|adapt|excl|bag|leaf)/".into()),
         polling_interval: Duration::from_millis(50),
         ..RosSourceOptions::default()
     });
@@ -558,6 +558,62 @@ fn include_unpublished_topics_subscribes_before_any_publisher() {
     assert_eq!(info.offered_qos_profiles.len(), 1);
     rec.stop().expect("recorder ends cleanly");
     waiting.stop().expect("recorder ends cleanly");
+}
+
+/// `--ignore-leaf-topics`, rosbag2's TopicFilter rule: a selected topic that nothing
+/// subscribes to is not subscribed; one with a subscriber is recorded; and a leaf topic is
+/// taken at the first poll after a subscriber appears on it.
+#[test]
+fn ignore_leaf_topics_records_only_topics_something_subscribes_to() {
+    require_ros!();
+    let (str_type, strings) = cdr_messages(&small_topic_name(), 1);
+    let mut other = TestPublisher::new("ringbag_test_sub_leaf");
+    let _sub = other
+        .node
+        .subscribe_untyped("/rl_leaf/used", &str_type, r2r::QosProfile::default())
+        .expect("subscription");
+    let mut node = TestPublisher::new("ringbag_test_pub_leaf");
+    let used = node.publisher("/rl_leaf/used", &str_type, r2r::QosProfile::default());
+    let leaf = node.publisher("/rl_leaf/leaf", &str_type, r2r::QosProfile::default());
+    // The subscriber is in the graph before the recorder looks (it matched the publisher).
+    wait_matched(&used, 1, "the other node's subscription");
+
+    let rec = Recording::start(RosSourceOptions {
+        regex: Some("^/rl_leaf/".into()),
+        ignore_leaf_topics: true,
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    });
+    wait_until("subscription to /rl_leaf/used", || {
+        rec.collector.topic("/rl_leaf/used").is_some()
+    });
+    wait_matched(&used, 2, "the recorder's subscription");
+    used.publish_raw(&strings[0]).expect("publish");
+    leaf.publish_raw(&strings[0]).expect("publish");
+    wait_until("the used topic's message", || {
+        !rec.collector.payloads("/rl_leaf/used").is_empty()
+    });
+    assert_eq!(rec.collector.payloads("/rl_leaf/used"), strings);
+    // Several polls have passed (the recorder subscribed after its first): the leaf topic
+    // was asked about and never subscribed.
+    assert!(rec.collector.topic("/rl_leaf/leaf").is_none());
+    assert_eq!(leaf.get_inter_process_subscription_count().unwrap_or(0), 0);
+
+    // A subscriber appears on the leaf topic: it is no longer a leaf, the recorder takes it.
+    let _late = other
+        .node
+        .subscribe_untyped("/rl_leaf/leaf", &str_type, r2r::QosProfile::default())
+        .expect("subscription");
+    wait_until("subscription to the former leaf topic", || {
+        rec.collector.topic("/rl_leaf/leaf").is_some()
+    });
+    wait_matched(&leaf, 2, "the late subscriber and the recorder");
+    leaf.publish_raw(&strings[0]).expect("publish");
+    wait_until("the former leaf topic's message", || {
+        !rec.collector.payloads("/rl_leaf/leaf").is_empty()
+    });
+    assert_eq!(rec.collector.payloads("/rl_leaf/leaf"), strings);
+    rec.stop().expect("recorder ends cleanly");
 }
 
 #[test]

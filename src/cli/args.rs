@@ -540,8 +540,9 @@ pub struct RecordArgs {
     /// QoS (or the overrides file's). The synthetic source publishes every topic: no effect.
     #[arg(long)]
     pub include_unpublished_topics: bool,
-    /// Do not record topics that nobody subscribes to (ros2 bag's flag). Not yet supported:
-    /// refused (exit 2) on both sources.
+    /// ROS source: do not record a topic while nothing subscribes to it (ros2 bag's "leaf"
+    /// topics); asked at every discovery poll, so it is recorded once a subscriber appears.
+    /// The synthetic source has no subscribers: refused there.
     #[arg(long)]
     pub ignore_leaf_topics: bool,
     /// ROS source: the recorder's node name [default: rosbag2_recorder, as ros2 bag]; its

@@ -360,6 +360,7 @@ fn selection(a: &RecordArgs) -> crate::source::select::RosSourceOptions {
         exclude_topic_types: a.exclude_topic_types.clone(),
         include_hidden_topics: a.include_hidden_topics,
         include_unpublished_topics: a.include_unpublished_topics,
+        ignore_leaf_topics: a.ignore_leaf_topics,
         node_name: a
             .node_name
             .clone()
@@ -434,13 +435,12 @@ fn source_only_flags(a: &RecordArgs, source: SourceKind) -> Result<(), String> {
                 .into(),
         });
     }
-    if a.ignore_leaf_topics {
-        return Err(match source {
-            SourceKind::Synthetic => "--ignore-leaf-topics: the synthetic source's topics have \
-                                      no subscribers, so it would record nothing"
+    if a.ignore_leaf_topics && source == SourceKind::Synthetic {
+        return Err(
+            "--ignore-leaf-topics: the synthetic source's topics have no \
+                    subscribers, so it would record nothing"
                 .into(),
-            SourceKind::Ros => "--ignore-leaf-topics: not yet supported".into(),
-        });
+        );
     }
     service_flags(a, source)?;
     if let Some(name) = a.node_name.as_deref() {
@@ -1066,12 +1066,19 @@ mod record_flag_tests {
                 SourceKind::Synthetic,
                 "no subscribers",
             ),
-            ("--ignore-leaf-topics", SourceKind::Ros, "not yet supported"),
         ] {
             let e = source_only_flags(&record(&[flag]), source).unwrap_err();
             assert!(e.starts_with(flag) && e.contains(says), "{flag}: {e}");
             assert!(!e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn ignore_leaf_topics_reaches_the_ros_source() {
+        let a = record(&["--ignore-leaf-topics"]);
+        assert!(source_only_flags(&a, SourceKind::Ros).is_ok());
+        assert!(selection(&a).ignore_leaf_topics);
+        assert!(!selection(&record(&[])).ignore_leaf_topics);
     }
 
     #[test]

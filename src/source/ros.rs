@@ -154,6 +154,7 @@ pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<()
         overrides,
         subscription_depth: opts.subscription_depth,
         include_unpublished: opts.include_unpublished_topics,
+        ignore_leaf: opts.ignore_leaf_topics,
         // rosbag2 Jazzy reads definitions from the sourced environment's share/ directories
         // at subscription time; so does ringbag (each type's text is built once).
         definitions: DefinitionCache::new(AmentPrefixPath::from_env()),
@@ -207,6 +208,8 @@ struct Recorder<'t, T: RecordTarget> {
     subscription_depth: u64,
     /// `--include-unpublished-topics`: subscribe without waiting for a publisher.
     include_unpublished: bool,
+    /// `--ignore-leaf-topics`: subscribe only to topics something already subscribes to.
+    ignore_leaf: bool,
     definitions: DefinitionCache<AmentPrefixPath>,
     target: &'t T,
     /// Indexed by the node's `SubId`.
@@ -268,6 +271,19 @@ impl<T: RecordTarget> Recorder<'_, T> {
             if publishers.is_empty() && !self.include_unpublished {
                 // Subscribers only: wait for a publisher so its offered QoS can be matched.
                 continue;
+            }
+            // rosbag2's TopicFilter: a topic without any subscription is a leaf and not taken
+            // now; it is not `done`, so a later poll takes it once a subscriber shows up.
+            // Asked before this node subscribes, so its own subscription never counts.
+            if self.ignore_leaf {
+                match self.node.subscriber_count(&name) {
+                    Ok(0) => continue,
+                    Ok(_) => {}
+                    Err(e) => {
+                        log::warn!("{name}: cannot count its subscribers: {e}");
+                        continue;
+                    }
+                }
             }
             // With --include-unpublished-topics and no publisher, no offers: the request is
             // the default profile (or the override file's), as rosbag2 subscribes then.
