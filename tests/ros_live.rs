@@ -694,6 +694,94 @@ fn records_into_a_real_bag_through_the_pipeline() {
     assert_eq!(stored, imu);
 }
 
+/// `--use-sim-time`: the source subscribes to /clock and nothing else until the first /clock
+/// message (as rosbag2 does); then every message is stamped with /clock's time, and the
+/// bag's starting time is that time, not the system clock's.
+#[test]
+fn use_sim_time_waits_for_clock_and_stamps_with_its_time() {
+    require_ros!();
+    use ringbag::bag::reader::{Bag, ReadFilter};
+    use ringbag::bag::writer::{BagWriter, WriterOptions};
+    use ringbag::bag::Flavour;
+    use ringbag::clock::{SimClock, TimeSource};
+    use ringbag::pipeline::{Pipeline, PipelineConfig};
+
+    let (str_type, strings) = cdr_messages(&small_topic_name(), 3);
+    let mut node = TestPublisher::new("ringbag_test_pub_sim");
+    let data = node.publisher("/rl_sim/data", &str_type, r2r::QosProfile::default());
+    let clock = node.publisher(
+        "/clock",
+        "rosgraph_msgs/msg/Clock",
+        r2r::QosProfile::default(),
+    );
+    // rosgraph_msgs/msg/Clock {clock: {sec: 1000, nanosec: 250}}, CDR little-endian.
+    let at_1000_s = [0u8, 1, 0, 0, 0xe8, 0x03, 0, 0, 250, 0, 0, 0];
+    const SIM_NS: i64 = 1_000_000_000_250;
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("bag");
+    let writer = BagWriter::create(&dir, WriterOptions::new(Flavour::Humble)).expect("bag");
+    let sim = Arc::new(SimClock::new());
+    let pipeline = Pipeline::start(writer, None, sim.clone(), PipelineConfig::default());
+    let producer = pipeline.producer();
+    let opts = RosSourceOptions {
+        topics: vec!["/rl_sim/data".into()],
+        use_sim_time: true,
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    };
+    let source_sim = sim.clone();
+    let source = std::thread::spawn(move || {
+        ringbag::source::ros::run_with_sim_time(&opts, producer, &source_sim)
+    });
+    wait_matched(&clock, 1, "the recorder's /clock subscription");
+    // Waiting for /clock: the data topic, published and selected, is not subscribed.
+    data.publish_raw(&strings[0]).expect("publish");
+    assert!(!sim.started());
+    assert_eq!(data.get_inter_process_subscription_count().unwrap_or(0), 0);
+    assert!(pipeline
+        .topic_stats()
+        .iter()
+        .all(|t| t.name != "/rl_sim/data"));
+
+    wait_until("the recorder subscribing after the first /clock", || {
+        clock.publish_raw(&at_1000_s).expect("publish /clock");
+        data.get_inter_process_subscription_count().unwrap_or(0) >= 1
+    });
+    assert_eq!(sim.now_ns(), SIM_NS);
+    for m in &strings[1..] {
+        data.publish_raw(m).expect("publish");
+    }
+    wait_until("2 accepted messages", || {
+        pipeline
+            .topic_stats()
+            .iter()
+            .any(|t| t.name == "/rl_sim/data" && t.accepted() == 2)
+    });
+    let (result, summary) = pipeline.finish();
+    result.expect("pipeline finished");
+    source
+        .join()
+        .expect("source thread")
+        .expect("source ended cleanly");
+    assert_eq!(summary.dropped_total(), 0);
+
+    let bag = Bag::open(&dir).expect("open bag");
+    let stored: Vec<(i64, Vec<u8>)> = bag
+        .messages(&ReadFilter::default())
+        .expect("messages")
+        .map(|m| m.expect("message"))
+        .map(|m| (m.timestamp, m.data))
+        .collect();
+    let want: Vec<(i64, Vec<u8>)> = strings[1..].iter().map(|m| (SIM_NS, m.clone())).collect();
+    assert_eq!(
+        stored, want,
+        "only what came after /clock, stamped with its time"
+    );
+    assert_eq!(bag.metadata.starting_time_ns, SIM_NS);
+    assert_eq!(bag.metadata.duration_ns, 0);
+}
+
 // ---- Draining and loss accounting -------------------------------------------------------
 
 thread_local! {

@@ -61,6 +61,9 @@ pub struct RosSourceOptions {
     /// `--ignore-leaf-topics`: skip a topic while nobody subscribes to it (re-asked at every
     /// discovery poll, so it is recorded once a subscriber appears).
     pub ignore_leaf_topics: bool,
+    /// `--use-sim-time`: stamp with /clock's time (the recorder then runs the source with
+    /// [`crate::clock::SimClock`]).
+    pub use_sim_time: bool,
     /// `--node-name`: the recorder's node name.
     pub node_name: String,
     /// `-p/--polling-interval`: how often the graph is polled for new topics.
@@ -91,6 +94,7 @@ impl Default for RosSourceOptions {
             exclude_services: Vec::new(),
             include_unpublished_topics: false,
             ignore_leaf_topics: false,
+            use_sim_time: false,
             node_name: DEFAULT_NODE_NAME.to_string(),
             polling_interval: DEFAULT_POLLING_INTERVAL,
             no_discovery: false,
