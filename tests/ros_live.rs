@@ -694,6 +694,11 @@ fn records_into_a_real_bag_through_the_pipeline() {
     assert_eq!(stored, imu);
 }
 
+/// rosgraph_msgs/msg/Clock {clock: {sec: 1000, nanosec: 250}}, CDR little-endian. Every test
+/// publishing /clock publishes this one time, so tests run side by side agree on it.
+const CLOCK_AT_1000_S: [u8; 12] = [0, 1, 0, 0, 0xe8, 0x03, 0, 0, 250, 0, 0, 0];
+const SIM_NS: i64 = 1_000_000_000_250;
+
 /// `--use-sim-time`: the source subscribes to /clock and nothing else until the first /clock
 /// message (as rosbag2 does); then every message is stamped with /clock's time, and the
 /// bag's starting time is that time, not the system clock's.
@@ -714,9 +719,6 @@ fn use_sim_time_waits_for_clock_and_stamps_with_its_time() {
         "rosgraph_msgs/msg/Clock",
         r2r::QosProfile::default(),
     );
-    // rosgraph_msgs/msg/Clock {clock: {sec: 1000, nanosec: 250}}, CDR little-endian.
-    let at_1000_s = [0u8, 1, 0, 0, 0xe8, 0x03, 0, 0, 250, 0, 0, 0];
-    const SIM_NS: i64 = 1_000_000_000_250;
 
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("bag");
@@ -745,7 +747,7 @@ fn use_sim_time_waits_for_clock_and_stamps_with_its_time() {
         .all(|t| t.name != "/rl_sim/data"));
 
     wait_until("the recorder subscribing after the first /clock", || {
-        clock.publish_raw(&at_1000_s).expect("publish /clock");
+        clock.publish_raw(&CLOCK_AT_1000_S).expect("publish /clock");
         data.get_inter_process_subscription_count().unwrap_or(0) >= 1
     });
     assert_eq!(sim.now_ns(), SIM_NS);
@@ -780,6 +782,87 @@ fn use_sim_time_waits_for_clock_and_stamps_with_its_time() {
     );
     assert_eq!(bag.metadata.starting_time_ns, SIM_NS);
     assert_eq!(bag.metadata.duration_ns, 0);
+}
+
+/// `ringbag record --source ros --use-sim-time` end to end: the bag's rows are stamped with
+/// /clock's time and its metadata starts there; with `--clock ptp` it is one line, exit 2.
+#[test]
+fn record_use_sim_time_writes_a_bag_stamped_with_clock_time() {
+    require_ros!();
+    let (str_type, strings) = cdr_messages(&small_topic_name(), 3);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bag = tmp.path().join("sim_bag");
+    let status = tmp.path().join("status.json");
+
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
+        .args([
+            "record",
+            "--source",
+            "ros",
+            "--use-sim-time",
+            "--clock",
+            "ptp",
+        ])
+        .arg("-o")
+        .arg(tmp.path().join("never"))
+        .output()
+        .expect("ringbag runs");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("ringbag: error: --use-sim-time: ") && err.contains("--clock ptp"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("never").exists());
+
+    let mut node = TestPublisher::new("ringbag_test_pub_simbin");
+    let data = node.publisher("/rl_simbin/data", &str_type, r2r::QosProfile::default());
+    let clock = node.publisher(
+        "/clock",
+        "rosgraph_msgs/msg/Clock",
+        r2r::QosProfile::default(),
+    );
+    let ringbag = Child::spawn(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
+            .args(["--log-level", "warn", "record", "--source", "ros"])
+            .args(["--node-name", "ringbag_simbin", "--use-sim-time"])
+            .args(["-e", "^/rl_simbin/", "-p", "50", "--clock", "system"])
+            .arg("--status-file")
+            .arg(&status)
+            .arg("-o")
+            .arg(&bag),
+        "ringbag record",
+        tmp.path(),
+    );
+    wait_until(
+        "ringbag subscribing to the data after the first /clock",
+        || {
+            clock.publish_raw(&CLOCK_AT_1000_S).expect("publish /clock");
+            data.get_inter_process_subscription_count().unwrap_or(0) >= 1
+        },
+    );
+    for m in &strings {
+        data.publish_raw(m).expect("publish");
+    }
+    wait_until("ringbag committing every message", || {
+        std::fs::read_to_string(&status)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["committed"].as_u64())
+            >= Some(strings.len() as u64)
+    });
+    ringbag.interrupt_and_wait();
+
+    let b = ringbag::bag::reader::Bag::open(&bag).expect("open bag");
+    let stamps: Vec<i64> = b
+        .messages(&ringbag::bag::reader::ReadFilter::default())
+        .expect("messages")
+        .map(|m| m.expect("message").timestamp)
+        .collect();
+    assert_eq!(stamps, vec![SIM_NS; strings.len()]);
+    assert_eq!(b.metadata.starting_time_ns, SIM_NS);
+    assert_eq!(b.metadata.duration_ns, 0);
 }
 
 // ---- Draining and loss accounting -------------------------------------------------------
