@@ -234,7 +234,19 @@ pub fn run_with(
     }
     // The clock next: `--clock ptp` with an unreadable device must fail before any bag exists.
     let clock_handle = crate::clock::start(&settings.clock).map_err(|e| failure(e.into(), None))?;
-    let clock: Arc<dyn TimeSource> = Arc::new(clock_handle.clone());
+    // `--use-sim-time`: every stamp (the queue's, the writer's quiet-split check, snapshots)
+    // is /clock's time, which the ROS source stores; the clock handle stays for the status.
+    #[cfg(feature = "ros")]
+    let sim = match &settings.source {
+        SourceSettings::Ros(o) if o.use_sim_time => Some(Arc::new(crate::clock::SimClock::new())),
+        _ => None,
+    };
+    #[cfg(not(feature = "ros"))]
+    let sim: Option<Arc<crate::clock::SimClock>> = None;
+    let clock: Arc<dyn TimeSource> = match &sim {
+        Some(s) => s.clone(),
+        None => Arc::new(clock_handle.clone()),
+    };
     let root = settings
         .output
         .parent()
@@ -423,9 +435,11 @@ pub fn run_with(
                         Ok(())
                     }
                     #[cfg(feature = "ros")]
-                    SourceSettings::Ros(opts) => {
-                        crate::source::ros::run(&opts, producer).map_err(|e| e.to_string())
+                    SourceSettings::Ros(opts) => match &sim {
+                        Some(sim) => crate::source::ros::run_with_sim_time(&opts, producer, sim),
+                        None => crate::source::ros::run(&opts, producer),
                     }
+                    .map_err(|e| e.to_string()),
                 }
             })
             .map(|h| (h, source_ended))

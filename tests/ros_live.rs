@@ -309,7 +309,7 @@ fn picks_up_a_topic_that_appears_mid_recording() {
     let rec = Recording::start(RosSourceOptions {
         all: true,
         // Other tests run concurrently in this process; keep away from their topics.
-        exclude_regex: Some("^/rl_(?:exact|adapt|excl|bag)/".into()),
+        exclude_regex: Some("^/rl_(?:exact|adapt|excl|bag|leaf)/".into()),
         polling_interval: Duration::from_millis(50),
         ..RosSourceOptions::default()
     });
@@ -560,6 +560,62 @@ fn include_unpublished_topics_subscribes_before_any_publisher() {
     waiting.stop().expect("recorder ends cleanly");
 }
 
+/// `--ignore-leaf-topics`, rosbag2's TopicFilter rule: a selected topic that nothing
+/// subscribes to is not subscribed; one with a subscriber is recorded; and a leaf topic is
+/// taken at the first poll after a subscriber appears on it.
+#[test]
+fn ignore_leaf_topics_records_only_topics_something_subscribes_to() {
+    require_ros!();
+    let (str_type, strings) = cdr_messages(&small_topic_name(), 1);
+    let mut other = TestPublisher::new("ringbag_test_sub_leaf");
+    let _sub = other
+        .node
+        .subscribe_untyped("/rl_leaf/used", &str_type, r2r::QosProfile::default())
+        .expect("subscription");
+    let mut node = TestPublisher::new("ringbag_test_pub_leaf");
+    let used = node.publisher("/rl_leaf/used", &str_type, r2r::QosProfile::default());
+    let leaf = node.publisher("/rl_leaf/leaf", &str_type, r2r::QosProfile::default());
+    // The subscriber is in the graph before the recorder looks (it matched the publisher).
+    wait_matched(&used, 1, "the other node's subscription");
+
+    let rec = Recording::start(RosSourceOptions {
+        regex: Some("^/rl_leaf/".into()),
+        ignore_leaf_topics: true,
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    });
+    wait_until("subscription to /rl_leaf/used", || {
+        rec.collector.topic("/rl_leaf/used").is_some()
+    });
+    wait_matched(&used, 2, "the recorder's subscription");
+    used.publish_raw(&strings[0]).expect("publish");
+    leaf.publish_raw(&strings[0]).expect("publish");
+    wait_until("the used topic's message", || {
+        !rec.collector.payloads("/rl_leaf/used").is_empty()
+    });
+    assert_eq!(rec.collector.payloads("/rl_leaf/used"), strings);
+    // Several polls have passed (the recorder subscribed after its first): the leaf topic
+    // was asked about and never subscribed.
+    assert!(rec.collector.topic("/rl_leaf/leaf").is_none());
+    assert_eq!(leaf.get_inter_process_subscription_count().unwrap_or(0), 0);
+
+    // A subscriber appears on the leaf topic: it is no longer a leaf, the recorder takes it.
+    let _late = other
+        .node
+        .subscribe_untyped("/rl_leaf/leaf", &str_type, r2r::QosProfile::default())
+        .expect("subscription");
+    wait_until("subscription to the former leaf topic", || {
+        rec.collector.topic("/rl_leaf/leaf").is_some()
+    });
+    wait_matched(&leaf, 2, "the late subscriber and the recorder");
+    leaf.publish_raw(&strings[0]).expect("publish");
+    wait_until("the former leaf topic's message", || {
+        !rec.collector.payloads("/rl_leaf/leaf").is_empty()
+    });
+    assert_eq!(rec.collector.payloads("/rl_leaf/leaf"), strings);
+    rec.stop().expect("recorder ends cleanly");
+}
+
 #[test]
 fn records_into_a_real_bag_through_the_pipeline() {
     require_ros!();
@@ -636,6 +692,177 @@ fn records_into_a_real_bag_through_the_pipeline() {
         .map(|m| m.expect("message").data)
         .collect();
     assert_eq!(stored, imu);
+}
+
+/// rosgraph_msgs/msg/Clock {clock: {sec: 1000, nanosec: 250}}, CDR little-endian. Every test
+/// publishing /clock publishes this one time, so tests run side by side agree on it.
+const CLOCK_AT_1000_S: [u8; 12] = [0, 1, 0, 0, 0xe8, 0x03, 0, 0, 250, 0, 0, 0];
+const SIM_NS: i64 = 1_000_000_000_250;
+
+/// `--use-sim-time`: the source subscribes to /clock and nothing else until the first /clock
+/// message (as rosbag2 does); then every message is stamped with /clock's time, and the
+/// bag's starting time is that time, not the system clock's.
+#[test]
+fn use_sim_time_waits_for_clock_and_stamps_with_its_time() {
+    require_ros!();
+    use ringbag::bag::reader::{Bag, ReadFilter};
+    use ringbag::bag::writer::{BagWriter, WriterOptions};
+    use ringbag::bag::Flavour;
+    use ringbag::clock::{SimClock, TimeSource};
+    use ringbag::pipeline::{Pipeline, PipelineConfig};
+
+    let (str_type, strings) = cdr_messages(&small_topic_name(), 3);
+    let mut node = TestPublisher::new("ringbag_test_pub_sim");
+    let data = node.publisher("/rl_sim/data", &str_type, r2r::QosProfile::default());
+    let clock = node.publisher(
+        "/clock",
+        "rosgraph_msgs/msg/Clock",
+        r2r::QosProfile::default(),
+    );
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("bag");
+    let writer = BagWriter::create(&dir, WriterOptions::new(Flavour::Humble)).expect("bag");
+    let sim = Arc::new(SimClock::new());
+    let pipeline = Pipeline::start(writer, None, sim.clone(), PipelineConfig::default());
+    let producer = pipeline.producer();
+    let opts = RosSourceOptions {
+        topics: vec!["/rl_sim/data".into()],
+        use_sim_time: true,
+        polling_interval: Duration::from_millis(50),
+        ..RosSourceOptions::default()
+    };
+    let source_sim = sim.clone();
+    let source = std::thread::spawn(move || {
+        ringbag::source::ros::run_with_sim_time(&opts, producer, &source_sim)
+    });
+    wait_matched(&clock, 1, "the recorder's /clock subscription");
+    // Waiting for /clock: the data topic, published and selected, is not subscribed.
+    data.publish_raw(&strings[0]).expect("publish");
+    assert!(!sim.started());
+    assert_eq!(data.get_inter_process_subscription_count().unwrap_or(0), 0);
+    assert!(pipeline
+        .topic_stats()
+        .iter()
+        .all(|t| t.name != "/rl_sim/data"));
+
+    wait_until("the recorder subscribing after the first /clock", || {
+        clock.publish_raw(&CLOCK_AT_1000_S).expect("publish /clock");
+        data.get_inter_process_subscription_count().unwrap_or(0) >= 1
+    });
+    assert_eq!(sim.now_ns(), SIM_NS);
+    for m in &strings[1..] {
+        data.publish_raw(m).expect("publish");
+    }
+    wait_until("2 accepted messages", || {
+        pipeline
+            .topic_stats()
+            .iter()
+            .any(|t| t.name == "/rl_sim/data" && t.accepted() == 2)
+    });
+    let (result, summary) = pipeline.finish();
+    result.expect("pipeline finished");
+    source
+        .join()
+        .expect("source thread")
+        .expect("source ended cleanly");
+    assert_eq!(summary.dropped_total(), 0);
+
+    let bag = Bag::open(&dir).expect("open bag");
+    let stored: Vec<(i64, Vec<u8>)> = bag
+        .messages(&ReadFilter::default())
+        .expect("messages")
+        .map(|m| m.expect("message"))
+        .map(|m| (m.timestamp, m.data))
+        .collect();
+    let want: Vec<(i64, Vec<u8>)> = strings[1..].iter().map(|m| (SIM_NS, m.clone())).collect();
+    assert_eq!(
+        stored, want,
+        "only what came after /clock, stamped with its time"
+    );
+    assert_eq!(bag.metadata.starting_time_ns, SIM_NS);
+    assert_eq!(bag.metadata.duration_ns, 0);
+}
+
+/// `ringbag record --source ros --use-sim-time` end to end: the bag's rows are stamped with
+/// /clock's time and its metadata starts there; with `--clock ptp` it is one line, exit 2.
+#[test]
+fn record_use_sim_time_writes_a_bag_stamped_with_clock_time() {
+    require_ros!();
+    let (str_type, strings) = cdr_messages(&small_topic_name(), 3);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bag = tmp.path().join("sim_bag");
+    let status = tmp.path().join("status.json");
+
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
+        .args([
+            "record",
+            "--source",
+            "ros",
+            "--use-sim-time",
+            "--clock",
+            "ptp",
+        ])
+        .arg("-o")
+        .arg(tmp.path().join("never"))
+        .output()
+        .expect("ringbag runs");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("ringbag: error: --use-sim-time: ") && err.contains("--clock ptp"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("never").exists());
+
+    let mut node = TestPublisher::new("ringbag_test_pub_simbin");
+    let data = node.publisher("/rl_simbin/data", &str_type, r2r::QosProfile::default());
+    let clock = node.publisher(
+        "/clock",
+        "rosgraph_msgs/msg/Clock",
+        r2r::QosProfile::default(),
+    );
+    let ringbag = Child::spawn(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
+            .args(["--log-level", "warn", "record", "--source", "ros"])
+            .args(["--node-name", "ringbag_simbin", "--use-sim-time"])
+            .args(["-e", "^/rl_simbin/", "-p", "50", "--clock", "system"])
+            .arg("--status-file")
+            .arg(&status)
+            .arg("-o")
+            .arg(&bag),
+        "ringbag record",
+        tmp.path(),
+    );
+    wait_until(
+        "ringbag subscribing to the data after the first /clock",
+        || {
+            clock.publish_raw(&CLOCK_AT_1000_S).expect("publish /clock");
+            data.get_inter_process_subscription_count().unwrap_or(0) >= 1
+        },
+    );
+    for m in &strings {
+        data.publish_raw(m).expect("publish");
+    }
+    wait_until("ringbag committing every message", || {
+        std::fs::read_to_string(&status)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["committed"].as_u64())
+            >= Some(strings.len() as u64)
+    });
+    ringbag.interrupt_and_wait();
+
+    let b = ringbag::bag::reader::Bag::open(&bag).expect("open bag");
+    let stamps: Vec<i64> = b
+        .messages(&ringbag::bag::reader::ReadFilter::default())
+        .expect("messages")
+        .map(|m| m.expect("message").timestamp)
+        .collect();
+    assert_eq!(stamps, vec![SIM_NS; strings.len()]);
+    assert_eq!(b.metadata.starting_time_ns, SIM_NS);
+    assert_eq!(b.metadata.duration_ns, 0);
 }
 
 // ---- Draining and loss accounting -------------------------------------------------------

@@ -540,8 +540,9 @@ pub struct RecordArgs {
     /// QoS (or the overrides file's). The synthetic source publishes every topic: no effect.
     #[arg(long)]
     pub include_unpublished_topics: bool,
-    /// Do not record topics that nobody subscribes to (ros2 bag's flag). Not yet supported:
-    /// refused (exit 2) on both sources.
+    /// ROS source: do not record a topic while nothing subscribes to it (ros2 bag's "leaf"
+    /// topics); asked at every discovery poll, so it is recorded once a subscriber appears.
+    /// The synthetic source has no subscribers: refused there.
     #[arg(long)]
     pub ignore_leaf_topics: bool,
     /// ROS source: the recorder's node name [default: rosbag2_recorder, as ros2 bag]; its
@@ -549,8 +550,9 @@ pub struct RecordArgs {
     /// Jazzy, /NAME/snapshot with a ring). The synthetic source has no node: refused there.
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
-    /// Stamp with the /clock topic's time (ros2 bag's flag). Not yet supported: refused
-    /// (exit 2); ringbag stamps with --clock (system or PTP).
+    /// ROS source: stamp messages with the /clock topic's time (rosgraph_msgs/msg/Clock)
+    /// instead of --clock's; until the first /clock message nothing is subscribed or written
+    /// (as ros2 bag). Refused with --clock ptp, --no-discovery and the synthetic source.
     #[arg(long)]
     pub use_sim_time: bool,
     /// Also record hidden topics (a name part starting with `_`).

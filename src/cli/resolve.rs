@@ -360,6 +360,8 @@ fn selection(a: &RecordArgs) -> crate::source::select::RosSourceOptions {
         exclude_topic_types: a.exclude_topic_types.clone(),
         include_hidden_topics: a.include_hidden_topics,
         include_unpublished_topics: a.include_unpublished_topics,
+        ignore_leaf_topics: a.ignore_leaf_topics,
+        use_sim_time: a.use_sim_time,
         node_name: a
             .node_name
             .clone()
@@ -424,23 +426,30 @@ const SERVICE_INTROSPECTION: bool = cfg!(all(feature = "ros", ringbag_service_in
 /// would record something else than it asked for).
 fn source_only_flags(a: &RecordArgs, source: SourceKind) -> Result<(), String> {
     if a.use_sim_time {
-        return Err(match source {
-            SourceKind::Synthetic => {
-                "--use-sim-time: the synthetic source has no /clock to follow (--source ros only)"
-                    .into()
+        let refusal = match source {
+            SourceKind::Synthetic => Some(
+                "--use-sim-time: the synthetic source has no /clock to follow (--source ros only)",
+            ),
+            SourceKind::Ros if a.no_discovery => Some(
+                "--use-sim-time: /clock has to be discovered, and --no-discovery forbids it \
+                 (as in ros2 bag)",
+            ),
+            // PTP time and /clock time are two time bases; one bag has one.
+            SourceKind::Ros if a.clock.clock == crate::clock::ClockKind::Ptp => {
+                Some("--use-sim-time: stamps come from /clock, so --clock ptp cannot apply too")
             }
-            SourceKind::Ros => "--use-sim-time: not yet supported; ringbag stamps with --clock \
-                                (system or PTP time)"
-                .into(),
-        });
+            SourceKind::Ros => None,
+        };
+        if let Some(e) = refusal {
+            return Err(e.into());
+        }
     }
-    if a.ignore_leaf_topics {
-        return Err(match source {
-            SourceKind::Synthetic => "--ignore-leaf-topics: the synthetic source's topics have \
-                                      no subscribers, so it would record nothing"
+    if a.ignore_leaf_topics && source == SourceKind::Synthetic {
+        return Err(
+            "--ignore-leaf-topics: the synthetic source's topics have no \
+                    subscribers, so it would record nothing"
                 .into(),
-            SourceKind::Ros => "--ignore-leaf-topics: not yet supported".into(),
-        });
+        );
     }
     service_flags(a, source)?;
     if let Some(name) = a.node_name.as_deref() {
@@ -1060,18 +1069,44 @@ mod record_flag_tests {
     fn flags_without_a_meaning_on_a_source_are_refused_not_ignored() {
         for (flag, source, says) in [
             ("--use-sim-time", SourceKind::Synthetic, "no /clock"),
-            ("--use-sim-time", SourceKind::Ros, "not yet supported"),
             (
                 "--ignore-leaf-topics",
                 SourceKind::Synthetic,
                 "no subscribers",
             ),
-            ("--ignore-leaf-topics", SourceKind::Ros, "not yet supported"),
         ] {
             let e = source_only_flags(&record(&[flag]), source).unwrap_err();
             assert!(e.starts_with(flag) && e.contains(says), "{flag}: {e}");
             assert!(!e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn use_sim_time_reaches_the_ros_source_and_refuses_ptp_and_no_discovery() {
+        let a = record(&["--use-sim-time"]);
+        assert!(source_only_flags(&a, SourceKind::Ros).is_ok());
+        assert!(selection(&a).use_sim_time);
+        assert!(!selection(&record(&[])).use_sim_time);
+        for (flags, says) in [
+            (&["--use-sim-time", "--clock", "ptp"][..], "--clock ptp"),
+            (&["--use-sim-time", "--no-discovery"][..], "--no-discovery"),
+        ] {
+            let e = source_only_flags(&record(flags), SourceKind::Ros).unwrap_err();
+            assert!(e.starts_with("--use-sim-time: ") && e.contains(says), "{e}");
+        }
+        assert!(source_only_flags(
+            &record(&["--use-sim-time", "--clock", "system"]),
+            SourceKind::Ros
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn ignore_leaf_topics_reaches_the_ros_source() {
+        let a = record(&["--ignore-leaf-topics"]);
+        assert!(source_only_flags(&a, SourceKind::Ros).is_ok());
+        assert!(selection(&a).ignore_leaf_topics);
+        assert!(!selection(&record(&[])).ignore_leaf_topics);
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod diagnose;
 pub mod error;
 pub mod handle;
 pub mod phc;
+pub mod sim;
 pub mod tracker;
 
 use std::path::PathBuf;
@@ -22,6 +23,7 @@ pub use diagnose::{diagnose, measure_stamp_costs, ClockReport, StampCosts};
 pub use error::ClockError;
 pub use handle::{start, start_with_device, ClockHandle};
 pub use phc::{PhcDevice, PhcSample, PtpDevice, ReadMethod, MONOTONIC_RAW_STAND_IN};
+pub use sim::SimClock;
 
 /// Stamps messages with UTC nanoseconds since the Unix epoch.
 pub trait TimeSource: Send + Sync {

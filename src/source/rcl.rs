@@ -326,6 +326,19 @@ impl RclNode {
         }
     }
 
+    /// How many subscriptions the graph knows on `topic`, this node's own included
+    /// (`--ignore-leaf-topics` asks before subscribing, as rosbag2's topic filter does).
+    pub fn subscriber_count(&self, topic: &str) -> Result<usize, RclError> {
+        let c_topic = c_string("rcl_count_subscribers", topic)?;
+        let mut count: usize = 0;
+        // SAFETY: the node is valid for `self`'s lifetime, `c_topic` outlives the call and
+        // `count` is a plain out-parameter rcl writes before returning.
+        let ret =
+            unsafe { rcl_count_subscribers(self.node.as_ref(), c_topic.as_ptr(), &mut count) };
+        check("rcl_count_subscribers", ret)?;
+        Ok(count)
+    }
+
     /// Subscribes to `topic` with `qos`, taking raw CDR. The message-lost event is set up
     /// when the rmw supports it (`has_lost_event`).
     /// A publisher of serialized messages of `type_name` on `topic`, for the types r2r's

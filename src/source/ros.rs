@@ -25,6 +25,7 @@ use super::select::{
 };
 use crate::bag::qos::{Durability, History, Liveliness, Reliability};
 use crate::bag::{MessageDefinition, QosProfile, TopicInfo};
+use crate::clock::SimClock;
 use crate::pipeline::{Bursts, Producer, TopicHandle};
 
 /// The recorder's node name without `--node-name`: ros2 bag's `rosbag2_recorder`, so that
@@ -50,6 +51,8 @@ pub enum RosSourceError {
     Init(#[source] RclError),
     #[error("ROS 2 wait failed while recording: {0}")]
     Wait(#[source] RclError),
+    #[error("--use-sim-time: cannot subscribe to /clock: {0}")]
+    SimClock(#[source] RclError),
     #[error("cannot initialise ROS 2 (is a ROS 2 environment sourced?): {0}")]
     Context(#[source] r2r::Error),
     #[error("cannot create ROS 2 node {name}: {source}")]
@@ -142,9 +145,28 @@ pub fn run(opts: &RosSourceOptions, producer: Producer) -> Result<(), RosSourceE
     record(opts, &Bursting::new(producer))
 }
 
+/// As [`run`], stamping with ROS time (`--use-sim-time`): the source subscribes to /clock,
+/// stores its time in `sim` (the pipeline's time source) and, as rosbag2 does, subscribes to
+/// nothing else until the first /clock message has arrived.
+pub fn run_with_sim_time(
+    opts: &RosSourceOptions,
+    producer: Producer,
+    sim: &SimClock,
+) -> Result<(), RosSourceError> {
+    record_inner(opts, &Bursting::new(producer), Some(sim))
+}
+
 /// As [`run`], into any [`RecordTarget`]. Blocks the calling thread, which becomes the spin
 /// thread.
 pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<(), RosSourceError> {
+    record_inner(opts, target, None)
+}
+
+fn record_inner<T: RecordTarget>(
+    opts: &RosSourceOptions,
+    target: &T,
+    sim: Option<&SimClock>,
+) -> Result<(), RosSourceError> {
     let selector = TopicSelector::new(opts)?;
     let overrides = load_qos_overrides(opts.qos_profile_overrides_path.as_deref())?;
     let node = RclNode::new(&opts.node_name).map_err(RosSourceError::Init)?;
@@ -154,6 +176,7 @@ pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<()
         overrides,
         subscription_depth: opts.subscription_depth,
         include_unpublished: opts.include_unpublished_topics,
+        ignore_leaf: opts.ignore_leaf_topics,
         // rosbag2 Jazzy reads definitions from the sourced environment's share/ directories
         // at subscription time; so does ringbag (each type's text is built once).
         definitions: DefinitionCache::new(AmentPrefixPath::from_env()),
@@ -162,8 +185,33 @@ pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<()
         done: HashSet::new(),
         warned: HashSet::new(),
         hot: Vec::new(),
+        clock: None,
+        first_topic_id: 0,
     };
     let mut ready = Ready::default();
+    if let Some(sim) = sim {
+        // Best effort, keep last 1: matches a reliable or a best-effort /clock publisher,
+        // and only the latest time matters.
+        let qos = r2r::QosProfile::default().keep_last(1).best_effort();
+        let id = rec
+            .node
+            .subscribe("/clock", "rosgraph_msgs/msg/Clock", qos)
+            .map_err(RosSourceError::SimClock)?;
+        rec.clock = Some((id, sim));
+        rec.first_topic_id = id + 1;
+        log::info!("--use-sim-time: waiting for /clock before recording");
+        while !sim.started() {
+            if target.stop_requested() {
+                return Ok(());
+            }
+            rec.node
+                .wait(SPIN_SLICE, &mut ready)
+                .map_err(RosSourceError::Wait)?;
+            rec.take_lost(&ready.lost_events);
+            rec.take_clock();
+        }
+        log::info!("--use-sim-time: /clock found, recording");
+    }
     rec.discover();
     let mut next_poll = Instant::now() + opts.polling_interval;
     while !target.stop_requested() {
@@ -185,7 +233,7 @@ pub fn record<T: RecordTarget>(opts: &RosSourceOptions, target: &T) -> Result<()
     }
     // What already sits in the reader histories arrived before the stop: take it, but for
     // at most FINAL_DRAIN, so a publisher that keeps flooding cannot hold the stop up.
-    let all: Vec<SubId> = (0..rec.subs.len()).collect();
+    let all: Vec<SubId> = (rec.first_topic_id..rec.first_topic_id + rec.subs.len()).collect();
     rec.drain(&all, Some(Instant::now() + FINAL_DRAIN));
     rec.take_lost(&all);
     Ok(())
@@ -207,6 +255,8 @@ struct Recorder<'t, T: RecordTarget> {
     subscription_depth: u64,
     /// `--include-unpublished-topics`: subscribe without waiting for a publisher.
     include_unpublished: bool,
+    /// `--ignore-leaf-topics`: subscribe only to topics something already subscribes to.
+    ignore_leaf: bool,
     definitions: DefinitionCache<AmentPrefixPath>,
     target: &'t T,
     /// Indexed by the node's `SubId`.
@@ -217,6 +267,10 @@ struct Recorder<'t, T: RecordTarget> {
     warned: HashSet<String>,
     /// Subscriptions that still had messages after their last burst (reused).
     hot: Vec<SubId>,
+    /// `--use-sim-time`: the /clock subscription (not a recorded topic) and where its time goes.
+    clock: Option<(SubId, &'t SimClock)>,
+    /// The node's id of `subs[0]`: the /clock subscription, when there is one, comes first.
+    first_topic_id: SubId,
 }
 
 impl<T: RecordTarget> Recorder<'_, T> {
@@ -269,6 +323,19 @@ impl<T: RecordTarget> Recorder<'_, T> {
                 // Subscribers only: wait for a publisher so its offered QoS can be matched.
                 continue;
             }
+            // rosbag2's TopicFilter: a topic without any subscription is a leaf and not taken
+            // now; it is not `done`, so a later poll takes it once a subscriber shows up.
+            // Asked before this node subscribes, so its own subscription never counts.
+            if self.ignore_leaf {
+                match self.node.subscriber_count(&name) {
+                    Ok(0) => continue,
+                    Ok(_) => {}
+                    Err(e) => {
+                        log::warn!("{name}: cannot count its subscribers: {e}");
+                        continue;
+                    }
+                }
+            }
             // With --include-unpublished-topics and no publisher, no offers: the request is
             // the default profile (or the override file's), as rosbag2 subscribes then.
             let offers: Vec<QosProfile> = publishers.iter().map(|p| from_r2r_qos(&p.qos)).collect();
@@ -318,7 +385,7 @@ impl<T: RecordTarget> Recorder<'_, T> {
                         ", no message-lost events from this middleware"
                     }
                 );
-                debug_assert_eq!(id, self.subs.len());
+                debug_assert_eq!(id, self.first_topic_id + self.subs.len());
                 self.subs.push(Subscription {
                     name: name.to_string(),
                     handle,
@@ -360,7 +427,14 @@ impl<T: RecordTarget> Recorder<'_, T> {
 
     /// Up to `TAKE_BURST` messages of one subscription; true if it may hold more.
     fn take_burst(&mut self, id: SubId) -> bool {
-        let Some(sub) = self.subs.get_mut(id) else {
+        if self.clock.is_some_and(|(c, _)| c == id) {
+            self.take_clock();
+            return false;
+        }
+        let Some(sub) = id
+            .checked_sub(self.first_topic_id)
+            .and_then(|i| self.subs.get_mut(i))
+        else {
             return false;
         };
         if sub.failed {
@@ -386,9 +460,41 @@ impl<T: RecordTarget> Recorder<'_, T> {
         true
     }
 
+    /// Every /clock message waiting, in order: the last one's time is the clock's.
+    fn take_clock(&mut self) {
+        let Some((id, sim)) = self.clock else {
+            return;
+        };
+        loop {
+            match self.node.take(id) {
+                Ok(Some(bytes)) => match SimClock::parse_clock_message(bytes) {
+                    Some(ns) => sim.set(ns),
+                    None => self.warn_once("bad:/clock", || {
+                        "/clock: a message too short for a rosgraph_msgs/msg/Clock; ignored"
+                            .to_string()
+                    }),
+                },
+                Ok(None) => return,
+                Err(e) => {
+                    self.warn_once("take:/clock", || format!("/clock: taking failed: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
     fn take_lost(&mut self, ids: &[SubId]) {
         for &id in ids {
-            let Some(sub) = self.subs.get(id) else {
+            if self.clock.is_some_and(|(c, _)| c == id) {
+                // Consumed so the event does not keep waking the wait; a lost /clock sample
+                // only means a later one sets the time.
+                let _ = self.node.take_lost(id);
+                continue;
+            }
+            let Some(sub) = id
+                .checked_sub(self.first_topic_id)
+                .and_then(|i| self.subs.get(i))
+            else {
                 continue;
             };
             match self.node.take_lost(id) {

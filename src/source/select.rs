@@ -58,6 +58,12 @@ pub struct RosSourceOptions {
     /// `--include-unpublished-topics`: subscribe to selected topics that have no publisher
     /// yet (default QoS, or the override file's), instead of waiting for one.
     pub include_unpublished_topics: bool,
+    /// `--ignore-leaf-topics`: skip a topic while nobody subscribes to it (re-asked at every
+    /// discovery poll, so it is recorded once a subscriber appears).
+    pub ignore_leaf_topics: bool,
+    /// `--use-sim-time`: stamp with /clock's time (the recorder then runs the source with
+    /// [`crate::clock::SimClock`]).
+    pub use_sim_time: bool,
     /// `--node-name`: the recorder's node name.
     pub node_name: String,
     /// `-p/--polling-interval`: how often the graph is polled for new topics.
@@ -87,6 +93,8 @@ impl Default for RosSourceOptions {
             all_services: false,
             exclude_services: Vec::new(),
             include_unpublished_topics: false,
+            ignore_leaf_topics: false,
+            use_sim_time: false,
             node_name: DEFAULT_NODE_NAME.to_string(),
             polling_interval: DEFAULT_POLLING_INTERVAL,
             no_discovery: false,
