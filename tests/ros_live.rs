@@ -2428,34 +2428,91 @@ fn services_are_recorded_from_their_introspection_events_as_jazzy_records_them()
         );
         return;
     }
-    let ringbag = Child::spawn(&mut record(), "ringbag record", tmp.path());
-    // The script waits for the recorder's subscription before its first call.
+    let status = tmp.path().join("status.json");
+    let ringbag = Child::spawn(
+        record().arg("--status-file").arg(&status),
+        "ringbag record",
+        tmp.path(),
+    );
+    // The script waits for the recorder's subscription, then makes warm-up calls in lockstep
+    // with us until the recorder provably hears both of its event writers (client and server).
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/ros_live/introspection.py"
     );
-    let calls = std::process::Command::new("python3")
+    let mut calls = std::process::Command::new("python3")
         .args([script, "/rl_svc", "5"])
-        .stdin(std::process::Stdio::null())
-        .output()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("python3 runs");
+    let mut say = calls.stdin.take().expect("script stdin");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
+        calls.stdout.take().expect("script stdout"),
+    ));
+    let committed = || {
+        std::fs::read_to_string(&status)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["committed"].as_u64())
+            .unwrap_or(0)
+    };
+    let mut warm = 0u64;
+    loop {
+        let Some(Ok(line)) = lines.next() else {
+            let out = calls.wait_with_output().expect("script exits");
+            panic!(
+                "{script} ended early: {:?}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let Some(n) = line.strip_prefix("warm ") else {
+            assert_eq!(line, "done 5");
+            break;
+        };
+        warm = n.parse().expect("warm N");
+        assert!(warm <= 30, "the recorder never heard both event writers");
+        // One writer alone sends two events per call, so more than 2 × warm committed events
+        // prove that both writers reach the recorder, and reliable delivery does the rest.
+        // A writer not matched yet cannot be waited for, only called again: hence the bound.
+        let look_until = Instant::now() + Duration::from_secs(2);
+        let mut both = committed() > 2 * warm;
+        while !both && Instant::now() < look_until {
+            std::thread::sleep(Duration::from_millis(20));
+            both = committed() > 2 * warm;
+        }
+        std::io::Write::write_all(&mut say, if both { b"go\n" } else { b"again\n" })
+            .expect("tell the script");
+    }
+    let out = calls.wait_with_output().expect("script exits");
     assert!(
-        calls.status.success(),
-        "{script}: {calls:?}\n{}",
-        String::from_utf8_lossy(&calls.stderr)
+        out.status.success(),
+        "{script}: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(String::from_utf8_lossy(&calls.stdout).trim(), "done 5");
     ringbag.interrupt_and_wait();
 
     let rows = rows_in(&bag);
     assert_eq!(rows.keys().collect::<Vec<_>>(), ["/rl_svc/_service_event"]);
-    // service_msgs/msg/ServiceEventInfo's first field, right after the CDR header: the kind
-    // of event (REQUEST_SENT 0, REQUEST_RECEIVED 1, RESPONSE_SENT 2, RESPONSE_RECEIVED 3).
-    let mut kinds = [0u32; 4];
-    for event in &rows["/rl_svc/_service_event"] {
-        kinds[usize::from(event[4])] += 1;
+    let events = &rows["/rl_svc/_service_event"];
+    // service_msgs/msg/ServiceEventInfo right after the CDR header: the kind of event at 0
+    // (REQUEST_SENT 0, REQUEST_RECEIVED 1, RESPONSE_SENT 2, RESPONSE_RECEIVED 3), then the
+    // stamp (4..12), the client's gid (12..28) and the call's sequence number (int64 at 32).
+    let mut calls_seen = std::collections::BTreeMap::<i64, [u32; 4]>::new();
+    for event in events {
+        let seq = i64::from_le_bytes(event[4 + 32..4 + 40].try_into().expect("8 bytes"));
+        calls_seen.entry(seq).or_default()[usize::from(event[4])] += 1;
     }
-    assert_eq!(kinds, [5, 5, 5, 5], "each call's four events");
+    let measured: Vec<_> = calls_seen
+        .iter()
+        .filter(|(seq, _)| **seq > warm as i64)
+        .map(|(seq, kinds)| (*seq, *kinds))
+        .collect();
+    let want: Vec<_> = (1..=5).map(|i| (warm as i64 + i, [1, 1, 1, 1])).collect();
+    assert_eq!(measured, want, "each measured call's four events");
 
     let split = &splits(&bag)[0];
     let db =
@@ -2494,10 +2551,11 @@ fn services_are_recorded_from_their_introspection_events_as_jazzy_records_them()
     assert!(info.status.success(), "{text}");
     assert!(text.contains("Service:           1"), "{text}");
     assert!(
-        text.contains(
-            "Service: /rl_svc | Type: std_srvs/srv/SetBool | Event Count: 20 | \
-             Serialization Format: cdr"
-        ),
+        text.contains(&format!(
+            "Service: /rl_svc | Type: std_srvs/srv/SetBool | Event Count: {} | \
+                 Serialization Format: cdr",
+            events.len()
+        )),
         "{text}"
     );
     // ringbag info lists it as a service too.
@@ -2509,16 +2567,16 @@ fn services_are_recorded_from_their_introspection_events_as_jazzy_records_them()
     let text = String::from_utf8_lossy(&ours.stdout);
     assert!(ours.status.success(), "{text}");
     assert!(
-        text.contains(
-            "Service information: Service: /rl_svc | Type: std_srvs/srv/SetBool | Event Count: \
-             20 | Serialization Format: cdr"
-        ),
+        text.contains(&format!(
+            "Service information: Service: /rl_svc | Type: std_srvs/srv/SetBool | Event \
+                 Count: {} | Serialization Format: cdr",
+            events.len()
+        )),
         "{text}"
     );
 
     // `ringbag play --sink ros` publishes the events as a topic, as rosbag2 plays them: a
     // whole pass arrives byte for byte at a recorder of the service.
-    let events = &rows["/rl_svc/_service_event"];
     let listen = Recording::start(RosSourceOptions {
         services: vec!["/rl_svc".into()],
         polling_interval: Duration::from_millis(50),

@@ -4,8 +4,12 @@ Usage: introspection.py SERVICE COUNT
 
 Both sides publish their events on SERVICE/_service_event (contents included), so each
 call makes four events: request sent, request received, response sent, response received.
-Waits until ringbag's recorder subscribes to the event topic, then makes COUNT calls and
-prints `done N` with the number of calls answered.
+Waits until ringbag's recorder subscribes to the event topic. Then it makes warm-up calls in
+lockstep with the test: after each it prints `warm N` (N calls so far) and reads a line;
+`again` makes another, `go` makes COUNT calls and prints `done N` with the number answered.
+The warm-up exists because "a subscriber is in the graph" does not prove that the recorder
+has matched both of this node's event writers: the test says `go` only once the recorder has
+committed more events than one writer alone can have sent.
 """
 
 import sys
@@ -40,11 +44,27 @@ def main():
             print("no subscriber on " + events, file=sys.stderr)
             return 1
         rclpy.spin_once(node, timeout_sec=0.05)
+    def call(data):
+        future = client.call_async(SetBool.Request(data=data))
+        rclpy.spin_until_future_complete(node, future, timeout_sec=5)
+        return future.result() is not None
+
+    warm = 0
+    while True:
+        if not call(True):
+            print("warm-up call %d unanswered" % (warm + 1), file=sys.stderr)
+            return 1
+        warm += 1
+        print("warm %d" % warm, flush=True)
+        word = sys.stdin.readline().strip()
+        if word == "go":
+            break
+        if word != "again":
+            print("expected again or go, got %r" % word, file=sys.stderr)
+            return 1
     answered = 0
     for i in range(count):
-        future = client.call_async(SetBool.Request(data=i % 2 == 0))
-        rclpy.spin_until_future_complete(node, future, timeout_sec=5)
-        if future.result() is not None:
+        if call(i % 2 == 0):
             answered += 1
     # Let the last events reach the recorder before the node goes.
     end = time.monotonic() + 0.5
