@@ -102,6 +102,12 @@ pub struct Listing {
     /// The last metadata.yaml written (before the mapping), for the rewrite that names a
     /// newly compressed split.
     pub(crate) last: Option<BagMetadata>,
+    /// Set by [`BagWriter::compress_offline`](super::writer::BagWriter::compress_offline):
+    /// a failed job records its error in `failed` (for `finish` to return) instead of only
+    /// logging it, as a live recorder does.
+    pub(crate) report: bool,
+    /// The first failed compression (its split, and why), when `report` is set.
+    pub(crate) failed: Option<(PathBuf, String)>,
 }
 
 impl Listing {
@@ -210,7 +216,18 @@ impl CompressJob {
         match r {
             Ok(true) => log::debug!("compressed split {}", src.display()),
             Ok(false) => log::debug!("{}: deleted while compressed", src.display()),
-            Err(e) => log::error!("compressing a split: {e}; it stays a plain .db3"),
+            Err(e) => {
+                // Offline (convert), the first failure is the command's one error line.
+                let kept = self.gate.with_listing(|l| {
+                    if l.report && l.failed.is_none() {
+                        l.failed = Some((src.clone(), e.to_string()));
+                    }
+                    l.report
+                });
+                if kept != Some(true) {
+                    log::error!("compressing a split: {e}; it stays a plain .db3");
+                }
+            }
         }
     }
 

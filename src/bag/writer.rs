@@ -388,6 +388,8 @@ pub struct BagWriter {
     /// rest at `finish`, so a finished bag is compressed throughout (the real `ros2 bag
     /// play` refuses a bag in file mode with a plain split: "ZSTD decompression error").
     deferred: VecDeque<(String, u64)>,
+    /// [`BagWriter::compress_offline`]: wait for the queue, fail `finish` on a failed job.
+    offline_compression: bool,
 }
 
 impl std::fmt::Debug for BagWriter {
@@ -514,6 +516,7 @@ impl BagWriter {
                 compress_next: None,
                 compress_reserve: Arc::default(),
                 compression_queue_full: 0,
+                offline_compression: false,
                 deferred: VecDeque::new(),
             };
             let r = w.open_split().and_then(|_| {
@@ -546,6 +549,16 @@ impl BagWriter {
         self.compression = Some(c);
     }
 
+    /// Compress as an offline rewrite (`convert`) wants, not as a live recorder must: the
+    /// writer waits for room in the compression queue rather than leaving a split plain for
+    /// later (nothing is arriving that could be lost meanwhile, and the plain splits on disk
+    /// stay bounded by the queue), and a failed compression makes [`finish`](Self::finish)
+    /// fail, naming the split (still a plain `.db3`, listed so), instead of only being logged.
+    pub fn compress_offline(&mut self) {
+        self.offline_compression = true;
+        self.meta_gate.with_listing(|l| l.report = true);
+    }
+
     /// What compressions of closed splits, handed over or about to be, may still add to the
     /// disk beside those splits (each its `.zstd`, at most [`compressed_bound`] of the
     /// split): the size budget counts it, so it holds while both forms of a split exist.
@@ -567,6 +580,7 @@ impl BagWriter {
     /// waiting for room, as rosbag2 compresses a bag's last split when it closes. With room
     /// left, the oldest deferred split follows it.
     fn hand_over_compression(&mut self, wait: bool) {
+        let wait = wait || self.offline_compression;
         if let Some(job) = self.compress_next.take() {
             job.handed_over();
             match self.compression.as_mut() {
@@ -1055,6 +1069,14 @@ impl BagWriter {
         // Everything is durable: only now does the bag count as cleanly finished.
         if let Some(lock) = self.lock.take() {
             lock.release_clean()?;
+        }
+        // The bag is whole and readable (a split that failed to compress is listed as its
+        // plain .db3), but not what was asked for: say so (only `compress_offline` records).
+        if let Some((split, e)) = self.meta_gate.with_listing(|l| l.failed.take()).flatten() {
+            return Err(BagError::invalid(
+                split,
+                format!("not compressed, left as a plain .db3: {e}"),
+            ));
         }
         let mut metadata = self.metadata();
         self.meta_gate.with_listing(|l| l.apply(&mut metadata));

@@ -112,7 +112,8 @@ pub struct ConvertArgs {
     #[arg(short = 'i', long = "input", value_name = "BAG", required = true)]
     pub inputs: Vec<PathBuf>,
     /// The output options YAML: `output_bags:`, a list of rosbag2 storage and record
-    /// options (uri, topics, regex, exclude, start_time_ns, max_bagfile_size, ...).
+    /// options (uri, topics, regex, exclude, start_time_ns, max_bagfile_size,
+    /// compression_mode: file with compression_format: zstd, ...).
     #[arg(short = 'o', long = "output-options", value_name = "OPTIONS_YAML")]
     pub output_options: PathBuf,
     /// Flavour of outputs whose entry has no `bag_format` key [default: humble if

@@ -6,7 +6,10 @@
 //! output uri), so bad input leaves no half-made output behind. Messages are copied as
 //! stored bytes: reading goes through [`crate::bag::reader`], writing through the same
 //! [`BagWriter`] `record` uses, so an output is byte-for-byte what a recording of the same
-//! messages would be.
+//! messages would be. An output with `compression_mode: file` is compressed split by split
+//! by the recorder's compressor (`pipeline::compress`), in its offline mode
+//! ([`BagWriter::compress_offline`]): the writer waits for the queue, and a failed split fails
+//! the command once every output is finished.
 
 pub mod options;
 
@@ -172,7 +175,20 @@ pub fn convert(inputs: &[PathBuf], outputs: &[OutputBag]) -> Result<Vec<BagSumma
         opts.max_bag_size = spec.max_bag_size;
         opts.max_bag_duration_ns = spec.max_bag_duration_ns;
         opts.custom_data = spec.custom_data.clone();
+        opts.compression = spec.compression;
         let mut writer = BagWriter::create(&spec.uri, opts)?;
+        if let Some(c) = spec.compression {
+            // The recorder's compressor: `compression_threads` threads at nice 19 behind a
+            // queue of `compression_queue_size` closed splits, which the writer waits on
+            // when full (nothing is live here). A failed split fails the output at finish.
+            writer.compress_offline();
+            match crate::pipeline::compress::CompressPool::start(&c) {
+                Some(pool) => writer.set_compression(Box::new(pool)),
+                None => log::warn!(
+                    "cannot start the compression threads; compressing on the writer thread"
+                ),
+            }
+        }
         let mut map = Vec::new();
         for bag in &bags {
             let mut m = Vec::new();
@@ -245,12 +261,25 @@ pub fn convert(inputs: &[PathBuf], outputs: &[OutputBag]) -> Result<Vec<BagSumma
         }
         heads[i] = next;
     }
+    // Every output is finished, even after one failed (a compression that failed leaves a
+    // whole bag with a plain split); the first error is the one reported.
     let mut summaries = Vec::new();
+    let mut first_err = None;
     for mut out in outs {
-        out.flush()?;
-        summaries.push(out.writer.finish()?);
+        // After a failed flush, finish still finishes what it can (and returns that error).
+        let flushed = out.flush();
+        let finished = out.writer.finish();
+        match flushed.and(finished) {
+            Ok(s) => summaries.push(s),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
     }
-    Ok(summaries)
+    match first_err {
+        Some(e) => Err(e.into()),
+        None => Ok(summaries),
+    }
 }
 
 /// Whether two paths name the same place (after resolving what exists of them).

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use serde_yaml_ng::Value;
 
+use crate::bag::filemode::FileCompression;
 use crate::bag::schema::StoragePreset;
 use crate::bag::Flavour;
 use crate::source::select::{RosSourceOptions, TopicSelector};
@@ -29,14 +30,16 @@ pub struct OutputBag {
     pub end_ns: Option<i64>,
     pub custom_data: BTreeMap<String, String>,
     pub selector: TopicSelector,
+    /// `compression_mode: file` + `compression_format: zstd`: every split of the output
+    /// compressed whole, as `record --compression-mode file` writes it; None = plain.
+    pub compression: Option<FileCompression>,
 }
 
 /// Keys rosbag2 reads that change nothing in an offline rewrite (cache and discovery
 /// settings, recorder behaviour); accepted so that files written for `ros2 bag convert` work.
 const NO_EFFECT_KEYS: &[&str] = &[
     "max_cache_size",
-    "compression_queue_size",
-    "compression_threads",
+    // The compression threads run at nice 19 whatever this says (as the recorder's).
     "compression_threads_priority",
     "include_unpublished_topics",
     "ignore_leaf_topics",
@@ -129,6 +132,9 @@ fn parse_entry(e: &Value, default_flavour: Flavour) -> Result<OutputBag, String>
     let (mut start, mut end) = (-1i64, -1i64);
     let mut custom_data = BTreeMap::new();
     let mut sel = RosSourceOptions::default();
+    let (mut comp_mode, mut comp_format) = (String::new(), String::new());
+    // rosbag2's defaults (`RecordOptions`): one thread per core, a queue of one split.
+    let (mut comp_threads, mut comp_queue) = (0u64, 1u64);
     for (k, v) in m {
         let k = k.as_str().ok_or("a key is not a string")?;
         match k {
@@ -212,14 +218,10 @@ fn parse_entry(e: &Value, default_flavour: Flavour) -> Result<OutputBag, String>
                     ))
                 }
             },
-            "compression_mode" | "compression_format" => {
-                let s = string(k, v)?;
-                if !(s.is_empty() || (k == "compression_mode" && s.eq_ignore_ascii_case("none"))) {
-                    return Err(format!(
-                        "{k} {s:?}: convert does not compress yet; leave it empty"
-                    ));
-                }
-            }
+            "compression_mode" => comp_mode = string(k, v)?,
+            "compression_format" => comp_format = string(k, v)?,
+            "compression_threads" => comp_threads = uint(k, v)?,
+            "compression_queue_size" => comp_queue = uint(k, v)?,
             "topic_qos_profile_overrides" => match v {
                 Value::Null => {}
                 Value::Mapping(o) if o.is_empty() => {}
@@ -256,6 +258,7 @@ fn parse_entry(e: &Value, default_flavour: Flavour) -> Result<OutputBag, String>
         .ok()
         .and_then(|s| s.checked_mul(1_000_000_000))
         .ok_or("max_bagfile_duration: too large")?;
+    let compression = compression(&comp_mode, &comp_format, comp_threads, comp_queue)?;
     // No selection at all writes every topic, as Humble's `ros2 bag convert` does.
     let selector = TopicSelector::all_by_default(&sel).map_err(|e| e.to_string())?;
     Ok(OutputBag {
@@ -268,5 +271,99 @@ fn parse_entry(e: &Value, default_flavour: Flavour) -> Result<OutputBag, String>
         end_ns,
         custom_data,
         selector,
+        compression,
     })
+}
+
+/// The compression keys, checked as `record`'s flags are ([`FileCompression::from_flags`])
+/// but with messages naming the keys. rosbag2 reads the mode in any case (`FILE`, `file`)
+/// and compresses nothing for a format without a mode; ringbag refuses that rather than
+/// write plain splits a file asked compressed, and refuses `message` mode, which it does not
+/// write (exit 2 either way).
+fn compression(
+    mode: &str,
+    format: &str,
+    threads: u64,
+    queue: u64,
+) -> Result<Option<FileCompression>, String> {
+    use crate::bag::compressed::ZSTD_FORMAT;
+    if !format.is_empty() && format != ZSTD_FORMAT {
+        return Err(format!(
+            "compression_format {format:?}: unknown; ringbag compresses with zstd only"
+        ));
+    }
+    let file = match mode.to_ascii_lowercase().as_str() {
+        "" | "none" => false,
+        "file" => true,
+        "message" => {
+            return Err(
+                "compression_mode message: not supported; ringbag compresses whole splits \
+                 (compression_mode: file, compression_format: zstd)"
+                    .into(),
+            )
+        }
+        _ => {
+            return Err(format!(
+                "compression_mode {mode:?}: expected none or file (message is not supported)"
+            ))
+        }
+    };
+    match (file, format.is_empty()) {
+        (false, true) => Ok(None),
+        (false, false) => Err(format!(
+            "compression_format {format:?} needs compression_mode: file"
+        )),
+        (true, true) => Err("compression_mode file needs compression_format: zstd".into()),
+        (true, false) => {
+            let n = |k: &str, v: u64| u32::try_from(v).map_err(|_| format!("{k}: too large"));
+            FileCompression::from_flags(
+                "file",
+                ZSTD_FORMAT,
+                n("compression_threads", threads)?,
+                n("compression_queue_size", queue)?,
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(body: &str) -> Result<OutputBag, String> {
+        parse_options(
+            &format!("output_bags:\n- uri: o\n  {body}\n"),
+            Flavour::Jazzy,
+        )
+        .map(|mut v| v.remove(0))
+    }
+
+    /// rosbag2's defaults when only the mode and format are given: one thread per core, a
+    /// queue of one split, zstd level 1; the other keys as given; `none` and empty are plain.
+    #[test]
+    fn compression_keys_take_rosbag2_defaults_and_values() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let c = one("compression_mode: file\n  compression_format: zstd")
+            .unwrap()
+            .compression
+            .expect("file mode");
+        assert_eq!((c.threads, c.queue_size, c.level), (cores, 1, 1));
+        let c = one("compression_mode: FILE\n  compression_format: zstd\n  compression_threads: 3\n  compression_queue_size: 0")
+            .unwrap()
+            .compression
+            .expect("file mode");
+        assert_eq!((c.threads, c.queue_size), (3, 0));
+        for plain in [
+            "compression_mode: none",
+            "compression_mode: ''",
+            "storage_id: sqlite3",
+        ] {
+            assert!(one(plain).unwrap().compression.is_none(), "{plain}");
+        }
+        let e = one(
+            "compression_mode: file\n  compression_format: zstd\n  compression_threads: 5000000000",
+        )
+        .unwrap_err();
+        assert_eq!(e, "output_bags[0]: compression_threads: too large");
+    }
 }

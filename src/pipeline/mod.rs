@@ -10,7 +10,7 @@
 //! burst of a few hundred (`burst`).
 
 mod burst;
-mod compress;
+pub(crate) mod compress;
 mod pause;
 mod queue;
 mod room;

@@ -272,9 +272,33 @@ fn bad_options_are_one_line_exit_2_and_nothing_is_written() {
         ),
         (
             format!(
-                "output_bags:\n- uri: {u}\n  compression_mode: file\n  compression_format: zstd\n"
+                "output_bags:\n- uri: {u}\n  compression_mode: message\n  compression_format: zstd\n"
             ),
-            "compress",
+            "compression_mode message: not supported; ringbag compresses whole splits (compression_mode: file",
+        ),
+        (
+            format!("output_bags:\n- uri: {u}\n  compression_mode: file\n  compression_format: lz4\n"),
+            "compression_format \"lz4\": unknown; ringbag compresses with zstd only",
+        ),
+        (
+            format!("output_bags:\n- uri: {u}\n  compression_mode: file\n"),
+            "compression_mode file needs compression_format: zstd",
+        ),
+        (
+            format!("output_bags:\n- uri: {u}\n  compression_format: zstd\n"),
+            "compression_format \"zstd\" needs compression_mode: file",
+        ),
+        (
+            format!("output_bags:\n- uri: {u}\n  compression_mode: folder\n  compression_format: zstd\n"),
+            "compression_mode \"folder\"",
+        ),
+        (
+            format!("output_bags:\n- uri: {u}\n  compression_mode: file\n  compression_format: zstd\n  compression_threads: -1\n"),
+            "compression_threads",
+        ),
+        (
+            format!("output_bags:\n- uri: {u}\n  compression_mode: file\n  compression_format: zstd\n  compression_queue_size: many\n"),
+            "compression_queue_size",
         ),
         (
             format!("output_bags:\n- uri: {u}\n  start_time_ns: 5\n  end_time_ns: 4\n"),
@@ -321,6 +345,17 @@ fn bad_options_are_one_line_exit_2_and_nothing_is_written() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert_eq!(stderr(&o).lines().count(), 1);
     assert!(!out.exists());
+}
+
+/// The python of the venv with the rosbags library (this checkout's, else the main one's),
+/// or None.
+fn venv_python() -> Option<PathBuf> {
+    [
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/python")),
+        PathBuf::from("/work/main/.venv/bin/python"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
 }
 
 /// Run `script` in bash with `distro` sourced (loopback DDS), or None when it is not
@@ -381,13 +416,7 @@ fn real_rosbag2_and_rosbags_read_the_output_and_ringbag_reads_ros2_bag_convert()
     let o = convert(&[&a, &b], &opts);
     assert!(o.status.success(), "{}", stderr(&o));
 
-    let py = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/python"));
-    let py = if py.exists() {
-        py.to_path_buf()
-    } else {
-        PathBuf::from("/work/main/.venv/bin/python")
-    };
-    if py.exists() {
+    if let Some(py) = venv_python() {
         let script = "import sys\nfrom rosbags.rosbag2 import Reader\nwith Reader(sys.argv[1]) as r:\n    print(sum(1 for _ in r.messages()), sorted(c.topic for c in r.connections))\n";
         let o = std::process::Command::new(&py)
             .args(["-c", script, &out.display().to_string()])
@@ -487,4 +516,224 @@ fn a_compressed_input_converts_into_a_plain_bag_byte_for_byte() {
         .all(|s| s.path.extension() == Some("db3".as_ref())));
     assert_eq!(bag.topics, plain.topics);
     assert_eq!(definitions(&bag), want_defs);
+}
+
+/// Every message of `bag` as the python rosbags library reads it (topic, timestamp, bytes,
+/// in its order), or None without the venv (a SKIP line).
+fn rosbags_messages(bag: &Path) -> Option<Vec<Msg>> {
+    let Some(py) = venv_python() else {
+        eprintln!("SKIP: no rosbags venv");
+        return None;
+    };
+    let script = "import sys\nfrom rosbags.rosbag2 import Reader\nwith Reader(sys.argv[1]) as r:\n    for c, t, d in r.messages():\n        print(c.topic, t, bytes(d).hex())\n";
+    let o = std::process::Command::new(py)
+        .args(["-c", script, &bag.display().to_string()])
+        .run_output()
+        .expect("python runs");
+    assert!(o.status.success(), "rosbags: {}", stderr(&o));
+    let hex = |h: &str| -> Vec<u8> {
+        (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).expect("hex"))
+            .collect()
+    };
+    Some(
+        crate::common::stdout(&o)
+            .lines()
+            .map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                (f[0].to_string(), f[1].parse().expect("ts"), hex(f[2]))
+            })
+            .collect(),
+    )
+}
+
+/// The files of a bag directory, sorted.
+fn files_of(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("bag dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `compression_mode: file` + `compression_format: zstd`: every split of the output is a
+/// `.db3.zstd` (no `.db3` or `.partial` left), metadata.yaml says so as rosbag2 writes it,
+/// the size limit holds for each split before compression, and ringbag's reader, the
+/// rosbags library and (where installed) the real Jazzy `ros2 bag convert` give back every
+/// message in order, byte for byte. Both spellings of the mode, both flavours, a queue of
+/// one and an unbounded one.
+#[test]
+fn compressed_output_is_rosbag2_file_mode_and_reads_back_byte_for_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b, mut all) = two_inputs(tmp.path());
+    let c = tmp.path().join("c");
+    all.extend(make_bag(
+        &c,
+        &[("/big", "std_msgs/msg/String")],
+        T0 + 3 * MS,
+        20 * MS,
+        3000,
+    ));
+    all.sort_by_key(|m| m.1);
+    let split = tmp.path().join("split");
+    let humble = tmp.path().join("humble");
+    let opts = write_options(
+        tmp.path(),
+        &format!(
+            "output_bags:\n- uri: {}\n  all_topics: true\n  include_hidden_topics: true\n  max_bagfile_size: 86016\n  compression_mode: file\n  compression_format: zstd\n  compression_threads: 2\n  compression_queue_size: 1\n- uri: {}\n  all: true\n  include_hidden_topics: true\n  bag_format: humble\n  compression_mode: FILE\n  compression_format: zstd\n  compression_queue_size: 0\n  compression_threads_priority: 1\n",
+            split.display(),
+            humble.display()
+        ),
+    );
+    let o = convert(&[&a, &b, &c], &opts);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 2, "one line per output: {err}");
+
+    for (dir, name, version) in [(&split, "split", 9), (&humble, "humble", 5)] {
+        let files = files_of(dir);
+        let splits: Vec<&String> = files.iter().filter(|n| *n != "metadata.yaml").collect();
+        assert!(
+            splits.iter().all(|n| n.ends_with(".db3.zstd")),
+            "only .zstd splits: {files:?}"
+        );
+        let m = ringbag::bag::metadata::BagMetadata::read(dir).unwrap();
+        assert_eq!(m.version, version);
+        assert_eq!(
+            (m.compression_format.as_str(), m.compression_mode.as_str()),
+            ("zstd", "FILE")
+        );
+        assert_eq!(
+            m.relative_file_paths,
+            (0..splits.len())
+                .map(|i| format!("{name}_{i}.db3.zstd"))
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            m.files.iter().all(|f| f.path.ends_with(".db3")),
+            "{:?}",
+            m.files
+        );
+        assert_eq!(m.message_count, all.len() as u64);
+        let (_, msgs) = read_all(dir);
+        assert!(msgs == all, "{name}: ringbag reads every message back");
+        if let Some(theirs) = rosbags_messages(dir) {
+            assert!(theirs == all, "{name}: rosbags reads every message back");
+        }
+    }
+    // Each split within the limit before compression (one SQLite page over at most, as
+    // `record -b`), and smaller after it.
+    let files = files_of(&split);
+    assert!(files.len() > 3, "split by size: {files:?}");
+    for f in files.iter().filter(|n| n.ends_with(".zstd")) {
+        let z = std::fs::read(split.join(f)).unwrap();
+        let plain = zstd::decode_all(&z[..]).expect("one zstd stream");
+        assert!(plain.len() <= 86_016 + 4096, "{f}: {} bytes", plain.len());
+        assert!(z.len() < plain.len(), "{f}: {} of {}", z.len(), plain.len());
+        assert_eq!(&plain[..16], b"SQLite format 3\0", "{f}");
+    }
+    assert_eq!(files_of(&humble).len(), 2, "one split and metadata.yaml");
+
+    // The real rosbag2 decompresses it with its zstd plugin: `ros2 bag convert` to a plain bag.
+    let theirs = tmp.path().join("theirs");
+    let their_opts = tmp.path().join("theirs.yaml");
+    std::fs::write(
+        &their_opts,
+        format!(
+            "output_bags:\n- uri: {}\n  storage_id: sqlite3\n  all_topics: true\n  include_hidden_topics: true\n",
+            theirs.display()
+        ),
+    )
+    .unwrap();
+    if let Some(o) = with_jazzy(&format!(
+        "ros2 bag convert -i {} -o {}",
+        split.display(),
+        their_opts.display()
+    )) {
+        assert!(o.status.success(), "ros2 bag convert: {}", stderr(&o));
+        let (_, msgs) = read_all(&theirs);
+        assert!(msgs == all, "rosbag2 reads ringbag's compressed splits");
+    }
+}
+
+/// A bag ringbag compressed (convert's own output, as `record --compression-mode file`
+/// writes it) converts back into a plain bag, byte for byte.
+#[test]
+fn a_bag_ringbag_compressed_converts_back_into_a_plain_bag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a");
+    let all = make_bag(&a, &[("/big", "std_msgs/msg/String")], T0, 20 * MS, 2000);
+    let z = tmp.path().join("z");
+    let o = convert(
+        &[&a],
+        &write_options(
+            tmp.path(),
+            &format!(
+                "output_bags:\n- uri: {}\n  max_bagfile_size: 86016\n  compression_mode: file\n  compression_format: zstd\n",
+                z.display()
+            ),
+        ),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(files_of(&z).iter().any(|f| f.ends_with("_1.db3.zstd")));
+    let back = tmp.path().join("back");
+    let o = convert(
+        &[&z],
+        &write_options(
+            tmp.path(),
+            &format!("output_bags:\n- uri: {}\n", back.display()),
+        ),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(files_of(&back), ["back_0.db3", "metadata.yaml"]);
+    let (bag, msgs) = read_all(&back);
+    assert!(msgs == all, "every message back, in order");
+    assert_eq!(bag.metadata.compression_mode, "");
+    assert_eq!(bag.metadata.compression_format, "");
+}
+
+/// Offline compression (convert's): a split whose compression fails (its `.partial` path is
+/// taken by a directory) stays a plain `.db3`, listed so in metadata.yaml, the next split is
+/// compressed, every message reads back, and `finish` fails with one line naming the split
+/// (convert prints it as `ringbag: error: …` and exits 1).
+#[test]
+fn a_failed_offline_compression_leaves_the_plain_split_and_fails_finish_in_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("f");
+    let mut opts = WriterOptions::new(Flavour::Jazzy);
+    opts.max_bag_size = 86_016;
+    opts.compression = ringbag::bag::filemode::FileCompression::from_flags("file", "zstd", 1, 1)
+        .expect("file mode");
+    let mut w = BagWriter::create(&dir, opts).expect("create");
+    w.compress_offline();
+    std::fs::create_dir(dir.join(".f_0.db3.zstd.partial")).unwrap();
+    let t = w
+        .add_topic(topic("/x", "std_msgs/msg/String"), None)
+        .unwrap();
+    let mut want = Vec::new();
+    for i in 0..1500i64 {
+        let data = cdr_string(&format!("message {i} {}", "y".repeat(40)));
+        w.write_batch([(t, T0 + i * MS, data.as_slice())]).unwrap();
+        want.push(("/x".to_string(), T0 + i * MS, data));
+    }
+    let e = w
+        .finish()
+        .expect_err("a split was not compressed")
+        .to_string();
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.contains("f_0.db3: not compressed, left as a plain .db3: "),
+        "{e}"
+    );
+    let files = files_of(&dir);
+    assert!(files.contains(&"f_0.db3".to_string()), "{files:?}");
+    assert!(files.contains(&"f_1.db3.zstd".to_string()), "{files:?}");
+    assert!(!files.contains(&"f_1.db3".to_string()), "{files:?}");
+    let m = ringbag::bag::metadata::BagMetadata::read(&dir).unwrap();
+    assert_eq!(m.relative_file_paths[0], "f_0.db3");
+    assert_eq!(m.relative_file_paths[1], "f_1.db3.zstd");
+    let (_, msgs) = read_all(&dir);
+    assert!(msgs == want, "nothing lost");
 }
