@@ -1626,12 +1626,32 @@ fn ros2_bag_describes_and_plays(flavour: &str, compress: Compress) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let bag = tmp.path().join("mixed");
     let recorder_compresses = ["--compression-mode", "file", "--compression-format", "zstd"];
-    if compress == Compress::ByTheRecorder {
-        record_mixed(&bag, flavour, &recorder_compresses);
-    } else {
-        record_mixed(&bag, flavour, &[]);
+    match compress {
+        Compress::ByTheRecorder => record_mixed(&bag, flavour, &recorder_compresses),
+        Compress::ByConvert => {
+            let raw = tmp.path().join("raw");
+            record_mixed(&raw, flavour, &[]);
+            let opts = tmp.path().join("convert.yaml");
+            std::fs::write(
+                &opts,
+                format!(
+                    "output_bags:\n- uri: {}\n  all_topics: true\n  max_bagfile_size: 1048576\n  bag_format: {flavour}\n  compression_mode: file\n  compression_format: zstd\n",
+                    bag.display()
+                ),
+            )
+            .expect("options file");
+            let conv = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
+                .args(["--log-level", "warn", "convert", "-i"])
+                .arg(&raw)
+                .arg("-o")
+                .arg(&opts)
+                .output()
+                .expect("ringbag convert runs");
+            assert!(conv.status.success(), "convert: {conv:?}");
+        }
+        _ => record_mixed(&bag, flavour, &[]),
     }
-    let rows = if compress == Compress::ByTheRecorder {
+    let rows = if matches!(compress, Compress::ByTheRecorder | Compress::ByConvert) {
         let files = std::fs::read_dir(&bag)
             .expect("bag dir")
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -1639,7 +1659,7 @@ fn ros2_bag_describes_and_plays(flavour: &str, compress: Compress) {
             .collect::<Vec<_>>();
         assert!(
             files.len() > 1 && files.iter().all(|n| n.ends_with(".db3.zstd")),
-            "the recorder left only compressed splits: {files:?}"
+            "only compressed splits: {files:?}"
         );
         rows_read(&bag)
     } else {
@@ -1657,6 +1677,12 @@ fn ros2_bag_describes_and_plays(flavour: &str, compress: Compress) {
         m.compression_mode = "FILE".into();
         let f = m.flavour();
         m.write_atomic(&bag, f).expect("metadata.yaml");
+    }
+    if compress == Compress::ByConvert {
+        assert!(
+            rows == rows_in(&tmp.path().join("raw")),
+            "convert kept every message of the recording, in order"
+        );
     }
     let (total, per_topic) = counts(&rows);
     assert_eq!(total, 400, "{per_topic:?}");
@@ -1734,6 +1760,20 @@ fn the_real_ros2_bag_describes_and_plays_a_recording_ringbag_compressed_in_file_
     ros2_bag_describes_and_plays(flavour, Compress::ByTheRecorder);
 }
 
+/// The sourced distro's `ros2 bag info` and `play` (its zstd plugin) read a bag that
+/// `ringbag convert` compressed (`compression_mode: file`, `compression_format: zstd`), in its
+/// own distro's format: every split a `.zstd`, every message played.
+#[test]
+fn the_real_ros2_bag_describes_and_plays_a_bag_ringbag_convert_compressed() {
+    require_ros2_cli!();
+    let flavour = if sourced_distro() == "humble" {
+        "humble"
+    } else {
+        "jazzy"
+    };
+    ros2_bag_describes_and_plays(flavour, Compress::ByConvert);
+}
+
 /// How the bag of [`ros2_bag_describes_and_plays`] is compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Compress {
@@ -1742,6 +1782,8 @@ enum Compress {
     Afterwards,
     /// By the recorder itself, `--compression-mode file`.
     ByTheRecorder,
+    /// A plain recording rewritten by `ringbag convert` with `compression_mode: file`.
+    ByConvert,
 }
 
 /// Every message of `bag` by topic, in the order read, through ringbag's own reader (which
