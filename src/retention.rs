@@ -1082,7 +1082,19 @@ impl Retention {
                 .min_free_space_percent
                 .map_or(0, |p| (s.total as f64 * p / 100.0).ceil() as u64);
             let floor = self.policy.min_free_space.unwrap_or(0).max(pct);
-            if s.available >= floor.saturating_add(batch).saturating_add(beside) {
+            let enough = floor.saturating_add(batch).saturating_add(beside);
+            // A split being compressed grows its `.zstd` beside the `.db3` between two of
+            // these checks, so the floor keeps room for what the compressions in flight may
+            // still write (their bound; what they wrote already is counted twice, safely).
+            // Re-read each pass: deleting a split stops its compression, and then its reserve
+            // goes once the thread has dropped the partial file.
+            let compressing = w.compression_reserve();
+            if s.available >= enough.saturating_add(compressing) {
+                return Ok(deleted);
+            }
+            // With nothing left to delete, every compression in flight is of a deleted split
+            // and about to give its bytes back: only the batch itself may stop the recording.
+            if self.fifo.is_empty() && s.available >= enough {
                 return Ok(deleted);
             }
             if self.fifo.is_empty() {
@@ -1579,6 +1591,8 @@ mod tests {
         next: u32,
         /// Shared with `FakeSpace`: deletions free bytes.
         freed: Option<Arc<Mutex<u64>>>,
+        /// `compression_reserve`: what compressions in flight may still write.
+        compressing: u64,
     }
 
     impl FakeBag {
@@ -1642,6 +1656,9 @@ mod tests {
         fn set_split_limit(&mut self, _n: u32) {}
         fn split_limit_reached(&self) -> bool {
             false
+        }
+        fn compression_reserve(&self) -> u64 {
+            self.compressing
         }
     }
 
@@ -1893,6 +1910,60 @@ mod tests {
         // 8 MiB free + k deleted MiB must cover 10 MiB plus the batch reserve: k = 3.
         assert_eq!(n, 3);
         assert_eq!(bag.deleted, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn the_free_space_floor_keeps_room_for_the_compressions_in_flight() {
+        let freed = Arc::new(Mutex::new(0));
+        let mut bag = FakeBag::new((MB, 0));
+        bag.freed = Some(freed.clone());
+        // A split being compressed may still write up to 2 MiB of `.zstd` beside its `.db3`.
+        bag.compressing = 2 * MB;
+        let policy = RetentionPolicy {
+            min_free_space: Some(10 * MB),
+            ..Default::default()
+        };
+        let space = FakeSpace {
+            base_available: 8 * MB,
+            total: 100 * MB,
+            freed,
+        };
+        let mut r = Retention::new(policy).with_free_space(Box::new(space));
+        for i in 0..8 {
+            bag.close(MB, i * S, i * S + 1);
+        }
+        bag.open_span = Some((8 * S, 8 * S));
+        let n = r.before_batch(&mut bag, 1000, 9 * S).unwrap();
+        // 8 MiB free + k deleted MiB must cover 10 MiB, the 2 MiB the compression may still
+        // write and the batch reserve: k = 5 (3 without compression, the test above).
+        assert_eq!(n, 5);
+        assert_eq!(bag.deleted, vec![0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn compressions_of_deleted_splits_never_stop_the_recording() {
+        let freed = Arc::new(Mutex::new(0));
+        let mut bag = FakeBag::new((MB, 0));
+        bag.freed = Some(freed.clone());
+        // Every closed split is gone once the floor asks for them, and their compressions are
+        // still stopping (their reserve not released yet): the batch itself fits above the
+        // floor, so recording goes on.
+        bag.compressing = 4 * MB;
+        let policy = RetentionPolicy {
+            min_free_space: Some(10 * MB),
+            ..Default::default()
+        };
+        let space = FakeSpace {
+            base_available: 10 * MB,
+            total: 100 * MB,
+            freed,
+        };
+        let mut r = Retention::new(policy).with_free_space(Box::new(space));
+        bag.close(MB, 0, 1);
+        bag.open_span = Some((S, S));
+        let n = r.before_batch(&mut bag, 1000, 2 * S).unwrap();
+        assert_eq!(n, 1, "the closed split went for the compression's reserve");
+        assert_eq!(bag.deleted, vec![0]);
     }
 
     #[test]
