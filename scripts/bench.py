@@ -23,6 +23,7 @@ COPYCOUNT = ROOT / "target/release/copycount.so"
 JITTER = ROOT / "target/release/examples/sleep_jitter"
 INSERT_PROBE = ROOT / "target/release/examples/insert_probe"
 METRICS_COST = ROOT / "target/release/examples/metrics_cost"
+ZSTD_FILE = ROOT / "target/release/examples/zstd_file"
 # The insert probe's load: one robot camera frame (1280 x 720 rgb8 with its header) every
 # 200 ms, 14 MB/s beside the robot mix's 176 MB/s.
 INSERT_PROBE_BYTES, INSERT_PROBE_PERIOD_MS = 2_764_872, 200
@@ -123,7 +124,12 @@ def ringbag(dirpath: Path, profile: str, count: int, rate: str, extra: list[str]
     sync_s = fsync_tree(out)
     m = re.search(r"accepted (\d+) messages, (\d+) bytes in ([\d.]+) s.*?^dropped (\d+)", r["err"], re.S | re.M)
     msgs, payload, drops = int(m.group(1)), int(m.group(2)), int(m.group(4))
-    imu_gap = imu_gap_ms(out) if profile == "robot" else None
+    # A compressed bag's splits are .db3.zstd: the /imu gaps cannot be read from them here
+    # (stdlib only), but how many splits were compressed, and what is left plain, can.
+    zstd_files = sorted(out.glob("*.zstd"))
+    imu_gap = imu_gap_ms(out) if profile == "robot" and not zstd_files else None
+    compressed = {"zstd_splits": len(zstd_files), "db3_left": len(list(out.glob("*.db3"))),
+                  "zstd_bytes": sum(f.stat().st_size for f in zstd_files)} if zstd_files else {}
     shutil.rmtree(out, ignore_errors=True)
     # The writer's own figures (builds before the line existed print none).
     w = re.search(r"^writer: longest stall ([\d.]+) ms, peak queue (\d+) bytes; longest background fsync ([\d.]+) ms"
@@ -139,8 +145,8 @@ def ringbag(dirpath: Path, profile: str, count: int, rate: str, extra: list[str]
         shutil.rmtree(out, ignore_errors=True)
     if imu_gap is not None:
         extra_fields["imu_gap_ms"] = imu_gap
-    return extra_fields | {
-        "name": f"ringbag {profile} {rate}", "messages": msgs, "drops": drops,
+    return extra_fields | compressed | {
+        "name": f"ringbag {profile} {rate}", "messages": msgs, "drops": drops, "payload_bytes": payload,
         "msg_s": msgs / r["wall"], "mb_s": payload / 1e6 / r["wall"],
         "mb_s_sync": payload / 1e6 / (r["wall"] + sync_s),
         "cpu_s_per_gb": r["cpu"] / max(payload / 1e9, 1e-9), "rss_mib": r["rss_kib"] / 1024, "wall": r["wall"],
@@ -229,7 +235,7 @@ def robot_realtime(work: Path, secs: int, rounds: int = 1) -> list[dict]:
     return rows
 
 
-def robot_probed(work: Path, secs: int, split: str) -> dict:
+def robot_probed(work: Path, secs: int, split: str, extra: list[str] | None = None) -> dict:
     """One real-time robot recording, with the machine's own pauses over the same seconds."""
     # On each CPU, a bare thread pinned there, sleeping to absolute 10 ms targets (no spin, no
     # CPU to speak of), and how late it ever woke. A stall of the writer that a bare thread saw
@@ -251,7 +257,7 @@ def robot_probed(work: Path, secs: int, split: str) -> dict:
     sampler.start()
     try:
         r = ringbag(work, "robot", 570 * secs, "realtime", ["-b", split] + (
-            ["--metrics-textfile", str(prom), "--metrics-interval", "1"] if metrics else []))
+            ["--metrics-textfile", str(prom), "--metrics-interval", "1"] if metrics else []) + (extra or []))
     finally:
         sampler.stop()
     if metrics:
@@ -319,6 +325,96 @@ class MetricsSampler:
                         "longest_stall_ms": stall * 1e3})
             prev = counts
         return out
+
+# ---------------------------------------------------------------- compression (issue 26)
+REALISTIC = ["--synthetic-payload", "realistic"]
+FILE_MODE = ["--compression-mode", "file", "--compression-format", "zstd"]
+
+
+def compress_levels(work: Path, name: str, args: list[str], count: int, rounds: int) -> list[dict]:
+    """One plain split of `count` messages (`--synthetic-rate max`, no split size), compressed
+    at zstd levels 1 and 3 by ringbag's own code (examples/zstd_file.rs: `compress_file`, what
+    a compression thread runs, timed by that thread's CPU clock) `rounds` times, beside the
+    floor, the same library at the same level compressing the file from memory into a byte
+    counter (no file I/O, same thread clock), and once by the system's zstd CLI (`-T1`, to a
+    file on the same filesystem; its CPU from wait4) as a reference. Ratio = .db3 bytes /
+    .zstd bytes."""
+    out = work / "compress_src"
+    shutil.rmtree(out, ignore_errors=True)
+    run_child([str(RINGBAG), "--log-level", "warn", "record", "--source", "synthetic", "--synthetic-profile", "robot",
+               "--synthetic-rate", "max", "--synthetic-count", str(count), "--clock", "system", "-o", str(out)] + args)
+    (db3,) = out.glob("*.db3")
+    size = db3.stat().st_size
+    rows = []
+    try:
+        for level in (1, 3):
+            ours = [json.loads(run_child([str(ZSTD_FILE), str(db3), str(level)])["out"]) for _ in range(rounds)]
+            cpu = statistics.median(o["cpu_s"] for o in ours)
+            floor_cpu = statistics.median(o["floor_cpu_s"] for o in ours)
+            floor_out = work / "floor.zst"
+            cli = run_child(["zstd", "-q", "-f", "-T1", f"-{level}", str(db3), "-o", str(floor_out)])
+            cli_bytes = floor_out.stat().st_size
+            floor_out.unlink()
+            gb = size / 1e9
+            rows.append({"name": f"{name} zstd -{level}", "data": name, "level": level, "db3_bytes": size,
+                         "zstd_bytes": ours[0]["out_bytes"], "ratio": size / ours[0]["out_bytes"],
+                         "cpu_s_per_gb": cpu / gb, "cpu_s_per_gb_range": [min(o["cpu_s"] for o in ours) / gb,
+                                                                          max(o["cpu_s"] for o in ours) / gb],
+                         "mb_s_one_core": size / 1e6 / cpu, "rounds": rounds,
+                         "floor_ratio": size / ours[0]["floor_out_bytes"], "floor_cpu_s_per_gb": floor_cpu / gb,
+                         "cpu_vs_floor": cpu / floor_cpu,
+                         "cli_ratio": size / cli_bytes, "cli_cpu_s_per_gb": cli["cpu"] / gb,
+                         "cpu_vs_cli": cpu / cli["cpu"]})
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return rows
+
+
+def compress_bench(work: Path, quick: bool, secs: int, rounds: int) -> dict:
+    """Issue 26's compression figures: ratio and CPU per GB at levels 1 and 3 on the robot mix
+    and on the lidar cloud alone, with realistic payloads (and the robot mix's template
+    payloads, to show what they would claim); then the robot mix in real time with 64 MiB
+    splits and realistic payloads, without and with `--compression-mode file`, in turn
+    `rounds` times: drops, the writer's longest stall, the process's CPU per GB."""
+    q = 2 if quick else 1
+    zstd_version = subprocess.run(["zstd", "--version"], capture_output=True, text=True).stdout.strip()
+    levels = []
+    # The robot mix is ~176 MB/s at 570 messages/s: 3,240 messages are ~1 GB; a cloud is 1 MiB.
+    for name, args, count in (("robot realistic", REALISTIC, 3240 // q),
+                              ("lidar realistic", REALISTIC + ["/points"], 1000 // q),
+                              ("robot template", [], 3240 // q)):
+        levels += compress_levels(work, name, args, count, 3)
+    realtime = []
+    for i in range(rounds):
+        for comp in (False, True):
+            r = robot_probed(work, secs, "64MiB", REALISTIC + (FILE_MODE if comp else []))
+            r["name"] = f"robot realtime {secs}s realistic, -b 64MiB, " + ("zstd file mode" if comp else "plain")
+            r |= {"compression": comp, "round": i + 1}
+            r.pop("stall_series", None)
+            realtime.append(r)
+    return {"levels": levels, "realtime": realtime, "zstd_cli": zstd_version}
+
+
+def print_compress(c: dict) -> None:
+    print(f"compression: ringbag's compress_file, thread CPU per GB of .db3, against the floor (the same zstd "
+          f"library from memory) and the system CLI ({c['zstd_cli']}, -T1)")
+    for r in c["levels"]:
+        print(f"  {r['name']:26} {r['db3_bytes'] / 1e6:>7.0f} MB  ratio {r['ratio']:.3f} (floor {r['floor_ratio']:.3f}, "
+              f"CLI {r['cli_ratio']:.3f})  {r['cpu_s_per_gb']:.2f} CPU s/GB [{r['cpu_s_per_gb_range'][0]:.2f}-"
+              f"{r['cpu_s_per_gb_range'][1]:.2f}] = {r['mb_s_one_core']:.0f} MB/s per core  (floor "
+              f"{r['floor_cpu_s_per_gb']:.2f}, ringbag/floor {r['cpu_vs_floor']:.2f}x; CLI {r['cli_cpu_s_per_gb']:.2f})")
+    for r in c["realtime"]:
+        z = (f"  {r['zstd_splits']} splits compressed, {r['db3_left']} left plain, ratio "
+             f"{r['payload_bytes'] / r['zstd_bytes']:.3f} (payload / .zstd)") if r.get("compression") else ""
+        print(f"  {r['name']:56} drops {r['drops']}  stall {r.get('stall_ms', float('nan')):.1f} ms "
+              f"(on CPU {r.get('stall_cpu_ms', float('nan')):.1f})  pause {r['pause_ms']:.1f} ms  "
+              f"bare frame {r['probe_insert_ms']:.1f} ms  {r['cpu_s_per_gb']:.2f} CPU s/GB{z}")
+    for comp in (False, True):
+        rows = [r for r in c["realtime"] if r["compression"] == comp]
+        if rows:
+            print(f"  median over {len(rows)} {'compressed' if comp else 'plain'}: stall "
+                  f"{statistics.median(r.get('stall_ms', float('nan')) for r in rows):.1f} ms, drops "
+                  f"{sum(r['drops'] for r in rows)}, {statistics.median(r['cpu_s_per_gb'] for r in rows):.2f} CPU s/GB")
 
 
 # ---------------------------------------------------------------- upload (issue 24)
@@ -970,11 +1066,14 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="filesystem to measure (default: a temp dir under target/)")
     ap.add_argument("--quick", action="store_true", help="smaller counts")
     ap.add_argument("--ringbag", default=None, help="the ringbag binary to measure (default: target/release/ringbag)")
-    ap.add_argument("--only", choices=["all", "write", "large", "robot", "upload", "metrics", "plots"], default="all",
+    ap.add_argument("--only", choices=["all", "write", "large", "robot", "upload", "metrics", "plots", "compress"],
+                    default="all",
                     help="write: the original table; large: 100 B, 1 MiB and 6 MiB against the floor, "
                          "--rounds times; robot: real-time robot mix; upload: ringbag upload against "
                          "boto3 to Garage on loopback, and the robot mix with and without uploads; "
-                         "metrics: scrape cost with 50 topics, and metrics on against off; plots: what "
+                         "metrics: scrape cost with 50 topics, and metrics on against off; compress: zstd file-mode "
+                         "ratio and CPU per GB at levels 1 and 3, and the robot mix in real time with and "
+                         "without it (realistic payloads); plots: what "
                          "scripts/plot-bench.py draws (large, robot and the playback section)")
     ap.add_argument("--garage-dir", default=None,
                     help="upload: keep Garage's state under this directory (default: the bench directory)")
@@ -1026,6 +1125,15 @@ def main() -> None:
         if a.only == "metrics":
             mb = metrics_bench(work, a.quick, max(a.rounds, 1))
             print_metrics(mb)
+            return
+        if a.only == "compress":
+            cb = compress_bench(work, a.quick, 30 // q, max(a.robot_rounds, 2))
+            if a.json:
+                print(json.dumps({"compress": cb, "meta": meta | {"load_end": os.getloadavg()[0]}}, indent=2))
+            else:
+                print(f"filesystem: {base} ({os.uname().machine}, {os.cpu_count()} cpus, "
+                      f"load {os.getloadavg()[0]:.1f})")
+                print_compress(cb)
             return
         if a.only in ("large", "robot", "upload", "plots"):
             if a.only == "plots":

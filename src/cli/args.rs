@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::bag::schema::StoragePreset;
 use crate::bag::Flavour;
-use crate::source::synthetic::SyntheticProfile;
+use crate::source::synthetic::{Payload, SyntheticProfile};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -671,6 +671,12 @@ pub struct RecordArgs {
     /// Synthetic source pace: realtime or max.
     #[arg(long, value_enum, default_value = "realtime")]
     pub synthetic_rate: SyntheticRate,
+    /// Synthetic payload bytes: template (one per topic, a few bytes patched per message;
+    /// compresses unrealistically well) or realistic (camera frames with sensor noise, a noisy
+    /// 64-ring lidar scan, noisy IMU and tf: as compressible as real data; for compression
+    /// benchmarks). The String profiles are the same either way.
+    #[arg(long, value_enum, value_name = "P", default_value = "template")]
+    pub synthetic_payload: Payload,
     /// Stop cleanly after this many synthetic messages in total; 0 = until stopped.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub synthetic_count: u64,

@@ -76,6 +76,7 @@ pub fn record_settings(a: &RecordArgs) -> Result<RecordSettings, String> {
             },
             count: a.synthetic_count,
             topics: synthetic_topics(a)?,
+            payload: a.synthetic_payload,
         }),
         SourceKind::Ros => ros_source(a)?,
     };

@@ -121,6 +121,9 @@ pub fn record_settings(
             },
             count: c.synthetic_count,
             topics: c.synthetic_topics,
+            // A CLI-only benchmark flag (record --synthetic-payload); the service records
+            // the default.
+            payload: Default::default(),
         }),
         #[cfg(feature = "ros")]
         SourceChoice::Ros => {
@@ -137,6 +140,7 @@ pub fn record_settings(
             pace: Pace::Realtime,
             count: c.synthetic_count,
             topics: crate::source::generator::ALL_TOPICS,
+            payload: Default::default(),
         }),
     };
     RecordSettings {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::bag::QosProfile;
 use crate::pipeline::{Bursts, Producer, TopicHandle, BURST_MESSAGE_MAX};
 use crate::source::select::{Decision, RosSourceOptions, TopicSelector};
-use crate::source::synthetic::{Encoder, SyntheticProfile};
+use crate::source::synthetic::{Encoder, Payload, SyntheticProfile};
 
 /// `Pace::Max` waits while this much is queued: sixteen of the writer's default 2 MiB batches.
 const MAX_PACE_QUEUED_BYTES: usize = 32 << 20;
@@ -28,6 +28,8 @@ pub struct GeneratorConfig {
     /// Which of the profile's topics are generated: bit i for the i-th of
     /// `SyntheticProfile::topics` (the record command's selection flags); [`ALL_TOPICS`].
     pub topics: u64,
+    /// Template bytes (the default) or modelled sensor data (`--synthetic-payload`).
+    pub payload: Payload,
 }
 
 /// `GeneratorConfig::topics` for every topic of the profile.
@@ -138,7 +140,7 @@ pub fn run(cfg: GeneratorConfig, producer: &Producer) -> GeneratorReport {
         .map(|(i, t)| {
             let mut info = t.info.clone();
             info.offered_qos_profiles = vec![QosProfile::default()];
-            let encoder = t.encoder();
+            let encoder = t.encoder_with(cfg.payload);
             Lane {
                 key: i as u16 + 1,
                 small: encoder.size_hint() <= BURST_MESSAGE_MAX,

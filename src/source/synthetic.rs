@@ -37,6 +37,26 @@ pub enum SyntheticProfile {
     Mixed,
 }
 
+/// What the payload bytes look like, chosen with `--synthetic-payload`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Payload {
+    /// One template per topic with a few bytes patched per message: the cheapest to generate,
+    /// but it compresses absurdly well (zstd finds the previous frame's bytes).
+    #[default]
+    Template,
+    /// Modelled sensor data, as compressible as real recordings: camera frames are a scene
+    /// plus per-pixel sensor noise, the cloud a noisy street scan of a 64-ring lidar, IMU and
+    /// tf carry noise (see [`realistic_image`], [`realistic_cloud`]). For compression figures.
+    /// The std_msgs/String profiles are unchanged.
+    Realistic,
+}
+
+/// Precomputed noisy variants of each realistic image and cloud; message `seq` uses variant
+/// `seq % REALISTIC_VARIANTS`. Four keeps the same noise four frames of one topic apart (11 MB
+/// of camera data, 4 MiB of cloud), beyond zstd's window at levels 1 to 3 (512 KiB to 2 MiB),
+/// for 4x the template's memory (about 26 MB for the robot profile).
+pub const REALISTIC_VARIANTS: usize = 4;
+
 /// Serialized sizes of the benchmark profiles, encapsulation header included.
 pub const SMALL_MESSAGE_BYTES: usize = 100;
 pub const MEDIUM_MESSAGE_BYTES: usize = 64 * 1024;
@@ -210,9 +230,15 @@ impl SyntheticTopic {
         }
     }
 
-    /// A fresh encoder for this topic; builds its payload template once.
+    /// A fresh encoder for this topic with the template payload; builds it once.
     pub fn encoder(&self) -> Encoder {
-        Encoder::new(self.kind)
+        Encoder::new(self.kind, Payload::Template)
+    }
+
+    /// A fresh encoder for this topic with the given payload; builds its templates (or its
+    /// realistic variants) once.
+    pub fn encoder_with(&self, payload: Payload) -> Encoder {
+        Encoder::new(self.kind, payload)
     }
 }
 
@@ -221,6 +247,10 @@ impl SyntheticTopic {
 #[derive(Debug, Clone)]
 pub struct Encoder {
     kind: Kind,
+    payload: Payload,
+    /// Realistic images and clouds: [`REALISTIC_VARIANTS`] complete messages (with `template`
+    /// left empty, so that `encode_reusing` encodes afresh); empty otherwise.
+    variants: Vec<Vec<u8>>,
     /// A complete message for the big kinds, copied per message and then patched (stamp and
     /// seq bytes); empty for Imu and tf, which are small enough to encode field by field.
     template: Vec<u8>,
@@ -231,9 +261,11 @@ pub struct Encoder {
 }
 
 impl Encoder {
-    fn new(kind: Kind) -> Self {
+    fn new(kind: Kind, payload: Payload) -> Self {
         let mut enc = Encoder {
             kind,
+            payload,
+            variants: Vec::new(),
             template: Vec::new(),
             data_offset: 0,
             size: 0,
@@ -304,6 +336,40 @@ impl Encoder {
             }
             Kind::Imu { .. } | Kind::Tf => {}
         }
+        if payload == Payload::Realistic {
+            let seed = match kind {
+                Kind::Image { frame_id, .. } | Kind::PointCloud { frame_id, .. } => {
+                    fnv1a(frame_id.as_bytes())
+                }
+                _ => 0,
+            };
+            let off = enc.data_offset;
+            match kind {
+                Kind::Image { width, height, .. } => {
+                    let scene = image_scene(width, height, seed);
+                    enc.variants = (0..REALISTIC_VARIANTS as u64)
+                        .map(|v| {
+                            let mut m = template.clone();
+                            realistic_image(&mut m[off..], &scene, seed ^ v);
+                            m
+                        })
+                        .collect();
+                    template = Vec::new();
+                }
+                Kind::PointCloud { points, .. } => {
+                    enc.variants = (0..REALISTIC_VARIANTS as u64)
+                        .map(|v| {
+                            let mut m = template.clone();
+                            realistic_cloud(&mut m[off..], points, seed ^ v);
+                            m
+                        })
+                        .collect();
+                    template = Vec::new();
+                }
+                // Text stays the template; IMU and tf add their noise per message.
+                Kind::Text { .. } | Kind::Imu { .. } | Kind::Tf => {}
+            }
+        }
         enc.template = template;
         enc.size = if enc.template.is_empty() {
             let mut probe = Vec::new();
@@ -326,6 +392,17 @@ impl Encoder {
                 append_template(buf, &self.template);
                 let text_end = buf.len() - 1;
                 patch_text(&mut buf[start + self.data_offset..text_end], seq, stamp_ns);
+            }
+            Kind::Image { .. } | Kind::PointCloud { .. } if !self.variants.is_empty() => {
+                // A precomputed noisy frame or scan, the stamp, and seq in the first 8 data
+                // bytes: no two messages are equal.
+                append_template(
+                    buf,
+                    &self.variants[(seq % self.variants.len() as u64) as usize],
+                );
+                cdr::patch_time(buf, start + HEADER_LEN, stamp_ns);
+                let data = &mut buf[start + self.data_offset..];
+                data[..8].copy_from_slice(&seq.to_le_bytes());
             }
             Kind::Image { width, height, .. } => {
                 append_template(buf, &self.template);
@@ -350,9 +427,15 @@ impl Encoder {
                 let x = f32::from_le_bytes([p[0], p[1], p[2], p[3]]) * 1.5;
                 p.copy_from_slice(&x.to_le_bytes());
             }
-            Kind::Imu { frame_id } => encode_imu(buf, frame_id, seq, stamp_ns),
-            Kind::Tf => encode_tf(buf, seq, stamp_ns),
+            Kind::Imu { frame_id } => encode_imu(buf, frame_id, seq, stamp_ns, self.noise(seq)),
+            Kind::Tf => encode_tf(buf, seq, stamp_ns, self.noise(seq)),
         }
+    }
+
+    /// The per-message noise source of IMU and tf: seeded by `seq` (deterministic), or none
+    /// for the template payload.
+    fn noise(&self, seq: u64) -> Option<Rng> {
+        (self.payload == Payload::Realistic).then(|| Rng::new(seq ^ 0x5eed_1e55))
     }
 
     /// As [`encode`](Self::encode) into a pooled buffer that may still hold an earlier message
@@ -488,31 +571,201 @@ fn cloud_point(i: u32) -> [f32; 4] {
     ]
 }
 
+// ---------------------------------------------------------------------------------------------
+// Realistic payloads (`--synthetic-payload realistic`): what makes real sensor data hard to
+// compress is noise, which no dictionary coder can predict. Each image and cloud is built
+// REALISTIC_VARIANTS times at start-up, so a message costs the same copy as the template.
+
+/// xorshift64*: cheap, deterministic, good enough for sensor noise.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        // splitmix64 of the seed: nearby seeds (seq, seq + 1) give unrelated streams, never 0.
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Rng((z ^ (z >> 31)) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Approximately standard normal: the sum of four 16-bit uniforms, centred and scaled to
+    /// unit variance (tails end at ±3.46, which sensor noise models do not need).
+    fn gauss(&mut self) -> f32 {
+        let r = self.next();
+        let sum = (r & 0xffff) + (r >> 16 & 0xffff) + (r >> 32 & 0xffff) + (r >> 48);
+        (sum as f32 / 65536.0 - 2.0) * 3f32.sqrt()
+    }
+}
+
+/// FNV-1a, to give each camera and lidar a scene and noise of its own.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Camera noise (1 sigma, in LSB of 8 bits): read noise, and the shot-noise gain (electrons
+/// per LSB; shot noise is sqrt(signal / gain)). At these values a mid-grey pixel varies by
+/// about 2.4 LSB and a bright one by 4, as a small-pixel CMOS sensor at moderate gain.
+const CAMERA_READ_NOISE_LSB: f32 = 1.5;
+const CAMERA_GAIN: f32 = 18.0;
+
+/// The noiseless scene of one camera, rgb8 row-major: a sky band brightening to saturation at
+/// the top, a middle band of 64 x 48 px blocks (buildings, cars: a colour each, lit by a
+/// gradient across the block) and a road darkening towards the bottom. It only sets the
+/// spread of pixel values (what entropy coding can still win); the noise decides the rest.
+fn image_scene(width: u32, height: u32, seed: u64) -> Vec<u8> {
+    let (w, h) = (width as usize, height as usize);
+    let mut scene = vec![0u8; w * h * 3];
+    for (y, row) in scene.chunks_exact_mut(w * 3).enumerate() {
+        let fy = y as f32 / h.max(1) as f32;
+        for (x, px) in row.chunks_exact_mut(3).enumerate() {
+            let fx = x as f32 / w.max(1) as f32;
+            let rgb: [f32; 3] = if fy < 0.25 {
+                // Sky: 8 % of the frame clips at 255 (over-exposed), as auto exposure leaves it.
+                let b = 200.0 + 90.0 * (1.0 - fy / 0.25);
+                [b - 40.0, b - 15.0, b]
+            } else if fy < 0.65 {
+                let block = fnv1a(&[(x / 64) as u8, (y / 48) as u8]) ^ seed;
+                let lit = 0.7 + 0.3 * ((x % 64) as f32 / 64.0);
+                let base = |shift: u32| 30.0 + ((block >> shift) & 0xff) as f32 * 0.7;
+                [base(0) * lit, base(8) * lit, base(16) * lit]
+            } else {
+                let g = 110.0 - 60.0 * (fy - 0.65) / 0.35 + 10.0 * fx;
+                [g, g, g + 4.0]
+            };
+            for (p, v) in px.iter_mut().zip(rgb) {
+                *p = v.clamp(0.0, 255.0) as u8;
+            }
+        }
+    }
+    scene
+}
+
+/// One noisy frame of `scene` into `data`: each byte gets independent read and shot noise,
+/// rounded and clipped to 0..=255, as a raw sensor's output after debayering.
+fn realistic_image(data: &mut [u8], scene: &[u8], seed: u64) {
+    let sigma: Vec<f32> = (0..256)
+        .map(|v| (CAMERA_READ_NOISE_LSB.powi(2) + v as f32 / CAMERA_GAIN).sqrt())
+        .collect();
+    let mut rng = Rng::new(seed);
+    for (d, &s) in data.iter_mut().zip(scene) {
+        let v = f32::from(s) + rng.gauss() * sigma[usize::from(s)];
+        *d = v.round().clamp(0.0, 255.0) as u8;
+    }
+}
+
+/// The realistic lidar: a 64-ring spinning sensor (vertical field ±16.6°, 1024 points per
+/// ring, as an Ouster OS1-64) 1.8 m above a flat road in a street canyon (building fronts
+/// 7 m to either side, 12 m tall), range noise of 2 cm (1 sigma), a no-return (x = y = z =
+/// intensity = 0, as drivers write it) for sky, beyond 100 m and 3 % dropouts (dark or
+/// specular surfaces). Intensity is an integer reflectivity (road ~12, lane marking ~100,
+/// facades 30..60 with windows) plus noise, stored as float32 as drivers do.
+const LIDAR_RANGE_SIGMA_M: f32 = 0.02;
+const LIDAR_DROPOUT: f32 = 0.03;
+
+fn realistic_cloud(data: &mut [u8], points: u32, seed: u64) {
+    const HEIGHT: f32 = 1.8;
+    const HALF_STREET: f32 = 7.0;
+    const FACADE: f32 = 12.0;
+    let mut rng = Rng::new(seed);
+    for (i, p) in data
+        .chunks_exact_mut(POINT_STEP as usize)
+        .take(points as usize)
+        .enumerate()
+    {
+        let ring = (i / 1024) as f32;
+        let azimuth = (i % 1024) as f32 * (std::f32::consts::TAU / 1024.0);
+        let elevation = (-16.6 + ring * 33.2 / 63.0).to_radians();
+        let d = [
+            elevation.cos() * azimuth.cos(),
+            elevation.cos() * azimuth.sin(),
+            elevation.sin(),
+        ];
+        // The nearest of the road and the facades; None: sky or out of range.
+        let road = (d[2] < 0.0).then(|| HEIGHT / -d[2]);
+        let facade = (d[1].abs() > 1e-6)
+            .then(|| HALF_STREET / d[1].abs())
+            .filter(|t| (0.0..=FACADE).contains(&(HEIGHT + t * d[2])));
+        let hit = match (road, facade) {
+            (Some(r), Some(f)) => Some((r.min(f), r <= f)),
+            (Some(r), None) => Some((r, true)),
+            (None, Some(f)) => Some((f, false)),
+            (None, None) => None,
+        };
+        // One uniform for the dropout, drawn for every point so the stream stays aligned.
+        let dropout = ((rng.next() >> 40) as f32 / (1u64 << 24) as f32) < LIDAR_DROPOUT;
+        let v = match hit {
+            Some((t, is_road)) if t <= 100.0 && !dropout => {
+                let r = t + rng.gauss() * LIDAR_RANGE_SIGMA_M;
+                let (x, y) = (r * d[0], r * d[1]);
+                let reflect = if is_road {
+                    if y.abs() < 0.15 {
+                        100.0
+                    } else {
+                        12.0
+                    }
+                } else if (x.rem_euclid(3.0) < 1.2) && (HEIGHT + r * d[2]).rem_euclid(3.5) > 1.0 {
+                    30.0 // a window
+                } else {
+                    60.0
+                };
+                let intensity = (reflect + rng.gauss() * 3.0).round().max(0.0);
+                [x, y, r * d[2], intensity]
+            }
+            _ => [0.0; 4],
+        };
+        for (dst, f) in p.chunks_exact_mut(4).zip(v) {
+            dst.copy_from_slice(&f.to_le_bytes());
+        }
+    }
+}
+
 /// Covariances for all three IMU blocks: a small diagonal rather than zeros ("unknown" in
 /// sensor_msgs) or -1 ("not provided"), so consumers that invert it get a valid matrix.
 const DIAG_COVARIANCE: [f64; 9] = [0.01, 0.0, 0.0, 0.0, 0.01, 0.0, 0.0, 0.0, 0.01];
 
-fn encode_imu(buf: &mut Vec<u8>, frame_id: &str, seq: u64, stamp_ns: i64) {
+/// IMU noise (1 sigma) of a MEMS unit: gyro rad/s, accelerometer m/s², orientation
+/// (quaternion components, from the filter).
+const IMU_GYRO_SIGMA: f64 = 0.003;
+const IMU_ACCEL_SIGMA: f64 = 0.02;
+const IMU_QUAT_SIGMA: f64 = 1e-4;
+
+fn encode_imu(buf: &mut Vec<u8>, frame_id: &str, seq: u64, stamp_ns: i64, noise: Option<Rng>) {
     // Yawing slowly at 0.4 rad/s when sampled at 400 Hz.
     let yaw = seq as f64 * 0.001;
+    let mut noise = noise;
+    // Exactly `v` without noise: the template payload's bytes stay what they were.
+    let mut n = |v: f64, sigma: f64| match noise.as_mut() {
+        Some(r) => v + f64::from(r.gauss()) * sigma,
+        None => v,
+    };
     let (s, c) = (yaw / 2.0).sin_cos();
     let mut w = CdrWriter::new(buf);
     w.time(stamp_ns);
     w.string(frame_id);
     for q in [0.0, 0.0, s, c] {
-        w.f64(q);
+        w.f64(n(q, IMU_QUAT_SIGMA));
     }
     for v in DIAG_COVARIANCE {
         w.f64(v);
     }
     for v in [0.0, 0.0, 0.4] {
-        w.f64(v);
+        w.f64(n(v, IMU_GYRO_SIGMA));
     }
     for v in DIAG_COVARIANCE {
         w.f64(v);
     }
     for v in [0.05 * yaw.cos(), 0.05 * yaw.sin(), 9.80665] {
-        w.f64(v);
+        w.f64(n(v, IMU_ACCEL_SIGMA));
     }
     for v in DIAG_COVARIANCE {
         w.f64(v);
@@ -522,8 +775,18 @@ fn encode_imu(buf: &mut Vec<u8>, frame_id: &str, seq: u64, stamp_ns: i64) {
 /// The transforms of the robot profile's /tf messages.
 pub const TF_FRAMES: [(&str, &str); 2] = [("map", "odom"), ("odom", "base_link")];
 
-fn encode_tf(buf: &mut Vec<u8>, seq: u64, stamp_ns: i64) {
+/// Odometry noise (1 sigma) of the realistic tf: metres and radians.
+const TF_TRANSLATION_SIGMA: f64 = 0.001;
+const TF_YAW_SIGMA: f64 = 0.0005;
+
+fn encode_tf(buf: &mut Vec<u8>, seq: u64, stamp_ns: i64, noise: Option<Rng>) {
     let t = seq as f64 * 0.01; // seconds at 100 Hz
+    let mut noise = noise;
+    // Exactly `v` without noise: the template payload's bytes stay what they were.
+    let mut n = |v: f64, sigma: f64| match noise.as_mut() {
+        Some(r) => v + f64::from(r.gauss()) * sigma,
+        None => v,
+    };
     let mut w = CdrWriter::new(buf);
     w.sequence_len(TF_FRAMES.len());
     for (i, (parent, child)) in TF_FRAMES.iter().enumerate() {
@@ -541,9 +804,9 @@ fn encode_tf(buf: &mut Vec<u8>, seq: u64, stamp_ns: i64) {
             )
         };
         for v in translation {
-            w.f64(v);
+            w.f64(n(v, TF_TRANSLATION_SIGMA));
         }
-        let (s, c) = (yaw / 2.0).sin_cos();
+        let (s, c) = (n(yaw, TF_YAW_SIGMA) / 2.0).sin_cos();
         for q in [0.0, 0.0, s, c] {
             w.f64(q);
         }
@@ -677,6 +940,137 @@ mod tests {
                 assert!(buf == fresh && t2 >> 48 == u64::from(key));
             }
         }
+    }
+
+    /// Every topic of the profiles with images and clouds, realistic and template encoders.
+    fn realistic_pairs() -> Vec<(SyntheticTopic, Encoder, Encoder)> {
+        [SyntheticProfile::Robot, SyntheticProfile::Camera]
+            .into_iter()
+            .flat_map(|p| p.topics())
+            .map(|t| {
+                let (r, e) = (t.encoder_with(Payload::Realistic), t.encoder());
+                (t, r, e)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn realistic_payloads_keep_the_cdr_layout_and_size_of_the_template() {
+        for (t, mut real, mut tpl) in realistic_pairs() {
+            assert_eq!(real.size_hint(), tpl.size_hint(), "{}", t.info.name);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            real.encode(5, 77, &mut a);
+            tpl.encode(5, 77, &mut b);
+            assert_eq!(a.len(), real.size_hint(), "{}", t.info.name);
+            // Header, frame_id, dimensions, encoding, fields: byte for byte the template's
+            // (for IMU and tf, whose every float is noisy: the stamp and frame_id).
+            let fixed = match t.kind {
+                Kind::Imu { frame_id } => HEADER_LEN + 8 + 4 + frame_id.len() + 1,
+                Kind::Tf => HEADER_LEN + 4 + 8,
+                _ => real.data_offset,
+            };
+            assert_eq!(a[..fixed], b[..fixed], "{}", t.info.name);
+            assert!(
+                a != b,
+                "{}: realistic bytes equal the template's",
+                t.info.name
+            );
+            if let Kind::PointCloud { .. } = t.kind {
+                // is_dense stays the last byte; every float is finite (no-returns are 0).
+                assert_eq!(a.last(), Some(&1));
+                let data = &a[real.data_offset..a.len() - 1];
+                assert!(data[8..]
+                    .chunks_exact(4)
+                    .all(|f| f32::from_le_bytes(f.try_into().unwrap()).is_finite()));
+            }
+        }
+    }
+
+    #[test]
+    fn realistic_payloads_are_deterministic_per_seq_and_differ_between_messages() {
+        for (t, mut real, _) in realistic_pairs() {
+            let mut again = t.encoder_with(Payload::Realistic);
+            let mut prev: Option<Vec<u8>> = None;
+            for seq in 0..(REALISTIC_VARIANTS as u64 + 2) {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                real.encode(seq, 1_000, &mut a);
+                again.encode(seq, 1_000, &mut b);
+                assert!(a == b, "{} seq {seq}: not deterministic", t.info.name);
+                if let Some(p) = prev {
+                    // Not a few patched bytes: the noise differs nearly everywhere (a
+                    // saturated pixel or a no-return point may repeat).
+                    let differ = a.iter().zip(&p).filter(|(x, y)| x != y).count();
+                    let floor = match t.kind {
+                        Kind::Imu { .. } | Kind::Tf => 16,
+                        _ => (a.len() - real.data_offset) / 2,
+                    };
+                    assert!(
+                        differ > floor,
+                        "{} seq {seq}: {differ} bytes differ",
+                        t.info.name
+                    );
+                }
+                prev = Some(a);
+            }
+        }
+    }
+
+    #[test]
+    fn reusing_a_buffer_with_realistic_payloads_gives_the_same_bytes() {
+        for (t, mut real, _) in realistic_pairs() {
+            let (mut buf, mut tag) = (Vec::new(), crate::pipeline::NO_TAG);
+            for seq in [0u64, 1, 4, 4, 9] {
+                tag = real.encode_reusing(1, seq, 3, &mut buf, tag);
+                let mut fresh = Vec::new();
+                real.encode(seq, 3, &mut fresh);
+                assert!(buf == fresh, "{} seq {seq}", t.info.name);
+            }
+        }
+    }
+
+    #[test]
+    fn camera_noise_is_a_few_lsb_and_the_lidar_noise_a_few_centimetres() {
+        let (w, h) = (CAMERA_WIDTH, CAMERA_HEIGHT);
+        let scene = image_scene(w, h, 1);
+        let (mut a, mut b) = (vec![0u8; scene.len()], vec![0u8; scene.len()]);
+        realistic_image(&mut a, &scene, 1);
+        realistic_image(&mut b, &scene, 2);
+        // Two frames of one scene differ by sqrt(2) times the noise: 2 to 6 LSB on average.
+        let mean_abs = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| x.abs_diff(*y) as f64)
+            .sum::<f64>()
+            / a.len() as f64;
+        assert!(
+            (1.5..6.0).contains(&mean_abs),
+            "mean |a - b| = {mean_abs} LSB"
+        );
+
+        let n = CLOUD_POINTS as usize;
+        let (mut c, mut d) = (vec![0u8; n * 16], vec![0u8; n * 16]);
+        realistic_cloud(&mut c, CLOUD_POINTS, 1);
+        realistic_cloud(&mut d, CLOUD_POINTS, 2);
+        let range = |p: &[u8]| {
+            let f = |i: usize| f32::from_le_bytes(p[i..i + 4].try_into().unwrap());
+            (f(0).powi(2) + f(4).powi(2) + f(8).powi(2)).sqrt()
+        };
+        let (mut empty, mut diffs) = (0, Vec::new());
+        for (p, q) in c.chunks_exact(16).zip(d.chunks_exact(16)) {
+            let (r, s) = (range(p), range(q));
+            if r == 0.0 {
+                empty += 1;
+            } else if s != 0.0 {
+                diffs.push(f64::from(r - s));
+            }
+        }
+        let rms = (diffs.iter().map(|d| d * d).sum::<f64>() / diffs.len() as f64).sqrt();
+        // sqrt(2) x 2 cm between two scans; no-returns: sky, far, and the 3 % dropouts.
+        assert!((0.02..0.04).contains(&rms), "range rms difference {rms} m");
+        assert!(
+            (0.05..0.6).contains(&(empty as f64 / n as f64)),
+            "{empty} no-returns"
+        );
     }
 
     #[test]
