@@ -1472,7 +1472,7 @@ fn service_recording_refused_on_humble(bag: &std::path::Path) -> bool {
 fn record_service_calls(dir: &std::path::Path, bag: &std::path::Path) -> u64 {
     let status = dir.join("status.json");
     let ringbag = Child::spawn(
-        &mut record_service_command(bag)
+        record_service_command(bag)
             .arg("--status-file")
             .arg(&status),
         "ringbag record",
