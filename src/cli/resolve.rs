@@ -567,6 +567,14 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
             .map(|t| normalize_topic_name(t).map_err(|e| format!("{what} {t}: {e}")))
             .collect()
     };
+    // A service is selected by its event topic, as ros2 bag play turns `--services S` into
+    // `S/_service_event` (ros2bag's convert_service_to_service_event_topic).
+    let event_topics = |what: &str, list: &[String]| -> Result<Vec<String>, String> {
+        Ok(names(what, list)?
+            .into_iter()
+            .map(|s| s + crate::source::select::SERVICE_EVENT_SUFFIX)
+            .collect())
+    };
     let regex = |what: &str, re: &Option<String>| -> Result<Option<regex::Regex>, String> {
         re.as_deref()
             .map(|p| {
@@ -596,9 +604,11 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
         bag: a.bag.clone(),
         selection: crate::play::Selection {
             topics: names("--topics", &a.topics)?,
+            services: event_topics("--services", &a.services)?,
             regex: regex("-e/--regex", &a.regex)?,
             exclude_regex: regex("-x/--exclude-regex", &a.exclude_regex)?,
             exclude_topics: names("--exclude-topics", &a.exclude_topics)?,
+            exclude_services: event_topics("--exclude-services", &a.exclude_services)?,
         },
         remap,
         rate: a.rate,
@@ -624,21 +634,10 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
     })
 }
 
-/// ros2 bag play's service flags: not there yet, so refused rather than ignored (a script
-/// asking for service calls would otherwise get topics published instead). Without them a
-/// bag's service event topics play as any topic does, and --topics/--exclude-topics select
-/// them by their `SERVICE/_service_event` names.
+/// ros2 bag play's service calls: not there yet, so refused rather than ignored (a script
+/// asking for service calls would otherwise get the events published as topics instead).
+/// `--services`/`--exclude-services` select the event topics that play as topics.
 fn play_service_flags(a: &super::args::PlayArgs) -> Result<(), String> {
-    let event_topics = "select a service's events with --topics or --exclude-topics \
-                        SERVICE/_service_event";
-    if !a.services.is_empty() {
-        return Err(format!("--services: not supported yet; {event_topics}"));
-    }
-    if !a.exclude_services.is_empty() {
-        return Err(format!(
-            "--exclude-services: not supported yet; {event_topics}"
-        ));
-    }
     if a.publish_service_requests || a.service_requests_source.is_some() {
         let flag = if a.publish_service_requests {
             "--publish-service-requests"
