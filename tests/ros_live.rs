@@ -2635,24 +2635,22 @@ fn recorded_setbool_requests(events: &[Vec<u8>], kind: u8) -> Vec<bool> {
         .collect()
 }
 
-/// Issue 26's promise for service recordings: the REAL `ros2 bag play --publish-service-requests`
-/// on a bag ringbag recorded calls the service again with the recorded requests, from the
-/// server's events (`--service-requests-source service_introspection`, the default) and from
-/// the client's (`client_introspection`). The server is a plain SetBool server that logs each
-/// request; with `--loop`, a pass that starts once the player's client has found the server
-/// arrives whole, so the log must hold the recorded requests as one run. A player that also
-/// sent the other side's requests, or the responses, would double them, which the alternating
-/// measured calls would show. Humble has no service introspection: the refusal is checked.
-#[test]
-fn the_real_ros2_bag_play_publish_service_requests_replays_ringbags_service_recording() {
-    require_ros2_cli!();
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let bag = tmp.path().join("services");
-    if service_recording_refused_on_humble(&bag) {
-        return;
-    }
-    let warm = record_service_calls(tmp.path(), &bag);
-    let events = &rows_in(&bag)["/rl_svc/_service_event"];
+/// Plays the service recording `bag` (made by [`record_service_calls`] with `warm` warm-up
+/// calls) with `player` (given `--service-requests-source SOURCE` here) to a plain SetBool
+/// server that logs each request (tests/ros_live/setbool_server.py), for both sources. With
+/// `--loop`, a pass that starts once the player's client has found the server arrives whole,
+/// so the log must hold the recorded requests as one run. A player that also sent the other
+/// side's requests, or the responses, would double them, which the alternating measured
+/// calls would show. `stop` ends the player.
+fn replays_the_recorded_requests(
+    dir: &std::path::Path,
+    bag: &std::path::Path,
+    warm: u64,
+    player: impl Fn(&str) -> std::process::Command,
+    what: &'static str,
+    stop: impl Fn(Child),
+) {
+    let events = &rows_in(bag)["/rl_svc/_service_event"];
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/ros_live/setbool_server.py"
@@ -2666,7 +2664,7 @@ fn the_real_ros2_bag_play_publish_service_requests_replays_ringbags_service_reco
             "the requests the script made, as recorded ({source})"
         );
 
-        let log = tmp.path().join(format!("{source}.log"));
+        let log = dir.join(format!("{what}-{source}.log").replace(' ', "_"));
         std::fs::write(&log, "").expect("server log");
         let server = Child::spawn(
             std::process::Command::new("python3").args([
@@ -2675,16 +2673,10 @@ fn the_real_ros2_bag_play_publish_service_requests_replays_ringbags_service_reco
                 log.as_os_str(),
             ]),
             "setbool server",
-            tmp.path(),
+            dir,
         );
-        let player = Child::spawn(
-            std::process::Command::new("ros2")
-                .args(["bag", "play", "--loop", "--publish-service-requests"])
-                .args(["--service-requests-source", source])
-                .arg(&bag),
-            "ros2 bag play",
-            tmp.path(),
-        );
+        let mut cmd = player(source);
+        let playing = Child::spawn(&mut cmd, what, dir);
         let got = || -> Vec<Vec<u8>> {
             std::fs::read_to_string(&log)
                 .unwrap_or_default()
@@ -2697,10 +2689,80 @@ fn the_real_ros2_bag_play_publish_service_requests_replays_ringbags_service_reco
             .map(|&d| if d { b"1".to_vec() } else { b"0".to_vec() })
             .collect();
         wait_until(
-            &format!("a whole pass of the recorded requests at the server ({source})"),
+            &format!("a whole pass of the recorded requests at the server ({what}, {source})"),
             || contains_run(&got(), &want_lines),
         );
-        drop(player);
+        stop(playing);
         server.interrupt_and_wait();
     }
+}
+
+/// Issue 26's promise for service recordings: the REAL `ros2 bag play --publish-service-requests`
+/// on a bag ringbag recorded calls the service again with the recorded requests, from the
+/// server's events (`--service-requests-source service_introspection`, the default) and from
+/// the client's (`client_introspection`). Humble has no service introspection: the refusal
+/// is checked.
+#[test]
+fn the_real_ros2_bag_play_publish_service_requests_replays_ringbags_service_recording() {
+    require_ros2_cli!();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bag = tmp.path().join("services");
+    if service_recording_refused_on_humble(&bag) {
+        return;
+    }
+    let warm = record_service_calls(tmp.path(), &bag);
+    let player = |source: &str| {
+        let mut c = std::process::Command::new("ros2");
+        c.args(["bag", "play", "--loop", "--publish-service-requests"])
+            .args(["--service-requests-source", source])
+            .arg(&bag);
+        c
+    };
+    // ros2 bag play is killed (drop): its exit on SIGINT is not what is tested here.
+    replays_the_recorded_requests(tmp.path(), &bag, warm, player, "ros2 bag play", drop);
+}
+
+/// `ringbag play --sink ros --publish-service-requests` calls the service with exactly the
+/// recorded requests, as the real ros2 bag play does (the test above), for both
+/// `--service-requests-source` values, and ends cleanly on SIGINT. On Humble the flag is
+/// refused with one line and exit 2.
+#[test]
+fn ringbag_play_publish_service_requests_calls_the_service_with_the_recorded_requests() {
+    require_ros2_cli!();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bag = tmp.path().join("services");
+    if sourced_distro() == "humble" {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
+            .args([
+                "play",
+                "/nonexistent",
+                "--sink",
+                "ros",
+                "--publish-service-requests",
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("ringbag runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(
+            err.contains("--publish-service-requests: this build's ROS 2 distro has no service introspection"),
+            "{err}"
+        );
+        eprintln!("SKIPPED calls: Humble has no service introspection (the refusal is checked)");
+        return;
+    }
+    let warm = record_service_calls(tmp.path(), &bag);
+    let player = |source: &str| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"));
+        c.args(["--log-level", "warn", "play"])
+            .arg(&bag)
+            .args(["--sink", "ros", "--loop", "--publish-service-requests"])
+            .args(["--service-requests-source", source]);
+        c
+    };
+    replays_the_recorded_requests(tmp.path(), &bag, warm, player, "ringbag play", |p| {
+        p.interrupt_and_wait()
+    });
 }

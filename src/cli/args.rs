@@ -427,12 +427,13 @@ pub struct PlayArgs {
     /// Do not play these services' events (wins over --services and -e).
     #[arg(long, num_args = 1.., value_name = "SERVICE")]
     pub exclude_services: Vec<String>,
-    /// Call the recorded services with the recorded requests (ros2 bag's flag). Not yet
-    /// supported: refused (exit 2).
+    /// ros sink, Jazzy: call the recorded services with the recorded requests instead of
+    /// publishing their events (ros2 bag's flag).
     #[arg(long)]
     pub publish_service_requests: bool,
-    /// Which introspection events hold the requests for --publish-service-requests (ros2 bag's
-    /// flag; its default is service_introspection). Not yet supported: refused (exit 2).
+    /// With --publish-service-requests: send the requests the servers received
+    /// (service_introspection) or the clients sent (client_introspection)
+    /// [default: service_introspection].
     #[arg(long, value_name = "SOURCE")]
     pub service_requests_source: Option<ServiceRequestsSource>,
     /// Messages read ahead of playback, at most (>= 1).

@@ -634,20 +634,33 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
     })
 }
 
-/// ros2 bag play's service calls: not there yet, so refused rather than ignored (a script
-/// asking for service calls would otherwise get the events published as topics instead).
-/// `--services`/`--exclude-services` select the event topics that play as topics.
+/// `--publish-service-requests` calls services: only the ros sink can, and only where the
+/// distro has service introspection (Jazzy's events hold the requests). Refused elsewhere
+/// rather than ignored: a script asking for calls would otherwise get no calls. The source
+/// without the calls has no meaning: refused too (ros2 bag ignores it).
 fn play_service_flags(a: &super::args::PlayArgs) -> Result<(), String> {
-    if a.publish_service_requests || a.service_requests_source.is_some() {
-        let flag = if a.publish_service_requests {
-            "--publish-service-requests"
-        } else {
-            "--service-requests-source"
-        };
-        return Err(format!(
-            "{flag}: not supported yet; ringbag plays a service's recorded events as the \
-             topic SERVICE/_service_event, it does not call the service"
-        ));
+    if !a.publish_service_requests {
+        if a.service_requests_source.is_some() {
+            return Err("--service-requests-source: only with --publish-service-requests".into());
+        }
+        return Ok(());
+    }
+    let sink = a.sink.unwrap_or(if cfg!(feature = "ros") {
+        super::args::SinkKind::Ros
+    } else {
+        super::args::SinkKind::Echo
+    });
+    if sink != super::args::SinkKind::Ros {
+        return Err(
+            "--publish-service-requests: the echo sink calls no services (--sink ros only)".into(),
+        );
+    }
+    if cfg!(feature = "ros") && !SERVICE_INTROSPECTION {
+        return Err(
+            "--publish-service-requests: this build's ROS 2 distro has no service \
+             introspection (Iron or later), so its bags hold no requests to send"
+                .into(),
+        );
     }
     Ok(())
 }

@@ -167,9 +167,10 @@ fn record_flags_without_a_meaning_on_the_synthetic_source_are_one_line_and_exit_
 /// Jazzy's play selection of services (rosbag2 0.26's player and sqlite3 reader): each kind
 /// answers to its own list, `-e`/`-x` and `--exclude-topics` to both; through the echo sink,
 /// every played message's bytes and order checked against what was written. Calling the
-/// services (`--publish-service-requests`) is refused in one line.
+/// services (`--publish-service-requests`) is the ros sink's: on the echo sink it is refused
+/// in one line, as is `--service-requests-source` without it.
 #[test]
-fn play_selects_services_as_jazzy_and_refuses_service_calls_in_one_line() {
+fn play_selects_services_as_jazzy_and_refuses_service_calls_on_the_echo_sink() {
     let tmp = tempfile::tempdir().unwrap();
     let bag = tmp.path().join("bag");
     let written = write_bag(
@@ -191,11 +192,11 @@ fn play_selects_services_as_jazzy_and_refuses_service_calls_in_one_line() {
     for (extra, needle) in [
         (
             &["--publish-service-requests"][..],
-            "--publish-service-requests: not supported yet",
+            "--publish-service-requests: the echo sink calls no services (--sink ros only)",
         ),
         (
             &["--service-requests-source", "client_introspection"],
-            "--service-requests-source: not supported yet",
+            "--service-requests-source: only with --publish-service-requests",
         ),
     ] {
         let args: Vec<&str> = ["play", b, "--sink", "echo"]
