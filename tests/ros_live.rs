@@ -2754,6 +2754,17 @@ fn ringbag_play_publish_service_requests_calls_the_service_with_the_recorded_req
         return;
     }
     let warm = record_service_calls(tmp.path(), &bag);
+    // One event that does not decode (a kind byte of no event, then nothing), among the
+    // others: skipped with a warning, as rosbag2 skips it, and playing goes on.
+    let split = &splits(&bag)[0];
+    let db = rusqlite::Connection::open(split).expect("open split");
+    db.execute(
+        "INSERT INTO messages (topic_id, timestamp, data) \
+         SELECT topic_id, timestamp, X'0001000007' FROM messages ORDER BY id LIMIT 1 OFFSET 10",
+        [],
+    )
+    .expect("insert a broken event");
+    drop(db);
     let player = |source: &str| {
         let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"));
         c.args(["--log-level", "warn", "play"])
@@ -2763,6 +2774,11 @@ fn ringbag_play_publish_service_requests_calls_the_service_with_the_recorded_req
         c
     };
     replays_the_recorded_requests(tmp.path(), &bag, warm, player, "ringbag play", |p| {
+        let err = p.stderr();
+        assert!(
+            err.contains("/rl_svc: a recorded event does not decode; skipped"),
+            "{err}"
+        );
         p.interrupt_and_wait()
     });
 }

@@ -181,6 +181,8 @@ pub enum Call {
     NoRequestRecorded,
     /// No server of the service is matched now (rosbag2 drops the request too).
     NoServer,
+    /// The recorded bytes are not a valid event of the type (rosbag2 logs and skips it too).
+    Undecodable,
 }
 
 /// A client of one service, calling it with requests taken out of recorded `X_Event`s.
@@ -479,6 +481,7 @@ impl RclNode {
             )));
         }
         let c_service = c_string("rcl_client_init", service)?;
+        // SAFETY: returns a plain zeroed struct, what rcl_client_init expects.
         let mut handle = Box::new(unsafe { rcl_get_zero_initialized_client() });
         // SAFETY: the node is valid and outlives the client (Drop finalises clients before
         // it); the type support is 'static and rcl copies the name and options.
@@ -541,7 +544,9 @@ impl RclNode {
         // (initialised above, of the type `event_ts` describes).
         let ret = unsafe { rmw_deserialize(&message, c.event_ts, event) };
         let outcome = if ret != RMW_RET_OK as rmw_ret_t {
-            Err(rcl_error("rmw_deserialize", ret))
+            // Read (which resets rmw's error state for the next call); the event is skipped.
+            log::debug!("{}", rcl_error("rmw_deserialize", ret));
+            Ok(Call::Undecodable)
         } else {
             // SAFETY: the info member is a service_msgs/ServiceEventInfo, whose first field
             // is `uint8 event_type`, at the member's offset in the deserialised struct.

@@ -700,6 +700,9 @@ impl RosPublisherSink {
                              (introspection metadata only): nothing to send"
                         );
                     }
+                    Call::Undecodable => {
+                        log::warn!("{service}: a recorded event does not decode; skipped")
+                    }
                     Call::Sent | Call::NotARequest | Call::NoRequestRecorded => {}
                 }
                 Ok(())
