@@ -1439,6 +1439,108 @@ fn play_publishes_the_bag_in_order_with_its_qos_clock_and_remap() {
     rec.stop().expect("recorder ends cleanly");
 }
 
+/// `ringbag record --services rl_svc … -o BAG`.
+fn record_service_command(bag: &std::path::Path) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"));
+    c.args(["--log-level", "warn", "record", "--source", "ros"])
+        .args(["--services", "rl_svc", "--clock", "system", "-o"])
+        .arg(bag);
+    c
+}
+
+/// On Humble, which has no service introspection, checks that `record --services` is refused
+/// with one line and exit 2 and returns true (the caller skips the rest); false elsewhere.
+fn service_recording_refused_on_humble(bag: &std::path::Path) -> bool {
+    if sourced_distro() != "humble" {
+        return false;
+    }
+    let out = record_service_command(bag)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("ringbag runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("--services: this build's ROS 2 distro has no service introspection"));
+    assert!(!bag.exists());
+    eprintln!("SKIPPED recording: Humble has no service introspection (the refusal is checked)");
+    true
+}
+
+/// Records `/rl_svc` into BAG (record_service_command) while tests/ros_live/introspection.py makes warm-up calls, then five measured calls; returns
+/// the number of warm-up calls (the measured ones have sequence numbers warm+1..=warm+5).
+fn record_service_calls(dir: &std::path::Path, bag: &std::path::Path) -> u64 {
+    let status = dir.join("status.json");
+    let ringbag = Child::spawn(
+        record_service_command(bag)
+            .arg("--status-file")
+            .arg(&status),
+        "ringbag record",
+        dir,
+    );
+    // The script waits for the recorder's subscription, then makes warm-up calls in lockstep
+    // with us until the recorder provably hears both of its event writers (client and server).
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/ros_live/introspection.py"
+    );
+    let mut calls = std::process::Command::new("python3")
+        .args([script, "/rl_svc", "5"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut say = calls.stdin.take().expect("script stdin");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
+        calls.stdout.take().expect("script stdout"),
+    ));
+    let committed = || {
+        std::fs::read_to_string(&status)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["committed"].as_u64())
+            .unwrap_or(0)
+    };
+    let mut warm = 0u64;
+    loop {
+        let Some(Ok(line)) = lines.next() else {
+            let out = calls.wait_with_output().expect("script exits");
+            panic!(
+                "{script} ended early: {:?}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let Some(n) = line.strip_prefix("warm ") else {
+            assert_eq!(line, "done 5");
+            break;
+        };
+        warm = n.parse().expect("warm N");
+        assert!(warm <= 30, "the recorder never heard both event writers");
+        // One writer alone sends two events per call, so more than 2 × warm committed events
+        // prove that both writers reach the recorder, and reliable delivery does the rest.
+        // A writer not matched yet cannot be waited for, only called again: hence the bound.
+        let look_until = Instant::now() + Duration::from_secs(2);
+        let mut both = committed() > 2 * warm;
+        while !both && Instant::now() < look_until {
+            std::thread::sleep(Duration::from_millis(20));
+            both = committed() > 2 * warm;
+        }
+        std::io::Write::write_all(&mut say, if both { b"go\n" } else { b"again\n" })
+            .expect("tell the script");
+    }
+    let out = calls.wait_with_output().expect("script exits");
+    assert!(
+        out.status.success(),
+        "{script}: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ringbag.interrupt_and_wait();
+    warm
+}
+
 /// The real `ros2` CLI of the sourced distro, or None when it is not on PATH.
 fn ros2(args: &[&std::ffi::OsStr]) -> Option<std::process::Output> {
     match std::process::Command::new("ros2")
@@ -2448,94 +2550,10 @@ fn services_are_recorded_from_their_introspection_events_as_jazzy_records_them()
     require_ros2_cli!();
     let tmp = tempfile::tempdir().expect("tempdir");
     let bag = tmp.path().join("services");
-    let record = || {
-        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"));
-        c.args(["--log-level", "warn", "record", "--source", "ros"])
-            .args(["--services", "rl_svc", "--clock", "system", "-o"])
-            .arg(&bag);
-        c
-    };
-    if sourced_distro() == "humble" {
-        let out = record()
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("ringbag runs");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-        assert!(err.contains("--services: this build's ROS 2 distro has no service introspection"));
-        assert!(!bag.exists());
-        eprintln!(
-            "SKIPPED recording: Humble has no service introspection (the refusal is checked)"
-        );
+    if service_recording_refused_on_humble(&bag) {
         return;
     }
-    let status = tmp.path().join("status.json");
-    let ringbag = Child::spawn(
-        record().arg("--status-file").arg(&status),
-        "ringbag record",
-        tmp.path(),
-    );
-    // The script waits for the recorder's subscription, then makes warm-up calls in lockstep
-    // with us until the recorder provably hears both of its event writers (client and server).
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/ros_live/introspection.py"
-    );
-    let mut calls = std::process::Command::new("python3")
-        .args([script, "/rl_svc", "5"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    let mut say = calls.stdin.take().expect("script stdin");
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
-        calls.stdout.take().expect("script stdout"),
-    ));
-    let committed = || {
-        std::fs::read_to_string(&status)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| v["committed"].as_u64())
-            .unwrap_or(0)
-    };
-    let mut warm = 0u64;
-    loop {
-        let Some(Ok(line)) = lines.next() else {
-            let out = calls.wait_with_output().expect("script exits");
-            panic!(
-                "{script} ended early: {:?}\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        let Some(n) = line.strip_prefix("warm ") else {
-            assert_eq!(line, "done 5");
-            break;
-        };
-        warm = n.parse().expect("warm N");
-        assert!(warm <= 30, "the recorder never heard both event writers");
-        // One writer alone sends two events per call, so more than 2 × warm committed events
-        // prove that both writers reach the recorder, and reliable delivery does the rest.
-        // A writer not matched yet cannot be waited for, only called again: hence the bound.
-        let look_until = Instant::now() + Duration::from_secs(2);
-        let mut both = committed() > 2 * warm;
-        while !both && Instant::now() < look_until {
-            std::thread::sleep(Duration::from_millis(20));
-            both = committed() > 2 * warm;
-        }
-        std::io::Write::write_all(&mut say, if both { b"go\n" } else { b"again\n" })
-            .expect("tell the script");
-    }
-    let out = calls.wait_with_output().expect("script exits");
-    assert!(
-        out.status.success(),
-        "{script}: {:?}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    ringbag.interrupt_and_wait();
+    let warm = record_service_calls(tmp.path(), &bag);
 
     let rows = rows_in(&bag);
     assert_eq!(rows.keys().collect::<Vec<_>>(), ["/rl_svc/_service_event"]);
@@ -2638,4 +2656,171 @@ fn services_are_recorded_from_their_introspection_events_as_jazzy_records_them()
     );
     player.interrupt_and_wait();
     listen.stop().expect("listener ends cleanly");
+}
+
+/// The data (`true`/`false`) of each recorded std_srvs/SetBool request of one event kind
+/// (REQUEST_SENT 0, REQUEST_RECEIVED 1), in bag order. SetBool_Event's CDR after the 4-byte
+/// header: ServiceEventInfo (event kind at 0, sequence number ending at 40), then the request
+/// sequence (uint32 length at 40; with one element its `bool data` at 44).
+fn recorded_setbool_requests(events: &[Vec<u8>], kind: u8) -> Vec<bool> {
+    events
+        .iter()
+        .filter(|e| e[4] == kind)
+        .map(|e| {
+            let len = u32::from_le_bytes(e[4 + 40..4 + 44].try_into().expect("4 bytes"));
+            assert_eq!(
+                len, 1,
+                "the event carries its request (introspection CONTENTS)"
+            );
+            e[4 + 44] != 0
+        })
+        .collect()
+}
+
+/// Plays the service recording `bag` (made by [`record_service_calls`] with `warm` warm-up
+/// calls) with `player` (given `--service-requests-source SOURCE` here) to a plain SetBool
+/// server that logs each request (tests/ros_live/setbool_server.py), for both sources. With
+/// `--loop`, a pass that starts once the player's client has found the server arrives whole,
+/// so the log must hold the recorded requests as one run. A player that also sent the other
+/// side's requests, or the responses, would double them, which the alternating measured
+/// calls would show. `stop` ends the player.
+fn replays_the_recorded_requests(
+    dir: &std::path::Path,
+    bag: &std::path::Path,
+    warm: u64,
+    player: impl Fn(&str) -> std::process::Command,
+    what: &'static str,
+    stop: impl Fn(Child),
+) {
+    let events = &rows_in(bag)["/rl_svc/_service_event"];
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/ros_live/setbool_server.py"
+    );
+    for (source, kind) in [("service_introspection", 1), ("client_introspection", 0)] {
+        let want = recorded_setbool_requests(events, kind);
+        let mut calls = vec![true; warm as usize];
+        calls.extend((0..5).map(|i| i % 2 == 0));
+        assert_eq!(
+            want, calls,
+            "the requests the script made, as recorded ({source})"
+        );
+
+        let log = dir.join(format!("{what}-{source}.log").replace(' ', "_"));
+        std::fs::write(&log, "").expect("server log");
+        let server = Child::spawn(
+            std::process::Command::new("python3").args([
+                script.as_ref(),
+                "/rl_svc".as_ref(),
+                log.as_os_str(),
+            ]),
+            "setbool server",
+            dir,
+        );
+        let mut cmd = player(source);
+        let playing = Child::spawn(&mut cmd, what, dir);
+        let got = || -> Vec<Vec<u8>> {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .map(|l| l.as_bytes().to_vec())
+                .collect()
+        };
+        let want_lines: Vec<Vec<u8>> = want
+            .iter()
+            .map(|&d| if d { b"1".to_vec() } else { b"0".to_vec() })
+            .collect();
+        wait_until(
+            &format!("a whole pass of the recorded requests at the server ({what}, {source})"),
+            || contains_run(&got(), &want_lines),
+        );
+        stop(playing);
+        server.interrupt_and_wait();
+    }
+}
+
+/// Issue 26's promise for service recordings: the REAL `ros2 bag play --publish-service-requests`
+/// on a bag ringbag recorded calls the service again with the recorded requests, from the
+/// server's events (`--service-requests-source service_introspection`, the default) and from
+/// the client's (`client_introspection`). Humble has no service introspection: the refusal
+/// is checked.
+#[test]
+fn the_real_ros2_bag_play_publish_service_requests_replays_ringbags_service_recording() {
+    require_ros2_cli!();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bag = tmp.path().join("services");
+    if service_recording_refused_on_humble(&bag) {
+        return;
+    }
+    let warm = record_service_calls(tmp.path(), &bag);
+    let player = |source: &str| {
+        let mut c = std::process::Command::new("ros2");
+        c.args(["bag", "play", "--loop", "--publish-service-requests"])
+            .args(["--service-requests-source", source])
+            .arg(&bag);
+        c
+    };
+    // ros2 bag play is killed (drop): its exit on SIGINT is not what is tested here.
+    replays_the_recorded_requests(tmp.path(), &bag, warm, player, "ros2 bag play", drop);
+}
+
+/// `ringbag play --sink ros --publish-service-requests` calls the service with exactly the
+/// recorded requests, as the real ros2 bag play does (the test above), for both
+/// `--service-requests-source` values, and ends cleanly on SIGINT. On Humble the flag is
+/// refused with one line and exit 2.
+#[test]
+fn ringbag_play_publish_service_requests_calls_the_service_with_the_recorded_requests() {
+    require_ros2_cli!();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bag = tmp.path().join("services");
+    if sourced_distro() == "humble" {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"))
+            .args([
+                "play",
+                "/nonexistent",
+                "--sink",
+                "ros",
+                "--publish-service-requests",
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("ringbag runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(
+            err.contains("--publish-service-requests: this build's ROS 2 distro has no service introspection"),
+            "{err}"
+        );
+        eprintln!("SKIPPED calls: Humble has no service introspection (the refusal is checked)");
+        return;
+    }
+    let warm = record_service_calls(tmp.path(), &bag);
+    // One event that does not decode (a kind byte of no event, then nothing), among the
+    // others: skipped with a warning, as rosbag2 skips it, and playing goes on.
+    let split = &splits(&bag)[0];
+    let db = rusqlite::Connection::open(split).expect("open split");
+    db.execute(
+        "INSERT INTO messages (topic_id, timestamp, data) \
+         SELECT topic_id, timestamp, X'0001000007' FROM messages ORDER BY id LIMIT 1 OFFSET 10",
+        [],
+    )
+    .expect("insert a broken event");
+    drop(db);
+    let player = |source: &str| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ringbag"));
+        c.args(["--log-level", "warn", "play"])
+            .arg(&bag)
+            .args(["--sink", "ros", "--loop", "--publish-service-requests"])
+            .args(["--service-requests-source", source]);
+        c
+    };
+    replays_the_recorded_requests(tmp.path(), &bag, warm, player, "ringbag play", |p| {
+        let err = p.stderr();
+        assert!(
+            err.contains("/rl_svc: a recorded event does not decode; skipped"),
+            "{err}"
+        );
+        p.interrupt_and_wait()
+    });
 }

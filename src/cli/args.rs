@@ -336,14 +336,15 @@ pub struct PlayArgs {
     /// Storage plugin of the bag (ros2 bag's flag). Only sqlite3 [default: sqlite3].
     #[arg(short = 's', long, value_name = "ID")]
     pub storage: Option<String>,
-    /// Play only these topics (and those matching -e) [default: all]. Takes every value up to
-    /// the next option: give BAG first.
+    /// Play only these topics (and those matching -e) [default: all]; services are chosen by
+    /// --services. Takes every value up to the next option: give BAG first.
     #[arg(long, num_args = 1.., value_name = "TOPIC")]
     pub topics: Vec<String>,
-    /// Play topics matching this regular expression (as well as --topics).
+    /// Play topics and services matching this regular expression (as well as --topics and
+    /// --services).
     #[arg(short = 'e', long, value_name = "RE")]
     pub regex: Option<String>,
-    /// Do not play topics matching this regular expression.
+    /// Do not play topics and services matching this regular expression.
     #[arg(short = 'x', long, value_name = "RE")]
     pub exclude_regex: Option<String>,
     /// Do not play these topics.
@@ -419,20 +420,21 @@ pub struct PlayArgs {
     /// Publish /clock with the message's time right before every message played.
     #[arg(long, conflicts_with_all = ["clock", "clock_topics"])]
     pub clock_topics_all: bool,
-    /// ros2 bag's service filter. Not yet supported: refused (exit 2); a recorded service's
-    /// events are the topic SERVICE/_service_event, which --topics selects.
+    /// Play these services' recorded events (topics SERVICE/_service_event), and those -e
+    /// matches; topics are then chosen by --topics/-e alone (as Jazzy's ros2 bag: --topics
+    /// alone leaves every service playing). Takes every value up to the next option.
     #[arg(long, num_args = 1.., value_name = "SERVICE")]
     pub services: Vec<String>,
-    /// ros2 bag's service exclusion. Not yet supported: refused (exit 2); --exclude-topics
-    /// SERVICE/_service_event leaves a service's events out.
+    /// Do not play these services' events (wins over --services and -e).
     #[arg(long, num_args = 1.., value_name = "SERVICE")]
     pub exclude_services: Vec<String>,
-    /// Call the recorded services with the recorded requests (ros2 bag's flag). Not yet
-    /// supported: refused (exit 2).
+    /// ros sink, Jazzy: call the recorded services with the recorded requests instead of
+    /// publishing their events (ros2 bag's flag).
     #[arg(long)]
     pub publish_service_requests: bool,
-    /// Which introspection events hold the requests for --publish-service-requests (ros2 bag's
-    /// flag; its default is service_introspection). Not yet supported: refused (exit 2).
+    /// With --publish-service-requests: send the requests the servers received
+    /// (service_introspection) or the clients sent (client_introspection)
+    /// [default: service_introspection].
     #[arg(long, value_name = "SOURCE")]
     pub service_requests_source: Option<ServiceRequestsSource>,
     /// Messages read ahead of playback, at most (>= 1).

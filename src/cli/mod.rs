@@ -454,7 +454,7 @@ fn cmd_play(a: &args::PlayArgs, burst: Option<u64>) -> i32 {
             )
             .named("stdout"),
         ),
-        args::SinkKind::Ros => match ros_sink() {
+        args::SinkKind::Ros => match ros_sink(a) {
             Ok(s) if a.wait_for_all_acked.is_some() => {
                 // rclcpp's wait_for_all_acked has no counterpart in the publishers ringbag
                 // uses; said once, so a script does not believe the acks were awaited.
@@ -527,15 +527,24 @@ fn timing_flag(s: &crate::play::PlaySettings) -> Option<&'static str> {
 const PLAY_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[cfg(not(feature = "ros"))]
-fn ros_sink() -> Result<Box<dyn crate::play::Sink>, String> {
+fn ros_sink(_a: &args::PlayArgs) -> Result<Box<dyn crate::play::Sink>, String> {
     Err("--sink ros: this ringbag was built without the `ros` feature (use --sink echo, or rebuild with --features ros)".into())
 }
 
+/// The ros sink; with `--publish-service-requests` (checked in resolve) it calls the services.
 #[cfg(feature = "ros")]
-fn ros_sink() -> Result<Box<dyn crate::play::Sink>, String> {
-    crate::source::ros::RosPublisherSink::new("ringbag_player")
-        .map(|s| Box::new(crate::play::RosSink::new(s)) as Box<dyn crate::play::Sink>)
-        .map_err(|e| e.to_string())
+fn ros_sink(a: &args::PlayArgs) -> Result<Box<dyn crate::play::Sink>, String> {
+    use crate::source::ros::RequestsFrom;
+    let mut sink =
+        crate::source::ros::RosPublisherSink::new("ringbag_player").map_err(|e| e.to_string())?;
+    if a.publish_service_requests {
+        sink = sink.calling_services(match a.service_requests_source {
+            Some(args::ServiceRequestsSource::ClientIntrospection) => RequestsFrom::Client,
+            // ros2 bag's default: the requests as the servers received them.
+            Some(args::ServiceRequestsSource::ServiceIntrospection) | None => RequestsFrom::Service,
+        });
+    }
+    Ok(Box::new(crate::play::RosSink::new(sink)))
 }
 
 /// Set when descriptor 1 was closed when the process started (`ringbag info BAG >&-`).

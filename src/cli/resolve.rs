@@ -568,6 +568,14 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
             .map(|t| normalize_topic_name(t).map_err(|e| format!("{what} {t}: {e}")))
             .collect()
     };
+    // A service is selected by its event topic, as ros2 bag play turns `--services S` into
+    // `S/_service_event` (ros2bag's convert_service_to_service_event_topic).
+    let event_topics = |what: &str, list: &[String]| -> Result<Vec<String>, String> {
+        Ok(names(what, list)?
+            .into_iter()
+            .map(|s| s + crate::source::select::SERVICE_EVENT_SUFFIX)
+            .collect())
+    };
     let regex = |what: &str, re: &Option<String>| -> Result<Option<regex::Regex>, String> {
         re.as_deref()
             .map(|p| {
@@ -597,9 +605,11 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
         bag: a.bag.clone(),
         selection: crate::play::Selection {
             topics: names("--topics", &a.topics)?,
+            services: event_topics("--services", &a.services)?,
             regex: regex("-e/--regex", &a.regex)?,
             exclude_regex: regex("-x/--exclude-regex", &a.exclude_regex)?,
             exclude_topics: names("--exclude-topics", &a.exclude_topics)?,
+            exclude_services: event_topics("--exclude-services", &a.exclude_services)?,
         },
         remap,
         rate: a.rate,
@@ -625,31 +635,33 @@ pub fn play_settings(a: &super::args::PlayArgs) -> Result<crate::play::PlaySetti
     })
 }
 
-/// ros2 bag play's service flags: not there yet, so refused rather than ignored (a script
-/// asking for service calls would otherwise get topics published instead). Without them a
-/// bag's service event topics play as any topic does, and --topics/--exclude-topics select
-/// them by their `SERVICE/_service_event` names.
+/// `--publish-service-requests` calls services: only the ros sink can, and only where the
+/// distro has service introspection (Jazzy's events hold the requests). Refused elsewhere
+/// rather than ignored: a script asking for calls would otherwise get no calls. The source
+/// without the calls has no meaning: refused too (ros2 bag ignores it).
 fn play_service_flags(a: &super::args::PlayArgs) -> Result<(), String> {
-    let event_topics = "select a service's events with --topics or --exclude-topics \
-                        SERVICE/_service_event";
-    if !a.services.is_empty() {
-        return Err(format!("--services: not supported yet; {event_topics}"));
+    if !a.publish_service_requests {
+        if a.service_requests_source.is_some() {
+            return Err("--service-requests-source: only with --publish-service-requests".into());
+        }
+        return Ok(());
     }
-    if !a.exclude_services.is_empty() {
-        return Err(format!(
-            "--exclude-services: not supported yet; {event_topics}"
-        ));
+    let sink = a.sink.unwrap_or(if cfg!(feature = "ros") {
+        super::args::SinkKind::Ros
+    } else {
+        super::args::SinkKind::Echo
+    });
+    if sink != super::args::SinkKind::Ros {
+        return Err(
+            "--publish-service-requests: the echo sink calls no services (--sink ros only)".into(),
+        );
     }
-    if a.publish_service_requests || a.service_requests_source.is_some() {
-        let flag = if a.publish_service_requests {
-            "--publish-service-requests"
-        } else {
-            "--service-requests-source"
-        };
-        return Err(format!(
-            "{flag}: not supported yet; ringbag plays a service's recorded events as the \
-             topic SERVICE/_service_event, it does not call the service"
-        ));
+    if cfg!(feature = "ros") && !SERVICE_INTROSPECTION {
+        return Err(
+            "--publish-service-requests: this build's ROS 2 distro has no service \
+             introspection (Iron or later), so its bags hold no requests to send"
+                .into(),
+        );
     }
     Ok(())
 }

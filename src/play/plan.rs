@@ -1,5 +1,5 @@
 //! Which of a bag's topics are played, under which names and with which QoS: the filters
-//! (`--topics`, `-e`, `-x`, `--exclude-topics`), `--remap`, the recorded QoS with
+//! (`--topics`, `--services`, `-e`, `-x`, `--exclude-topics`, `--exclude-services`), `--remap`, the recorded QoS with
 //! `--qos-profile-overrides-path`, and `/clock`. Pure: decided before anything is read or
 //! published, so every conflict is bad input (exit 2) before the first message.
 
@@ -7,29 +7,44 @@ use regex::Regex;
 
 use crate::bag::qos::{Durability, History, Reliability};
 use crate::bag::{QosProfile, TopicInfo};
-use crate::source::select::{adapt_to_offers, QosOverrides};
+use crate::source::select::{
+    adapt_to_offers, is_service_event_topic, QosOverrides, SERVICE_EVENT_SUFFIX,
+};
 
 /// `/clock`'s name and type, as `ros2 bag play --clock` publishes it.
 pub const CLOCK_TOPIC: &str = "/clock";
 pub const CLOCK_TYPE: &str = "rosgraph_msgs/msg/Clock";
 
-/// Topic selection, as `ros2 bag play`: with neither `topics` nor `regex`, every topic;
-/// otherwise those named or matching. Then the excluded ones are removed. Names are
-/// normalized (leading `/`).
+/// Topic selection, as Jazzy's `ros2 bag play` (rosbag2 0.26's `allow_topic` and its sqlite3
+/// reader's filter, which agree): a service event topic (`S/_service_event` of type
+/// `pkg/srv/X_Event`) answers to `services`, any other topic to `topics`. A topic plays when
+/// its own kind's list is empty and there is no `regex`, or it is in that list, or `regex`
+/// matches it; so `--topics` alone leaves every service playing and `--services` alone every
+/// topic, as in rosbag2. Then the excluded ones are removed: `exclude_topics` (which rosbag2's
+/// reader applies to both kinds), `exclude_services`, `exclude_regex`. Names are normalized
+/// (leading `/`); `services` and `exclude_services` hold the event topics' names.
 #[derive(Debug, Clone, Default)]
 pub struct Selection {
     pub topics: Vec<String>,
+    pub services: Vec<String>,
     pub regex: Option<Regex>,
     pub exclude_regex: Option<Regex>,
     pub exclude_topics: Vec<String>,
+    pub exclude_services: Vec<String>,
 }
 
 impl Selection {
-    fn selects(&self, name: &str) -> bool {
-        let included = (self.topics.is_empty() && self.regex.is_none())
-            || self.topics.iter().any(|t| t == name)
+    fn selects(&self, name: &str, type_name: &str) -> bool {
+        let named = if is_service_event_topic(name, type_name) {
+            &self.services
+        } else {
+            &self.topics
+        };
+        let included = (named.is_empty() && self.regex.is_none())
+            || named.iter().any(|t| t == name)
             || self.regex.as_ref().is_some_and(|r| r.is_match(name));
         let excluded = self.exclude_topics.iter().any(|t| t == name)
+            || self.exclude_services.iter().any(|t| t == name)
             || self
                 .exclude_regex
                 .as_ref()
@@ -40,9 +55,11 @@ impl Selection {
     /// True when any filter flag was given (for the wording of the no-match warning).
     pub fn is_filtering(&self) -> bool {
         !self.topics.is_empty()
+            || !self.services.is_empty()
             || self.regex.is_some()
             || self.exclude_regex.is_some()
             || !self.exclude_topics.is_empty()
+            || !self.exclude_services.is_empty()
     }
 }
 
@@ -127,6 +144,15 @@ pub fn plan(
             warnings.push(format!("--topics {t}: the bag has no such topic"));
         }
     }
+    for t in &selection.services {
+        if !bag_topics
+            .iter()
+            .any(|b| &b.name == t && is_service_event_topic(&b.name, &b.type_name))
+        {
+            let service = t.strip_suffix(SERVICE_EVENT_SUFFIX).unwrap_or(t);
+            warnings.push(format!("--services {service}: the bag has no such service"));
+        }
+    }
     for (old, _) in remap {
         if !bag_topics.iter().any(|b| &b.name == old) {
             warnings.push(format!("--remap {old}: the bag has no such topic"));
@@ -135,7 +161,7 @@ pub fn plan(
     let mut topics: Vec<PlayTopic> = Vec::new();
     let mut route = Vec::with_capacity(bag_topics.len());
     for t in bag_topics {
-        if !selection.selects(&t.name) {
+        if !selection.selects(&t.name, &t.type_name) {
             route.push(None);
             continue;
         }
@@ -262,8 +288,7 @@ mod tests {
         let sel = Selection {
             topics: vec!["/a".into(), "/nope".into()],
             regex: Some(Regex::new("^/cam/").unwrap()),
-            exclude_regex: None,
-            exclude_topics: vec![],
+            ..Selection::default()
         };
         let p = plan(&bag(), &sel, &[], &QosOverrides::new(), false).unwrap();
         assert_eq!(names(&p), ["/a", "/cam/image"]);
@@ -276,6 +301,102 @@ mod tests {
         let p = plan(&bag(), &sel, &[], &QosOverrides::new(), false).unwrap();
         assert_eq!(names(&p), ["/cam/image"]);
         assert_eq!(p.read_topics(&bag()), ["/cam/image"]);
+    }
+
+    /// Jazzy's rule, case by case against rosbag2 0.26's `allow_topic` and sqlite3 filter:
+    /// each kind answers to its own list, -e and -x to both, --exclude-topics to both.
+    #[test]
+    fn services_and_topics_answer_to_their_own_lists_as_in_jazzy() {
+        let mut with_services = bag();
+        with_services.push(topic(
+            "/set/_service_event",
+            "std_srvs/srv/SetBool_Event",
+            vec![],
+        ));
+        with_services.push(topic(
+            "/add/_service_event",
+            "ex/srv/AddTwoInts_Event",
+            vec![],
+        ));
+        // Named like an event topic but not of an event type: a topic.
+        with_services.push(topic("/fake/_service_event", "std_msgs/msg/String", vec![]));
+        let ev = |s: &str| format!("/{s}/_service_event");
+        let played = |sel: Selection| {
+            let p = plan(&with_services, &sel, &[], &QosOverrides::new(), false).unwrap();
+            (
+                names(&p).into_iter().map(String::from).collect::<Vec<_>>(),
+                p.warnings,
+            )
+        };
+        let all = [
+            "/a",
+            "/b",
+            "/imu",
+            "/cam/image",
+            "/set/_service_event",
+            "/add/_service_event",
+            "/fake/_service_event",
+        ];
+        assert_eq!(played(Selection::default()).0, all);
+        // --topics alone: those topics and every service.
+        let (names, _) = played(Selection {
+            topics: vec!["/a".into(), "/fake/_service_event".into()],
+            ..Selection::default()
+        });
+        assert_eq!(
+            names,
+            [
+                "/a",
+                "/set/_service_event",
+                "/add/_service_event",
+                "/fake/_service_event"
+            ]
+        );
+        // --services alone: those services and every topic; a missing one is a warning.
+        let (names, warnings) = played(Selection {
+            services: vec![ev("set"), ev("nope"), ev("fake")],
+            ..Selection::default()
+        });
+        assert_eq!(
+            names,
+            [
+                "/a",
+                "/b",
+                "/imu",
+                "/cam/image",
+                "/set/_service_event",
+                "/fake/_service_event"
+            ]
+        );
+        assert_eq!(
+            warnings,
+            [
+                "--services /nope: the bag has no such service",
+                "--services /fake: the bag has no such service"
+            ]
+        );
+        // Both: exactly the named ones.
+        let (names, _) = played(Selection {
+            topics: vec!["/imu".into()],
+            services: vec![ev("add")],
+            ..Selection::default()
+        });
+        assert_eq!(names, ["/imu", "/add/_service_event"]);
+        // -e alone applies to both kinds; with --topics, services must match it.
+        let (names, _) = played(Selection {
+            topics: vec!["/a".into()],
+            regex: Some(Regex::new("^/(b|set)").unwrap()),
+            ..Selection::default()
+        });
+        assert_eq!(names, ["/a", "/b", "/set/_service_event"]);
+        // Exclusions: --exclude-services, --exclude-topics (both kinds) and -x.
+        let (names, _) = played(Selection {
+            exclude_services: vec![ev("set")],
+            exclude_topics: vec!["/add/_service_event".into(), "/b".into()],
+            exclude_regex: Some(Regex::new("^/(imu|cam)").unwrap()),
+            ..Selection::default()
+        });
+        assert_eq!(names, ["/a", "/fake/_service_event"]);
     }
 
     #[test]

@@ -108,13 +108,19 @@ fn service_event_type_support(
     package: &str,
     service: &str,
 ) -> Result<*const rosidl_message_type_support_t, RclError> {
-    let library = c_string("dlopen", &format!("lib{package}__rosidl_typesupport_c.so"))?;
-    let symbol = c_string(
-        "dlsym",
+    generated::<rosidl_message_type_support_t>(
+        &format!("lib{package}__rosidl_typesupport_c.so"),
         &format!(
             "rosidl_typesupport_c__get_message_type_support_handle__{package}__srv__{service}_Event"
         ),
-    )?;
+    )
+}
+
+/// What a rosidl-generated getter `const T * SYMBOL(void)` in `library` returns: the address
+/// of a static of that library, which is never unloaded, so the pointer is 'static.
+fn generated<T>(library: &str, symbol: &str) -> Result<*const T, RclError> {
+    let c_library = c_string("dlopen", library)?;
+    let c_symbol = c_string("dlsym", symbol)?;
     let dl_error = |what: &str| {
         // SAFETY: dlerror returns null or a NUL-terminated string valid until the next dl call
         // on this thread; it is copied at once.
@@ -122,27 +128,24 @@ fn service_event_type_support(
         lookup_error(format!("{what}: {e}"))
     };
     // SAFETY: both names are NUL-terminated. The handle is never closed, so the library, and
-    // the type support it returns, stay valid for the rest of the process.
-    let handle = unsafe { libc::dlopen(library.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    // what its getters return, stay valid for the rest of the process.
+    let handle = unsafe { libc::dlopen(c_library.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if handle.is_null() {
         return Err(dl_error("dlopen"));
     }
     // SAFETY: the handle is open (above).
-    let getter = unsafe { libc::dlsym(handle, symbol.as_ptr()) };
+    let getter = unsafe { libc::dlsym(handle, c_symbol.as_ptr()) };
     if getter.is_null() {
         return Err(dl_error("dlsym"));
     }
-    // SAFETY: the symbol is rosidl's generated C getter, declared
-    // `const rosidl_message_type_support_t * f(void)`; it only returns a static's address.
+    // SAFETY: the symbol is a rosidl-generated getter, declared `const T * f(void)`; it only
+    // returns a static's address.
     let ts = unsafe {
-        let get: unsafe extern "C" fn() -> *const rosidl_message_type_support_t =
-            std::mem::transmute(getter);
+        let get: unsafe extern "C" fn() -> *const T = std::mem::transmute(getter);
         get()
     };
     if ts.is_null() {
-        return Err(lookup_error(format!(
-            "{package}/srv/{service}_Event: no type support"
-        )));
+        return Err(lookup_error(format!("{symbol}: returned no type support")));
     }
     Ok(ts)
 }
@@ -156,6 +159,43 @@ pub struct PublisherEndpoint {
 
 /// Index of a publisher in its [`RclNode`].
 pub type PubId = usize;
+
+/// Index of a service client in its [`RclNode`].
+pub type ClientId = usize;
+
+/// Which recorded requests `--publish-service-requests` sends: those of REQUEST_RECEIVED
+/// events (the server's introspection) or of REQUEST_SENT events (the client's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestsFrom {
+    Service,
+    Client,
+}
+
+/// What became of one recorded service event given to [`RclNode::call`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    Sent,
+    /// A response, or a request of the other side's introspection: not a call to make.
+    NotARequest,
+    /// The event was recorded with introspection METADATA only: no request to send.
+    NoRequestRecorded,
+    /// No server of the service is matched now (rosbag2 drops the request too).
+    NoServer,
+    /// The recorded bytes are not a valid event of the type (rosbag2 logs and skips it too).
+    Undecodable,
+}
+
+/// A client of one service, calling it with requests taken out of recorded `X_Event`s.
+struct Client {
+    /// Boxed: rcl keeps no pointer to it, but its address is handed out per call only.
+    handle: Box<rcl_client_t>,
+    /// The event message's C type support (rmw_deserialize's) and its introspection.
+    event_ts: *const rosidl_message_type_support_t,
+    members: &'static rosidl_typesupport_introspection_c__MessageMembers,
+    /// The event's C struct, `size_of_` bytes (in u64s, so aligned for any field a ROS
+    /// message has), allocated once and reused: init, deserialize, send, fini per event.
+    event: Vec<u64>,
+}
 
 /// Index of a subscription in its [`RclNode`].
 pub type SubId = usize;
@@ -185,6 +225,8 @@ pub struct RclNode {
     /// unlike subscriptions, no wait set or event keeps a publisher's address (the handle is
     /// one pointer to rcl's own allocation, which does not move).
     pubs: Vec<rcl_publisher_t>,
+    /// Service clients (`ringbag play --publish-service-requests`).
+    clients: Vec<Client>,
     /// Where every take lands; rmw grows it to the largest message so far, then reuses it.
     buffer: rcl_serialized_message_t,
     allocator: rcutils_allocator_t,
@@ -256,6 +298,7 @@ impl RclNode {
             wait_events: 0,
             subs: Vec::new(),
             pubs: Vec::new(),
+            clients: Vec::new(),
             // SAFETY: a zero-initialised byte array (null buffer, capacity 0) is a valid
             // target for rcl_take_serialized_message, which allocates it with `allocator`.
             buffer: unsafe { rcutils_get_zero_initialized_uint8_array() },
@@ -394,6 +437,162 @@ impl RclNode {
         check("rcl_publish_serialized_message", unsafe {
             rcl_publish_serialized_message(publisher, &message, std::ptr::null_mut())
         })
+    }
+
+    /// A client of `service` (`/set`) for the recorded events of type `event_type`
+    /// (`pkg/srv/X_Event`): the service's C type support for rcl, the event's for rmw to
+    /// deserialize into, and its introspection for the layout, each from the package's
+    /// generated libraries (as rosbag2's player gets them).
+    pub fn service_client(
+        &mut self,
+        service: &str,
+        event_type: &str,
+    ) -> Result<ClientId, RclError> {
+        let (package, name) = event_type
+            .strip_suffix("_Event")
+            .and_then(|s| s.split_once("/srv/"))
+            .ok_or_else(|| lookup_error(format!("{event_type}: not a service event type")))?;
+        let event_ts = service_event_type_support(package, name)?;
+        let service_ts = generated::<rosidl_service_type_support_t>(
+            &format!("lib{package}__rosidl_typesupport_c.so"),
+            &format!(
+                "rosidl_typesupport_c__get_service_type_support_handle__{package}__srv__{name}"
+            ),
+        )?;
+        let introspection = generated::<rosidl_message_type_support_t>(
+            &format!("lib{package}__rosidl_typesupport_introspection_c.so"),
+            &format!(
+                "rosidl_typesupport_introspection_c__get_message_type_support_handle__{package}__srv__{name}_Event"
+            ),
+        )?;
+        // SAFETY: an introspection type support's `data` is its MessageMembers, a static of
+        // the same never-unloaded library.
+        let members = unsafe {
+            &*((*introspection).data as *const rosidl_typesupport_introspection_c__MessageMembers)
+        };
+        // A service event is (info, request[<=1], response[<=1]) in every distro that has
+        // them; anything else is not what this reads.
+        if members.member_count_ != 3
+            || members.init_function.is_none()
+            || members.fini_function.is_none()
+        {
+            return Err(lookup_error(format!(
+                "{event_type}: not laid out as a service event (info, request, response)"
+            )));
+        }
+        let c_service = c_string("rcl_client_init", service)?;
+        // SAFETY: returns a plain zeroed struct, what rcl_client_init expects.
+        let mut handle = Box::new(unsafe { rcl_get_zero_initialized_client() });
+        // SAFETY: the node is valid and outlives the client (Drop finalises clients before
+        // it); the type support is 'static and rcl copies the name and options.
+        unsafe {
+            let options = rcl_client_get_default_options();
+            check(
+                "rcl_client_init",
+                rcl_client_init(
+                    handle.as_mut(),
+                    self.node.as_ref(),
+                    service_ts,
+                    c_service.as_ptr(),
+                    &options,
+                ),
+            )?;
+        }
+        let words = members.size_of_.div_ceil(8);
+        self.clients.push(Client {
+            handle,
+            event_ts,
+            members,
+            event: vec![0u64; words],
+        });
+        Ok(self.clients.len() - 1)
+    }
+
+    /// Calls client `id`'s service with the request in the recorded event `cdr` (a whole
+    /// `X_Event` message), when it is a request `from` asks for, as rosbag2's player does:
+    /// responses and the other side's requests are skipped, and so is every request while no
+    /// server is there. Responses are not waited for (rosbag2 only waits for them at the end).
+    pub fn call(&mut self, id: ClientId, cdr: &[u8], from: RequestsFrom) -> Result<Call, RclError> {
+        let node = self.node.as_ref() as *const rcl_node_t;
+        let allocator = self.allocator;
+        let Some(c) = self.clients.get_mut(id) else {
+            return Err(RclError {
+                call: "rcl_send_request",
+                code: RCL_RET_CLIENT_INVALID as i32,
+                message: format!("no client {id}"),
+            });
+        };
+        // SAFETY: members_ has member_count_ (3, checked in service_client) entries.
+        let (info, request) = unsafe { (&*c.members.members_, &*c.members.members_.add(1)) };
+        let message = rcl_serialized_message_t {
+            buffer: cdr.as_ptr() as *mut u8,
+            buffer_length: cdr.len(),
+            buffer_capacity: cdr.len(),
+            allocator,
+        };
+        let event = c.event.as_mut_ptr() as *mut std::os::raw::c_void;
+        let (init, fini) = (c.members.init_function, c.members.fini_function);
+        // SAFETY: `event` is size_of_ bytes, 8-aligned, and holds no live message: it is
+        // initialised here and finalised below on every path, before the next use.
+        unsafe {
+            init.expect("checked in service_client")(
+                event,
+                rosidl_runtime_c__message_initialization::ROSIDL_RUNTIME_C_MSG_INIT_ZERO,
+            )
+        };
+        // SAFETY: rmw only reads `cdr` during the call and writes the message `event` is
+        // (initialised above, of the type `event_ts` describes).
+        let ret = unsafe { rmw_deserialize(&message, c.event_ts, event) };
+        let outcome = if ret != RMW_RET_OK as rmw_ret_t {
+            // Read (which resets rmw's error state for the next call); the event is skipped.
+            log::debug!("{}", rcl_error("rmw_deserialize", ret));
+            Ok(Call::Undecodable)
+        } else {
+            // SAFETY: the info member is a service_msgs/ServiceEventInfo, whose first field
+            // is `uint8 event_type`, at the member's offset in the deserialised struct.
+            let kind = unsafe { *(event as *const u8).add(info.offset_ as usize) };
+            let wanted = match from {
+                RequestsFrom::Service => 1, // REQUEST_RECEIVED
+                RequestsFrom::Client => 0,  // REQUEST_SENT
+            };
+            // SAFETY: `request` is the bounded sequence member; its size/get functions take
+            // the sequence's address inside the deserialised struct.
+            let request_ptr = unsafe {
+                let seq =
+                    (event as *mut u8).add(request.offset_ as usize) as *mut std::os::raw::c_void;
+                match (request.size_function, request.get_function) {
+                    (Some(size), Some(get)) if size(seq) > 0 => get(seq, 0),
+                    _ => std::ptr::null_mut(),
+                }
+            };
+            if kind != wanted {
+                Ok(Call::NotARequest)
+            } else {
+                let mut available = false;
+                // SAFETY: node and client are initialised and live until Drop.
+                check("rcl_service_server_is_available", unsafe {
+                    rcl_service_server_is_available(node, c.handle.as_ref(), &mut available)
+                })
+                .and_then(|()| {
+                    if !available {
+                        return Ok(Call::NoServer);
+                    }
+                    if request_ptr.is_null() {
+                        return Ok(Call::NoRequestRecorded);
+                    }
+                    let mut sequence = 0i64;
+                    // SAFETY: request_ptr is the event's X_Request element, valid until
+                    // fini below; rcl serialises it during the call.
+                    check("rcl_send_request", unsafe {
+                        rcl_send_request(c.handle.as_ref(), request_ptr, &mut sequence)
+                    })
+                    .map(|()| Call::Sent)
+                })
+            }
+        };
+        // SAFETY: `event` was initialised above; fini frees what deserialising allocated.
+        unsafe { fini.expect("checked in service_client")(event) };
+        outcome
     }
 
     pub fn subscribe(
@@ -586,9 +785,15 @@ impl Drop for RclNode {
                 log::debug!("{}", rcl_error(call, ret));
             }
         };
-        // SAFETY: teardown in rcl's order (publishers, events, subscriptions, wait set, buffer, node,
+        // SAFETY: teardown in rcl's order (clients, publishers, events, subscriptions, wait set, buffer, node,
         // context); each handle was initialised and is finalised exactly once here.
         unsafe {
+            for c in &mut self.clients {
+                log(
+                    "rcl_client_fini",
+                    rcl_client_fini(c.handle.as_mut(), self.node.as_mut()),
+                );
+            }
             for p in &mut self.pubs {
                 log(
                     "rcl_publisher_fini",

@@ -17,11 +17,12 @@ use std::time::{Duration, Instant};
 use r2r::qos::{DurabilityPolicy, HistoryPolicy, LivelinessPolicy, ReliabilityPolicy};
 
 use super::msgdef::{AmentPrefixPath, DefinitionCache};
-use super::rcl::{RclError, RclNode, Ready, SubId};
+pub use super::rcl::RequestsFrom;
+use super::rcl::{Call, RclError, RclNode, Ready, SubId};
 use super::select::{
     definition_type, duration_from_std, duration_to_std, is_service_event_topic,
     load_qos_overrides, requested_qos, Decision, QosOverrides, RosSourceOptions, SelectError,
-    TopicSelector,
+    TopicSelector, SERVICE_EVENT_SUFFIX,
 };
 use crate::bag::qos::{Durability, History, Liveliness, Reliability};
 use crate::bag::{MessageDefinition, QosProfile, TopicInfo};
@@ -84,6 +85,21 @@ pub enum RosSourceError {
     #[error("cannot publish on {topic}: {source}")]
     EventPublish {
         topic: String,
+        #[source]
+        source: RclError,
+    },
+    #[error(
+        "--publish-service-requests: cannot create a client of {service} [{type_name}]: {source}"
+    )]
+    ServiceClient {
+        service: String,
+        type_name: String,
+        #[source]
+        source: RclError,
+    },
+    #[error("--publish-service-requests: cannot call {service}: {source}")]
+    ServiceCall {
+        service: String,
         #[source]
         source: RclError,
     },
@@ -524,12 +540,21 @@ pub struct RosPublisherSink {
     /// rcl's own node for the service event topics, made at the first one (see
     /// [`RosPublisherSink::advertise`]).
     events: Option<RclNode>,
+    /// `--publish-service-requests`: call the services instead of publishing their events.
+    service_requests: Option<RequestsFrom>,
 }
 
 enum Publisher {
     R2r(r2r::PublisherUntyped),
     /// On `events`.
     Rcl(super::rcl::PubId),
+    /// A service client on `events`, with whether each kind of skipped request was said.
+    Client {
+        id: super::rcl::ClientId,
+        service: String,
+        warned_no_server: bool,
+        warned_metadata: bool,
+    },
 }
 
 impl RosPublisherSink {
@@ -545,7 +570,15 @@ impl RosPublisherSink {
             node_name: node_name.to_string(),
             publishers: Vec::new(),
             events: None,
+            service_requests: None,
         })
+    }
+
+    /// Calls the services of the service event topics advertised from now on with their
+    /// recorded requests, taken from the events `from` names (`--publish-service-requests`).
+    pub fn calling_services(mut self, from: RequestsFrom) -> Self {
+        self.service_requests = Some(from);
+        self
     }
 
     /// Creates the publisher of `topic` with `qos` and returns its index for [`Self::publish`].
@@ -568,14 +601,32 @@ impl RosPublisherSink {
                         .map_err(RosSourceError::Init)?,
                 ),
             };
-            let id = events
-                .advertise(topic, type_name, to_r2r_qos(qos))
-                .map_err(|source| RosSourceError::EventPublisher {
-                    topic: topic.into(),
-                    type_name: type_name.into(),
-                    source,
-                })?;
-            Publisher::Rcl(id)
+            if self.service_requests.is_some() {
+                // rosbag2's player: a generic client of the service, named by the topic.
+                let service = topic.strip_suffix(SERVICE_EVENT_SUFFIX).unwrap_or(topic);
+                let id = events
+                    .service_client(service, type_name)
+                    .map_err(|source| RosSourceError::ServiceClient {
+                        service: service.into(),
+                        type_name: type_name.into(),
+                        source,
+                    })?;
+                Publisher::Client {
+                    id,
+                    service: service.to_string(),
+                    warned_no_server: false,
+                    warned_metadata: false,
+                }
+            } else {
+                let id = events
+                    .advertise(topic, type_name, to_r2r_qos(qos))
+                    .map_err(|source| RosSourceError::EventPublisher {
+                        topic: topic.into(),
+                        type_name: type_name.into(),
+                        source,
+                    })?;
+                Publisher::Rcl(id)
+            }
         } else {
             Publisher::R2r(
                 self.node
@@ -591,12 +642,14 @@ impl RosPublisherSink {
         Ok(self.publishers.len() - 1)
     }
 
-    /// Publishes CDR bytes (encapsulation header included) on an advertised publisher.
+    /// Publishes CDR bytes (encapsulation header included) on an advertised publisher; on a
+    /// service client, calls the service with the event's request (when it is one to send).
     pub fn publish(&mut self, publisher: usize, data: &[u8]) -> Result<(), RosSourceError> {
-        let Some((topic, p)) = self.publishers.get(publisher) else {
+        let from = self.service_requests;
+        let Some((topic, p)) = self.publishers.get_mut(publisher) else {
             return Ok(());
         };
-        match (p, &self.events) {
+        match (p, &mut self.events) {
             (Publisher::R2r(p), _) => {
                 p.publish_raw(data)
                     .map_err(|source| RosSourceError::Publish {
@@ -612,8 +665,50 @@ impl RosPublisherSink {
                         source,
                     })
             }
-            // An Rcl publisher exists only once `events` does.
-            (Publisher::Rcl(_), None) => Ok(()),
+            (
+                Publisher::Client {
+                    id,
+                    service,
+                    warned_no_server,
+                    warned_metadata,
+                },
+                Some(events),
+            ) => {
+                let from = from.unwrap_or(RequestsFrom::Service);
+                let call =
+                    events
+                        .call(*id, data, from)
+                        .map_err(|source| RosSourceError::ServiceCall {
+                            service: service.clone(),
+                            source,
+                        })?;
+                // As rosbag2's player: a request with no server matched is dropped, with a
+                // warning (here once per service, then at debug level).
+                match call {
+                    Call::NoServer if !*warned_no_server => {
+                        *warned_no_server = true;
+                        log::warn!(
+                            "{service}: no server of the service: recorded requests are not \
+                             sent while there is none"
+                        );
+                    }
+                    Call::NoServer => log::debug!("{service}: no server; a request dropped"),
+                    Call::NoRequestRecorded if !*warned_metadata => {
+                        *warned_metadata = true;
+                        log::warn!(
+                            "{service}: a request event was recorded without its request \
+                             (introspection metadata only): nothing to send"
+                        );
+                    }
+                    Call::Undecodable => {
+                        log::warn!("{service}: a recorded event does not decode; skipped")
+                    }
+                    Call::Sent | Call::NotARequest | Call::NoRequestRecorded => {}
+                }
+                Ok(())
+            }
+            // Rcl publishers and clients exist only once `events` does.
+            (Publisher::Rcl(_) | Publisher::Client { .. }, None) => Ok(()),
         }
     }
 }

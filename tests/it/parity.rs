@@ -164,16 +164,25 @@ fn record_flags_without_a_meaning_on_the_synthetic_source_are_one_line_and_exit_
     }
 }
 
+/// Jazzy's play selection of services (rosbag2 0.26's player and sqlite3 reader): each kind
+/// answers to its own list, `-e`/`-x` and `--exclude-topics` to both; through the echo sink,
+/// every played message's bytes and order checked against what was written. Calling the
+/// services (`--publish-service-requests`) is the ros sink's: on the echo sink it is refused
+/// in one line, as is `--service-requests-source` without it.
 #[test]
-fn play_service_flags_are_refused_in_one_line_and_service_events_play_as_topics() {
+fn play_selects_services_as_jazzy_and_refuses_service_calls_on_the_echo_sink() {
     let tmp = tempfile::tempdir().unwrap();
     let bag = tmp.path().join("bag");
-    write_bag(
+    let written = write_bag(
         &bag,
         Flavour::Jazzy,
         &[
             ("/set/_service_event", "std_srvs/srv/SetBool_Event"),
             ("/a", "std_msgs/msg/String"),
+            (
+                "/add/_service_event",
+                "example_interfaces/srv/AddTwoInts_Event",
+            ),
         ],
         3,
         0,
@@ -181,18 +190,13 @@ fn play_service_flags_are_refused_in_one_line_and_service_events_play_as_topics(
     let b = bag.to_str().unwrap();
     let never = tmp.path().join("never");
     for (extra, needle) in [
-        (&["--services", "/set"][..], "--services: not supported yet"),
         (
-            &["--exclude-services", "/set"],
-            "--exclude-services: not supported yet",
-        ),
-        (
-            &["--publish-service-requests"],
-            "--publish-service-requests: not supported yet",
+            &["--publish-service-requests"][..],
+            "--publish-service-requests: the echo sink calls no services (--sink ros only)",
         ),
         (
             &["--service-requests-source", "client_introspection"],
-            "--service-requests-source: not supported yet",
+            "--service-requests-source: only with --publish-service-requests",
         ),
     ] {
         let args: Vec<&str> = ["play", b, "--sink", "echo"]
@@ -201,22 +205,91 @@ fn play_service_flags_are_refused_in_one_line_and_service_events_play_as_topics(
             .collect();
         assert_bad_input(&args, &[needle], &never);
     }
-    // Without them, the event topic is a topic like any other: --topics selects it.
+    // (topic, bag time, bytes) of each message played, in order.
+    let played = |extra: &[&str]| -> (Vec<(String, i64, Vec<u8>)>, String) {
+        let args: Vec<&str> = ["play", b, "--sink", "echo", "--echo-format", "jsonl"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let o = run(&args);
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        let got = stdout(&o)
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+                let hex = v["data_hex"].as_str().expect("data_hex");
+                let bytes = (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+                    .collect();
+                let topic = v["topic"].as_str().expect("topic").to_string();
+                (topic, v["bag_ns"].as_i64().expect("bag_ns"), bytes)
+            })
+            .collect();
+        // stderr without play's closing `played N messages` line: the warnings.
+        let warnings = stderr(&o)
+            .lines()
+            .filter(|l| !l.starts_with("ringbag: played "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        (got, warnings)
+    };
+    let only = |names: &[&str]| -> Vec<(String, i64, Vec<u8>)> {
+        written
+            .iter()
+            .filter(|(t, _, _)| names.contains(&t.as_str()))
+            .cloned()
+            .collect()
+    };
+    let (set, a, add) = ("/set/_service_event", "/a", "/add/_service_event");
+    for (extra, want) in [
+        (&[][..], vec![set, a, add]),
+        // --topics alone selects topics only: every service still plays.
+        (&["--topics", "/a"], vec![set, a, add]),
+        (&["--topics", "/set/_service_event"], vec![set, add]),
+        // --services alone: those services (named without the suffix, `/` optional) and every topic.
+        (&["--services", "set"], vec![set, a]),
+        (&["--topics", "/a", "--services", "/add"], vec![a, add]),
+        (&["--exclude-services", "/set"], vec![a, add]),
+        (
+            &["--services", "/set", "/add", "--exclude-services", "/add"],
+            vec![set, a],
+        ),
+        // -e and -x match both kinds; --exclude-topics takes an event topic too (rosbag2's reader).
+        (&["--topics", "/a", "-e", "^/add"], vec![a, add]),
+        (&["-x", "_service_event$"], vec![a]),
+        (&["--exclude-topics", "/add/_service_event"], vec![set, a]),
+    ] {
+        let (got, err) = played(extra);
+        assert_eq!(got, only(&want), "{extra:?}");
+        assert!(err.is_empty(), "{extra:?}: {err}");
+    }
+    // A service the bag lacks is one warning, and the rest plays.
+    let (got, err) = played(&["--services", "/nope", "/set"]);
+    assert_eq!(got, only(&[set, a]));
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--services /nope: the bag has no such service"),
+        "{err}"
+    );
+    // `burst` takes --services too, as ros2 bag burst does.
     let o = run(&[
-        "play",
+        "burst",
         b,
         "--sink",
         "echo",
+        "--services",
+        "/add",
         "--topics",
-        "/set/_service_event",
+        "/a",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
-    assert_eq!(out.lines().count(), 3, "{out}");
-    assert!(
-        out.lines().all(|l| l.contains("/set/_service_event")),
-        "{out}"
-    );
+    let topics: Vec<String> = stdout(&o)
+        .lines()
+        .map(|l| l.split(' ').nth(2).expect("topic field").to_string())
+        .collect();
+    let want: Vec<String> = only(&[a, add]).into_iter().map(|m| m.0).collect();
+    assert_eq!(topics, want);
     // info lists the event topic as a service, apart from the topics, as Jazzy's ros2 bag
     // info does; `Messages:` counts the topics' messages only.
     let o = run(&["info", b]);
@@ -226,11 +299,15 @@ fn play_service_flags_are_refused_in_one_line_and_service_events_play_as_topics(
         "Messages:          3",
         "Topic information: Topic: /a | Type: std_msgs/msg/String | Count: 3 | Serialization \
          Format: cdr",
-        "Service:           1",
-        "Service information: Service: /set | Type: std_srvs/srv/SetBool | Event Count: 3 | \
+        "Service:           2",
+        "Service: /set | Type: std_srvs/srv/SetBool | Event Count: 3 | Serialization Format: cdr",
+        "Service: /add | Type: example_interfaces/srv/AddTwoInts | Event Count: 3 | \
          Serialization Format: cdr",
     ] {
-        assert!(out.lines().any(|l| l == line), "no line {line:?} in\n{out}");
+        assert!(
+            out.lines().any(|l| l.ends_with(line)),
+            "no line {line:?} in\n{out}"
+        );
     }
     assert!(!out.contains("Topic: /set"), "{out}");
 }
