@@ -1887,8 +1887,9 @@ mod tests {
         assert_eq!(bag.closed.len(), 3);
     }
 
-    #[test]
-    fn deletes_oldest_splits_until_the_free_space_floor_holds() {
+    /// A bag on a 100 MiB partition with `available` bytes free (plus what deletions free)
+    /// and retention keeping a 10 MiB floor.
+    fn floor_of_10_mib(available: u64) -> (FakeBag, Retention) {
         let freed = Arc::new(Mutex::new(0));
         let mut bag = FakeBag::new((MB, 0));
         bag.freed = Some(freed.clone());
@@ -1897,11 +1898,16 @@ mod tests {
             ..Default::default()
         };
         let space = FakeSpace {
-            base_available: 8 * MB,
+            base_available: available,
             total: 100 * MB,
             freed,
         };
-        let mut r = Retention::new(policy).with_free_space(Box::new(space));
+        (bag, Retention::new(policy).with_free_space(Box::new(space)))
+    }
+
+    #[test]
+    fn deletes_oldest_splits_until_the_free_space_floor_holds() {
+        let (mut bag, mut r) = floor_of_10_mib(8 * MB);
         for i in 0..6 {
             bag.close(MB, i * S, i * S + 1);
         }
@@ -1914,21 +1920,9 @@ mod tests {
 
     #[test]
     fn the_free_space_floor_keeps_room_for_the_compressions_in_flight() {
-        let freed = Arc::new(Mutex::new(0));
-        let mut bag = FakeBag::new((MB, 0));
-        bag.freed = Some(freed.clone());
+        let (mut bag, mut r) = floor_of_10_mib(8 * MB);
         // A split being compressed may still write up to 2 MiB of `.zstd` beside its `.db3`.
         bag.compressing = 2 * MB;
-        let policy = RetentionPolicy {
-            min_free_space: Some(10 * MB),
-            ..Default::default()
-        };
-        let space = FakeSpace {
-            base_available: 8 * MB,
-            total: 100 * MB,
-            freed,
-        };
-        let mut r = Retention::new(policy).with_free_space(Box::new(space));
         for i in 0..8 {
             bag.close(MB, i * S, i * S + 1);
         }
@@ -1942,23 +1936,11 @@ mod tests {
 
     #[test]
     fn compressions_of_deleted_splits_never_stop_the_recording() {
-        let freed = Arc::new(Mutex::new(0));
-        let mut bag = FakeBag::new((MB, 0));
-        bag.freed = Some(freed.clone());
+        let (mut bag, mut r) = floor_of_10_mib(10 * MB);
         // Every closed split is gone once the floor asks for them, and their compressions are
         // still stopping (their reserve not released yet): the batch itself fits above the
         // floor, so recording goes on.
         bag.compressing = 4 * MB;
-        let policy = RetentionPolicy {
-            min_free_space: Some(10 * MB),
-            ..Default::default()
-        };
-        let space = FakeSpace {
-            base_available: 10 * MB,
-            total: 100 * MB,
-            freed,
-        };
-        let mut r = Retention::new(policy).with_free_space(Box::new(space));
         bag.close(MB, 0, 1);
         bag.open_span = Some((S, S));
         let n = r.before_batch(&mut bag, 1000, 2 * S).unwrap();

@@ -1673,6 +1673,15 @@ fn sourced_distro() -> String {
     std::env::var("ROS_DISTRO").unwrap_or_default()
 }
 
+/// The bag format the sourced distro writes itself: Humble's, or Jazzy's for Jazzy (and later).
+fn own_flavour() -> &'static str {
+    if sourced_distro() == "humble" {
+        "humble"
+    } else {
+        "jazzy"
+    }
+}
+
 /// Humble's rosbag2 (0.15) cannot read any Jazzy bag, a real one included: its metadata
 /// reader stops at the version 9 fields (`yaml-cpp: … bad conversion`). A Jazzy-format
 /// bag of ringbag's must meet the same refusal there, never a half-read bag; its own
@@ -1840,12 +1849,7 @@ fn the_real_ros2_bag_describes_and_plays_a_jazzy_format_bag() {
 #[test]
 fn the_real_ros2_bag_describes_and_plays_splits_compressed_by_ringbag() {
     require_ros2_cli!();
-    let flavour = if sourced_distro() == "humble" {
-        "humble"
-    } else {
-        "jazzy"
-    };
-    ros2_bag_describes_and_plays(flavour, Compress::Afterwards);
+    ros2_bag_describes_and_plays(own_flavour(), Compress::Afterwards);
 }
 
 /// The sourced distro's `ros2 bag info` and `play` (its zstd plugin) read a recording
@@ -1854,12 +1858,7 @@ fn the_real_ros2_bag_describes_and_plays_splits_compressed_by_ringbag() {
 #[test]
 fn the_real_ros2_bag_describes_and_plays_a_recording_ringbag_compressed_in_file_mode() {
     require_ros2_cli!();
-    let flavour = if sourced_distro() == "humble" {
-        "humble"
-    } else {
-        "jazzy"
-    };
-    ros2_bag_describes_and_plays(flavour, Compress::ByTheRecorder);
+    ros2_bag_describes_and_plays(own_flavour(), Compress::ByTheRecorder);
 }
 
 /// The sourced distro's `ros2 bag info` and `play` (its zstd plugin) read a bag that
@@ -1868,12 +1867,7 @@ fn the_real_ros2_bag_describes_and_plays_a_recording_ringbag_compressed_in_file_
 #[test]
 fn the_real_ros2_bag_describes_and_plays_a_bag_ringbag_convert_compressed() {
     require_ros2_cli!();
-    let flavour = if sourced_distro() == "humble" {
-        "humble"
-    } else {
-        "jazzy"
-    };
-    ros2_bag_describes_and_plays(flavour, Compress::ByConvert);
+    ros2_bag_describes_and_plays(own_flavour(), Compress::ByConvert);
 }
 
 /// How the bag of [`ros2_bag_describes_and_plays`] is compressed.

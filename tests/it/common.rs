@@ -553,3 +553,37 @@ pub fn promtool(args: &[&str], stdin: &str) -> Option<(bool, String)> {
         ),
     ))
 }
+
+/// Asserts that the bag in `dir` is compressed in rosbag2's file mode throughout: only
+/// `<name>_<N>.db3.zstd` splits on disk (no `.db3`, no `.partial`), listed in order in
+/// `relative_file_paths`, the `.db3` names kept in `files[].path` as rosbag2 keeps them, and
+/// `compression_format: zstd`, `compression_mode: FILE`. Returns the metadata.
+pub fn assert_file_mode_compressed(dir: &Path, name: &str) -> ringbag::bag::metadata::BagMetadata {
+    let mut files: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "metadata.yaml")
+        .collect();
+    files.sort();
+    assert!(
+        files.iter().all(|n| n.ends_with(".db3.zstd")),
+        "only .zstd splits (no .db3, no .partial): {files:?}"
+    );
+    let m = ringbag::bag::metadata::BagMetadata::read(dir).unwrap();
+    assert_eq!(
+        (m.compression_format.as_str(), m.compression_mode.as_str()),
+        ("zstd", "FILE")
+    );
+    assert_eq!(
+        m.relative_file_paths,
+        (0..files.len())
+            .map(|i| format!("{name}_{i}.db3.zstd"))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        m.files.iter().all(|f| f.path.ends_with(".db3")),
+        "{:?}",
+        m.files
+    );
+    m
+}

@@ -110,27 +110,7 @@ fn file_mode_leaves_only_zstd_splits_listed_as_rosbag2_does_and_every_message_re
     let files = names(&dir);
     let splits: Vec<&String> = files.iter().filter(|n| *n != "metadata.yaml").collect();
     assert!(splits.len() > 3, "rotations happened: {files:?}");
-    assert!(
-        splits.iter().all(|n| n.ends_with(".db3.zstd")),
-        "only .zstd splits (no .db3, no .partial): {files:?}"
-    );
-    let m = BagMetadata::read(&dir).unwrap();
-    assert_eq!(
-        (m.compression_format.as_str(), m.compression_mode.as_str()),
-        ("zstd", "FILE")
-    );
-    assert_eq!(
-        m.relative_file_paths,
-        (0..splits.len())
-            .map(|i| format!("z_{i}.db3.zstd"))
-            .collect::<Vec<_>>()
-    );
-    // rosbag2 keeps the .db3 name in files[].path.
-    assert!(
-        m.files.iter().all(|f| f.path.ends_with(".db3")),
-        "{:?}",
-        m.files
-    );
+    let m = crate::common::assert_file_mode_compressed(&dir, "z");
     assert_eq!(m.message_count, N as u64);
     let payload: u64 = (0..N).map(|i| message(i).1.len() as u64).sum();
     let packed: u64 = splits

@@ -593,29 +593,8 @@ fn compressed_output_is_rosbag2_file_mode_and_reads_back_byte_for_byte() {
     assert_eq!(err.lines().count(), 2, "one line per output: {err}");
 
     for (dir, name, version) in [(&split, "split", 9), (&humble, "humble", 5)] {
-        let files = files_of(dir);
-        let splits: Vec<&String> = files.iter().filter(|n| *n != "metadata.yaml").collect();
-        assert!(
-            splits.iter().all(|n| n.ends_with(".db3.zstd")),
-            "only .zstd splits: {files:?}"
-        );
-        let m = ringbag::bag::metadata::BagMetadata::read(dir).unwrap();
+        let m = crate::common::assert_file_mode_compressed(dir, name);
         assert_eq!(m.version, version);
-        assert_eq!(
-            (m.compression_format.as_str(), m.compression_mode.as_str()),
-            ("zstd", "FILE")
-        );
-        assert_eq!(
-            m.relative_file_paths,
-            (0..splits.len())
-                .map(|i| format!("{name}_{i}.db3.zstd"))
-                .collect::<Vec<_>>()
-        );
-        assert!(
-            m.files.iter().all(|f| f.path.ends_with(".db3")),
-            "{:?}",
-            m.files
-        );
         assert_eq!(m.message_count, all.len() as u64);
         let (_, msgs) = read_all(dir);
         assert!(msgs == all, "{name}: ringbag reads every message back");
