@@ -21,10 +21,15 @@
 # open split back every second (pipeline::syncer), so it is about one second; before that
 # write-back existed the whole open split was lost.
 #
+# Two configurations record with `--compression-mode file --compression-format zstd`: there a
+# split logged closed may be its `.db3`, its `.db3.zstd` or both at the cut, and every form
+# present must hold all its messages (the `.zstd` decompressed with the zstd CLI); no
+# compression's `.partial` may outlive recovery or reindex.
+#
 # Then the upload cuts (see "uploads across power cuts" below): the daemon uploading to Garage
 # while the power goes.
 #
-# Environment: POWERCUT_CUTS (default 14), POWERCUT_UPLOAD_CUTS (default 2; Garage from
+# Environment: POWERCUT_CUTS (default 18), POWERCUT_UPLOAD_CUTS (default 2; Garage from
 # RINGBAG_GARAGE_SH, default scripts/garage.sh), POWERCUT_SEED (default: time), RINGBAG_BIN
 # (default: target/debug/ringbag, built if missing), POWERCUT_JSON (a file: also write a JSON
 # summary there, one object per cut and the totals, for scripts/plot-bench.py). Skips, with the
@@ -34,7 +39,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/free-port.sh"
-CUTS="${POWERCUT_CUTS:-14}"
+CUTS="${POWERCUT_CUTS:-18}"
 MAX_LOSS_S="${POWERCUT_MAX_LOSS_S:-3}"
 SEED="${POWERCUT_SEED:-$(date +%s)}"
 RANDOM=$((SEED % 32768))
@@ -48,9 +53,9 @@ skip() {
 
 [[ $EUID -eq 0 ]] || skip "needs root to mount loop devices"
 [[ -e /dev/loop-control ]] || skip "no /dev/loop-control (loop devices unavailable here)"
-for t in losetup mkfs.xfs mkfs.ext4 mount umount python3 cp; do
+for t in losetup mkfs.xfs mkfs.ext4 mount umount python3 cp zstd; do
     command -v "$t" >/dev/null || {
-        echo "powercut: missing tool $t (scripts/test.sh installs xfsprogs, e2fsprogs)" >&2
+        echo "powercut: missing tool $t (scripts/test.sh installs xfsprogs, e2fsprogs, zstd)" >&2
         exit 1
     }
 done
@@ -176,23 +181,47 @@ for name in sorted(os.listdir(root)):
                     newest = t
     if os.path.exists(os.path.join(bag, ".ringbag.lock")):
         problems.append(f"{name}: still marked unclean after recovery")
-kept = 0
+    for dirpath, _, files in os.walk(bag):
+        for f in files:
+            if f.endswith(".partial"):
+                problems.append(f"{name}: a compression's {f} left behind")
+
+def split_rows(path):
+    c = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return c.execute("PRAGMA quick_check").fetchone()[0], c.execute("SELECT count(*) FROM messages").fetchone()[0]
+    finally:
+        c.close()
+
+kept = compressed = 0
 for path, n in sorted(closed.items()):
     if os.path.exists(path + ".damaged"):
         problems.append(f"{os.path.basename(path)}: closed before the cut, yet salvaged")
-    if not os.path.exists(path):
+    # With --compression-mode file a closed split is its .db3 until the .zstd is published
+    # (fsynced, then renamed), then the .zstd alone, and for a moment both: each form there
+    # must hold every message the split closed with.
+    forms = [p for p in (path, path + ".zstd") if os.path.exists(p)]
+    if not forms:
         continue  # deleted by retention before the cut
     kept += 1
-    try:
-        c = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        qc = c.execute("PRAGMA quick_check").fetchone()[0]
-        rows = c.execute("SELECT count(*) FROM messages").fetchone()[0]
-        c.close()
-    except Exception as e:
-        problems.append(f"{os.path.basename(path)}: closed before the cut, unreadable: {e}")
-        continue
-    if qc != "ok" or rows != n:
-        problems.append(f"{os.path.basename(path)}: closed with {n} messages, now {rows} ({qc})")
+    compressed += path + ".zstd" in forms
+    for form in forms:
+        try:
+            if form.endswith(".zstd"):
+                plain = form + ".check.db3"
+                with open(plain, "wb") as out:
+                    subprocess.run(["zstd", "-d", "-q", "-c", form], stdout=out, check=True)
+                try:
+                    qc, rows = split_rows(plain)
+                finally:
+                    os.remove(plain)
+            else:
+                qc, rows = split_rows(form)
+        except Exception as e:
+            problems.append(f"{os.path.basename(form)}: closed before the cut, unreadable: {e}")
+            continue
+        if qc != "ok" or rows != n:
+            problems.append(f"{os.path.basename(form)}: closed with {n} messages, now {rows} ({qc})")
 window = ""
 if cut_ns > 0:
     # A window cut: the open split must give back all but its last moments.
@@ -205,7 +234,8 @@ if cut_ns > 0:
             problems.append(f"window cut: the open split lost its last {lost_s:.2f} s (more than {max_loss_s} s)")
 for p in problems:
     print(p)
-print(f"{bags} bags, {msgs} messages, {kept}/{len(closed)} closed splits present and intact{window}")
+zst = f", {compressed} of them compressed" if compressed else ""
+print(f"{bags} bags, {msgs} messages, {kept}/{len(closed)} closed splits present and intact{window}{zst}")
 PY
 
 # preset profile rate retention-flags (cycled over the cuts); rate "window" is a window cut
@@ -218,6 +248,8 @@ CONFIGS=(
     "resilient medium max -b 256KiB --max-record-size 3MiB"
     "none small max -b 86016 --max-bag-files 6"
     "write-optimized medium window -b 128MiB --max-record-size 300MiB"
+    "write-optimized medium max -b 256KiB --max-record-size 4MiB --compression-mode file --compression-format zstd"
+    "resilient medium max -b 1MiB --max-bag-files 5 --compression-mode file --compression-format zstd"
 )
 
 # One JSON line per cut into $W/cuts.jsonl (POWERCUT_JSON): the check's summary lines parsed
@@ -307,7 +339,7 @@ for ((cut = 1; cut <= CUTS; cut++)); do
     mount_at "$dev_b" "$W/b"
     for bag in "$W/b/c$cut"/*/; do
         bag="${bag%/}"
-        compgen -G "$bag/*.db3" >/dev/null || continue
+        compgen -G "$bag/*.db3*" >/dev/null || continue
         rrc=0
         "$RB" reindex "$bag" >"$W/logs/c$cut-reindex.out" 2>&1 || rrc=$?
         if ((rrc != 0)); then

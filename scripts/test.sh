@@ -440,7 +440,7 @@ run_root_script() {
 
 # Power cuts (scripts/powercut-test.sh): needs root, loop devices, mkfs.xfs and mkfs.ext4;
 # skips with the reason where loop devices cannot be used.
-run_powercut() { run_root_script powercut scripts/powercut-test.sh xfsprogs e2fsprogs; }
+run_powercut() { run_root_script powercut scripts/powercut-test.sh xfsprogs e2fsprogs zstd; }
 
 # The service under a real systemd (scripts/systemd-test.sh): boots systemd in a
 # systemd-nspawn container; skips with the reason only where nspawn is impossible.
