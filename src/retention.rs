@@ -319,6 +319,11 @@ pub trait CurrentBag {
         0
     }
     fn take_newly_closed(&mut self) -> Vec<ClosedSplit>;
+    /// Closed splits (by the path `take_newly_closed` gave) now on disk at a smaller size:
+    /// their `.db3` replaced by a `.zstd` of that many bytes.
+    fn take_compressed_sizes(&mut self) -> Vec<(PathBuf, u64)> {
+        Vec::new()
+    }
     /// Delete the closed split at `path` (as given by `take_newly_closed`), keeping
     /// metadata.yaml true; `None` when no closed split is there.
     fn delete_closed(&mut self, path: &Path) -> Result<Option<ClosedSplit>, BagError>;
@@ -354,6 +359,9 @@ impl CurrentBag for BagWriter {
     }
     fn compression_reserve(&self) -> u64 {
         BagWriter::compression_reserve(self)
+    }
+    fn take_compressed_sizes(&mut self) -> Vec<(PathBuf, u64)> {
+        BagWriter::take_compressed_sizes(self)
     }
     fn take_newly_closed(&mut self) -> Vec<ClosedSplit> {
         BagWriter::take_newly_closed(self)
@@ -890,6 +898,17 @@ impl Retention {
                 },
                 path: c.path,
             });
+        }
+        // After the closed ones: a split may close and finish compressing between two calls.
+        for (path, size) in w.take_compressed_sizes() {
+            let entry = self
+                .fifo
+                .iter_mut()
+                .find(|e| e.owner == Owner::Current && e.path == path);
+            if let Some(e) = entry.filter(|e| size < e.size) {
+                self.fifo_bytes -= e.size - size;
+                e.size = size;
+            }
         }
         if w.has_open_split() && w.open_split_span().is_none() {
             // The first split is empty when recording starts, so the real size is known
@@ -1593,6 +1612,8 @@ mod tests {
         freed: Option<Arc<Mutex<u64>>>,
         /// `compression_reserve`: what compressions in flight may still write.
         compressing: u64,
+        /// Compressions ended since retention last looked (`take_compressed_sizes`).
+        compressed: Vec<(PathBuf, u64)>,
     }
 
     impl FakeBag {
@@ -1620,6 +1641,12 @@ mod tests {
             self.next += 1;
             self.closed.push_back(c.clone());
             self.newly.push(c);
+        }
+        /// The newest closed split's compression ended: it is `size` bytes on disk now.
+        fn compress_newest(&mut self, size: u64) {
+            let c = self.closed.back_mut().unwrap();
+            c.size_bytes = size;
+            self.compressed.push((c.path.clone(), size));
         }
         fn on_disk(&self) -> u64 {
             self.closed.iter().map(|c| c.size_bytes).sum::<u64>() + self.open_size
@@ -1659,6 +1686,9 @@ mod tests {
         }
         fn compression_reserve(&self) -> u64 {
             self.compressing
+        }
+        fn take_compressed_sizes(&mut self) -> Vec<(PathBuf, u64)> {
+            std::mem::take(&mut self.compressed)
         }
     }
 
@@ -1885,6 +1915,35 @@ mod tests {
         }
         // Exact, not merely bounded: once warm, 3 closed splits and the open one.
         assert_eq!(bag.closed.len(), 3);
+    }
+
+    /// Compression lets the ring keep more: once a split's `.db3` is gone, the budget counts
+    /// it at its `.zstd`'s size, and the bound holds on what is really on disk.
+    #[test]
+    fn compressed_splits_count_at_their_zstd_size_so_the_ring_keeps_more() {
+        let mut plain = FakeBag::new((MB, 0));
+        let mut zipped = FakeBag::new((MB, 0));
+        let mut rp = Retention::new(size_policy(6 * MB));
+        let mut rz = Retention::new(size_policy(6 * MB));
+        for i in 0..40 {
+            for (bag, r, zip) in [(&mut plain, &mut rp, false), (&mut zipped, &mut rz, true)] {
+                r.before_close(bag).unwrap();
+                bag.close(MB, i * S, i * S + 1);
+                r.before_open(bag).unwrap();
+                if zip {
+                    bag.compress_newest(MB / 4);
+                }
+                r.after_batch(bag).unwrap();
+                assert!(bag.on_disk() <= 6 * MB, "{} bytes at {i}", bag.on_disk());
+                assert_eq!(r.usage(bag).bytes, bag.on_disk() + r.old_meta_bytes);
+            }
+        }
+        assert!(
+            zipped.closed.len() >= 3 * plain.closed.len(),
+            "{} compressed splits kept, {} plain",
+            zipped.closed.len(),
+            plain.closed.len()
+        );
     }
 
     /// A bag on a 100 MiB partition with `available` bytes free (plus what deletions free)

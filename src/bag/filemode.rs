@@ -108,6 +108,9 @@ pub struct Listing {
     pub(crate) report: bool,
     /// The first failed compression (its split, and why), when `report` is set.
     pub(crate) failed: Option<(PathBuf, String)>,
+    /// Splits whose `.db3` is gone since the writer last looked, with their `.zstd`'s size:
+    /// retention counts them at that size from then on.
+    pub(crate) shrunk: Vec<(String, u64)>,
 }
 
 impl Listing {
@@ -234,7 +237,21 @@ impl CompressJob {
     fn compress(&self, src: &Path) -> Result<bool, BagError> {
         let stopped = || self.stop.load(Ordering::Relaxed);
         let done = || self.gate.with_listing(|l| l.queued.remove(&self.rel));
-        let Some(c) = compress_partial(src, self.level, &stopped).inspect_err(|_| {
+        let c = compress_partial(src, self.level, &stopped).or_else(|e| {
+            // A split that retention deleted before this job opened it: its stop flag was set
+            // under the gate's lock before the unlink, so reading it under the lock after the
+            // failure sees it. Not an error: nothing is lost that the budget did not let go.
+            let deleted = self
+                .gate
+                .with_listing(|_| self.stop.load(Ordering::Relaxed))
+                .unwrap_or(false);
+            if deleted {
+                Ok(None)
+            } else {
+                Err(e)
+            }
+        });
+        let Some(c) = c.inspect_err(|_| {
             done();
         })?
         else {
@@ -249,7 +266,16 @@ impl CompressJob {
             return Ok(false);
         }
         match fs::remove_file(src) {
-            Ok(()) => {}
+            Ok(()) => {
+                // Only now, with the `.db3` gone, may the budget count the split at its
+                // `.zstd`'s size: told earlier, retention would undercount the disk.
+                let zstd = self.dir.join(format!("{}{ZSTD_SUFFIX}", self.rel));
+                if let Ok(m) = fs::metadata(&zstd) {
+                    self.gate
+                        .with_listing(|l| l.shrunk.push((self.rel.clone(), m.len())));
+                    self.gate.shrunk.fetch_add(1, Ordering::Release);
+                }
+            }
             // Retention deleted the split meanwhile (both forms).
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(BagError::io(src)(e)),

@@ -223,6 +223,9 @@ pub struct MetadataGate {
     state: Mutex<GateState>,
     /// Set at creation: whether `state.listing` exists (read without the lock).
     compressing: bool,
+    /// Compressions that pushed to `Listing::shrunk` so far: the writer takes the lock to
+    /// read that list only when this moved (not once per batch).
+    pub(crate) shrunk: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -245,6 +248,7 @@ impl MetadataGate {
                 flavour: Some(flavour),
             }),
             compressing,
+            shrunk: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -374,6 +378,8 @@ pub struct BagWriter {
     /// prepared.
     meta_gate: Arc<MetadataGate>,
     meta_generation: u64,
+    /// `meta_gate.shrunk` when [`BagWriter::take_compressed_sizes`] last looked.
+    shrunk_seen: u64,
     /// Where compression jobs run (`--compression-mode file`); inline when None.
     compression: Option<Box<dyn Compression>>,
     /// The split closed last, to hand to compression when the next one opens: after
@@ -512,6 +518,7 @@ impl BagWriter {
                 bytes_seen: 0,
                 meta_gate,
                 meta_generation: 0,
+                shrunk_seen: 0,
                 compression: None,
                 compress_next: None,
                 compress_reserve: Arc::default(),
@@ -886,6 +893,27 @@ impl BagWriter {
     /// Splits closed since the last call.
     pub fn take_newly_closed(&mut self) -> Vec<ClosedSplit> {
         std::mem::take(&mut self.newly_closed)
+    }
+    /// Closed splits whose compression ended since the last call (their `.db3` gone), by
+    /// their `.db3` path, with the size of the `.zstd` that stays. An atomic load when none.
+    pub fn take_compressed_sizes(&mut self) -> Vec<(PathBuf, u64)> {
+        let done = self
+            .meta_gate
+            .shrunk
+            .load(std::sync::atomic::Ordering::Acquire);
+        if done == self.shrunk_seen {
+            return Vec::new();
+        }
+        self.shrunk_seen = done;
+        let dir = &self.dir;
+        self.meta_gate
+            .with_listing(|l| {
+                l.shrunk
+                    .drain(..)
+                    .map(|(rel, size)| (dir.join(rel), size))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
     /// Number of split files created so far, including the open one.
     pub fn splits_created(&self) -> u32 {

@@ -1296,7 +1296,8 @@ fn continuous_headroom(w: &BagWriter, batch_bytes: u64) -> u64 {
 
 /// Split files of a bag directory and their bytes (with `-wal`/`-shm`), as found on disk.
 fn splits_on_disk(dir: &std::path::Path) -> (u32, u64) {
-    let files = crate::bag::reader::find_split_files(dir).unwrap_or_default();
+    // Compressed splits too (`--compression-mode file`): each split once, in its one form.
+    let files = crate::bag::reader::find_splits(dir).unwrap_or_default();
     let bytes = files
         .iter()
         .map(|f| crate::bag::writer::split_size_on_disk(&dir.join(f)))

@@ -517,7 +517,8 @@ fn a_reader_of_a_live_bag_never_trips_over_a_split_retention_just_deleted() {
 /// `.zstd.partial` (then `.zstd`) exist side by side, and retention keeps room for that
 /// (`BagWriter::compression_reserve`). Every file of the directory counts at every sample,
 /// the partial ones included; retention deletes splits whose compression is queued or
-/// running, and the bag reads afterwards.
+/// running, counts a compressed split at its `.zstd`'s size once its `.db3` is gone, and
+/// the bag reads afterwards.
 #[test]
 fn the_size_bound_holds_at_every_sample_while_splits_are_compressed() {
     for queue in ["1", "0"] {
@@ -541,9 +542,17 @@ fn the_size_bound_holds_at_every_sample_while_splits_are_compressed() {
                 "2",
             ],
         };
-        for (profile, count, split, limit) in [
-            ("medium", 400, "1MiB", "6MiB"),
-            ("robot", 300, "1MiB", "10MiB"),
+        // Retention counts a split at its `.zstd`'s size once compressed, so the template
+        // payloads (~19x smaller) may all fit when compression keeps up; the robot mix's
+        // realistic payloads (~1.4x) always overflow the budget, so that case must delete.
+        let realistic: &'static [&'static str] = Box::leak(
+            [extra, &["--synthetic-payload", "realistic"]]
+                .concat()
+                .into_boxed_slice(),
+        );
+        for (profile, count, split, limit, extra) in [
+            ("medium", 400, "1MiB", "6MiB", extra),
+            ("robot", 300, "1MiB", "10MiB", realistic),
         ] {
             let case = Case {
                 profile,
@@ -553,10 +562,12 @@ fn the_size_bound_holds_at_every_sample_while_splits_are_compressed() {
                 extra,
             };
             let (err, peak) = run_case(&case, "write-optimized");
-            assert!(
-                summary_number(&err, "deleted by retention ") > 0,
-                "queue {queue}, {profile}: the budget was exercised:\n{err}"
-            );
+            if profile == "robot" {
+                assert!(
+                    summary_number(&err, "deleted by retention ") > 0,
+                    "queue {queue}, {profile}: the budget was exercised:\n{err}"
+                );
+            }
             assert!(peak.samples > 0);
         }
     }
