@@ -1318,10 +1318,19 @@ mod tests {
         .unwrap();
         let f = c.compression.expect("file mode");
         assert_eq!((f.threads, f.queue_size, f.level), (2, 4, 1));
+        let c = ServiceConfig::check(
+            &format!("{base}compression_mode = \"message\"\ncompression_format = \"zstd\"\n"),
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        assert!(c.compression.expect("message mode").per_message);
         for (extra, says) in [
             (
-                "compression_mode = \"message\"\ncompression_format = \"zstd\"\n",
-                ("c.toml:3:", "compression_mode: message: not supported yet"),
+                "compression_mode = \"message\"\n",
+                (
+                    "c.toml:3:",
+                    "compression_mode: message needs a compression_format",
+                ),
             ),
             (
                 "compression_mode = \"file\"\n",

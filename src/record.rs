@@ -996,6 +996,7 @@ mod tests {
         let mut w = super::WriterOptions::new(crate::bag::Flavour::Jazzy);
         w.max_bag_size = 1 << 20;
         w.compression = Some(crate::bag::filemode::FileCompression {
+            per_message: false,
             threads: 1,
             queue_size: 1,
             level: 1,

@@ -227,9 +227,168 @@ pub fn compress_partial(
     }))
 }
 
+/// What rosbag2 writes as metadata.yaml's `compression_mode` in message mode (rosbags, the
+/// python library, writes it lower-case: readers compare without case, as rosbag2 does).
+pub const MESSAGE_MODE: &str = "MESSAGE";
+
+/// True when metadata.yaml's `compression_mode` says message mode (any case, as rosbag2's
+/// `compression_mode_from_string` and rosbags read it).
+pub fn is_message_mode(mode: &str) -> bool {
+    mode.eq_ignore_ascii_case(MESSAGE_MODE)
+}
+
+/// The most a message-mode blob may decompress to: SQLite's own limit on a value, so no
+/// message ringbag reads back can be larger than one a bag could hold uncompressed. A few
+/// bytes of hostile frame that claim more are refused before anything is allocated.
+pub const MAX_MESSAGE: u64 = 1_000_000_000;
+
+/// One message-mode blob (a zstd frame of the serialized message, as rosbag2's
+/// `ZstdCompressor::compress_serialized_bag_message` writes it) decompressed with `dec`, a
+/// context reused across messages. The frame's declared size sizes the one allocation (the
+/// message handed out); a frame that does not say its size (rosbags writes them with it, as
+/// rosbag2 does; a stream encoder would not) is decoded as a stream, bounded the same way.
+pub fn decompress_message(
+    dec: &mut zstd::bulk::Decompressor<'static>,
+    blob: &[u8],
+) -> Result<Vec<u8>, String> {
+    match zstd::zstd_safe::get_frame_content_size(blob) {
+        Ok(Some(n)) if n > MAX_MESSAGE => Err(format!(
+            "its zstd frame claims {n} bytes, more than a message can hold ({MAX_MESSAGE})"
+        )),
+        Ok(Some(n)) => {
+            let mut out = Vec::with_capacity(n as usize);
+            dec.decompress_to_buffer(blob, &mut out)
+                .map_err(|e| format!("not a zstd frame of {n} bytes: {e}"))?;
+            if out.len() as u64 != n {
+                return Err(format!(
+                    "its zstd frame holds {} bytes, not the {n} it declares",
+                    out.len()
+                ));
+            }
+            Ok(out)
+        }
+        Ok(None) => {
+            let mut out = Vec::new();
+            let d = zstd::stream::read::Decoder::new(blob).map_err(|e| e.to_string())?;
+            io::Read::read_to_end(&mut io::Read::take(d, MAX_MESSAGE + 1), &mut out)
+                .map_err(|e| format!("not a zstd frame: {e}"))?;
+            if out.len() as u64 > MAX_MESSAGE {
+                return Err(format!("it decompresses to more than {MAX_MESSAGE} bytes"));
+            }
+            Ok(out)
+        }
+        Err(_) => Err("not a zstd frame (rosbag2's message compression)".into()),
+    }
+}
+
+/// rosbag2's message mode on the writing side: each row's data replaced by one zstd frame of
+/// it (level [`DEFAULT_LEVEL`], content size in the header, as `ZSTD_compress` writes it), so
+/// the split size and the budget count what lands on disk. One compression context and one
+/// output arena, both reused batch after batch: after the first batches nothing is allocated
+/// per message (the arena keeps the capacity of the largest batch compressed so far).
+pub struct MessageZip {
+    ctx: zstd::bulk::Compressor<'static>,
+    arena: Vec<u8>,
+    /// End offset in `arena` of each row's frame (its start is the previous end).
+    ends: Vec<usize>,
+}
+
+impl std::fmt::Debug for MessageZip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MessageZip")
+    }
+}
+
+impl MessageZip {
+    pub fn new() -> io::Result<Self> {
+        Ok(MessageZip {
+            ctx: zstd::bulk::Compressor::new(DEFAULT_LEVEL)?,
+            arena: Vec::new(),
+            ends: Vec::new(),
+        })
+    }
+
+    /// `rows` with each data compressed, pointing into the arena (valid until the next call).
+    pub fn compress<'s>(
+        &'s mut self,
+        rows: &[super::writer::Row],
+    ) -> io::Result<Vec<super::writer::Row<'s>>> {
+        self.arena.clear();
+        self.ends.clear();
+        for &(_, _, data) in rows {
+            let start = self.arena.len();
+            // Room for the worst case, then cut to what the frame took.
+            self.arena
+                .resize(start + zstd::zstd_safe::compress_bound(data.len()), 0);
+            let n = self
+                .ctx
+                .compress_to_buffer(data, &mut self.arena[start..])?;
+            self.arena.truncate(start + n);
+            self.ends.push(start + n);
+        }
+        let mut start = 0;
+        Ok(rows
+            .iter()
+            .zip(&self.ends)
+            .map(|(&(topic, ts, _), &end)| {
+                let row = (topic, ts, &self.arena[start..end]);
+                start = end;
+                row
+            })
+            .collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The writer's frames: one per row, each with its content size (rosbag2's decompressor
+    /// sizes its buffer from it), decompressing to the row's data; empty data too.
+    #[test]
+    fn message_zip_writes_one_sized_frame_per_row() {
+        let mut z = MessageZip::new().unwrap();
+        let big = vec![7u8; 100_000];
+        for _ in 0..2 {
+            let rows: Vec<super::super::writer::Row> =
+                vec![(0, 1, b"hello".as_slice()), (1, 2, &[]), (0, 3, &big)];
+            let out = z.compress(&rows).unwrap();
+            assert_eq!(out.len(), 3);
+            for (o, r) in out.iter().zip(&rows) {
+                assert_eq!((o.0, o.1), (r.0, r.1));
+                assert_eq!(o.2[..4], [0x28, 0xB5, 0x2F, 0xFD]);
+                let size = zstd::zstd_safe::get_frame_content_size(o.2).unwrap();
+                assert_eq!(size, Some(r.2.len() as u64));
+                assert_eq!(zstd::bulk::decompress(o.2, r.2.len()).unwrap(), r.2);
+            }
+            assert!(out[2].2.len() < 1000);
+        }
+    }
+
+    /// Message mode: a frame as rosbag2 writes it (size declared) and a stream frame (size
+    /// not declared) both read back; a blob that is not zstd, a truncated frame, and a frame
+    /// that claims more than a message can hold are errors, never a panic or a huge allocation.
+    #[test]
+    fn message_blobs_decompress_and_bad_ones_are_errors() {
+        let mut dec = zstd::bulk::Decompressor::new().unwrap();
+        let plain: Vec<u8> = (0..10_000u32).flat_map(|i| (i % 7).to_le_bytes()).collect();
+        let frame = zstd::bulk::compress(&plain, DEFAULT_LEVEL).unwrap();
+        assert_eq!(frame[..4], [0x28, 0xB5, 0x2F, 0xFD]);
+        assert_eq!(decompress_message(&mut dec, &frame).unwrap(), plain);
+        let stream = zstd::encode_all(&plain[..], 1).unwrap();
+        assert_eq!(decompress_message(&mut dec, &stream).unwrap(), plain);
+        assert_eq!(
+            decompress_message(&mut dec, &zstd::bulk::compress(&[], 1).unwrap()).unwrap(),
+            b""
+        );
+        assert!(decompress_message(&mut dec, b"plain cdr bytes").is_err());
+        assert!(decompress_message(&mut dec, &frame[..frame.len() / 2]).is_err());
+        // A header claiming 2^40 bytes (single-segment frame, 8-byte size field).
+        let mut huge = vec![0x28, 0xB5, 0x2F, 0xFD, 0xE0];
+        huge.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        let e = decompress_message(&mut dec, &huge).unwrap_err();
+        assert!(e.contains("claims"), "{e}");
+    }
 
     #[test]
     fn decompresses_a_whole_file_stream_and_removes_the_copy_when_dropped() {

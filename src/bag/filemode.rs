@@ -33,9 +33,13 @@ use super::BagError;
 /// What rosbag2 writes as metadata.yaml's `compression_mode` in file mode.
 pub const FILE_MODE: &str = "FILE";
 
-/// `--compression-mode file`'s settings.
+/// `--compression-mode file`'s settings, or (`per_message`) `--compression-mode message`'s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileCompression {
+    /// rosbag2's message mode: each message's data is one zstd frame in a plain `.db3`
+    /// ([`super::compressed::MessageZip`]); the splits themselves are not compressed, and
+    /// `threads`/`queue_size` are not used (ringbag compresses messages on the writer thread).
+    pub per_message: bool,
     /// Compression threads (at least 1).
     pub threads: usize,
     /// Closed splits waiting for a thread; 0 = no limit (as rosbag2). A split that finds the
@@ -46,12 +50,16 @@ pub struct FileCompression {
 }
 
 impl FileCompression {
+    /// Whether closed splits are compressed whole (file mode), not each message.
+    pub fn whole_splits(&self) -> bool {
+        !self.per_message
+    }
+
     /// ros2 bag's compression flags (`--compression-mode`, `--compression-format`,
     /// `--compression-threads`, `--compression-queue-size`; the service's config keys of the
     /// same names): None for mode `none`, file mode with zstd, or one line saying why not.
-    /// `message` mode is refused rather than recording plain splits a script asked
-    /// compressed; a format without a mode, or a mode without a format, as ros2 bag refuses
-    /// them. Threads 0 = one per core (rosbag2's 0).
+    /// `message` mode gives `per_message`; a format without a mode, or a mode without a
+    /// format, is refused as ros2 bag refuses them. Threads 0 = one per core (rosbag2's 0).
     pub fn from_flags(
         mode: &str,
         format: &str,
@@ -68,11 +76,11 @@ impl FileCompression {
                 Err("--compression-format needs a --compression-mode (as in ros2 bag)".into())
             }
             "none" | "" => Ok(None),
-            "file" if format.is_empty() => Err(
-                "--compression-mode file needs a --compression-format (zstd, as in ros2 bag)"
-                    .into(),
-            ),
-            "file" => Ok(Some(FileCompression {
+            "file" | "message" if format.is_empty() => Err(format!(
+                "--compression-mode {mode} needs a --compression-format (zstd, as in ros2 bag)"
+            )),
+            "file" | "message" => Ok(Some(FileCompression {
+                per_message: mode == "message",
                 threads: match threads {
                     0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
                     n => n as usize,
@@ -80,11 +88,6 @@ impl FileCompression {
                 queue_size: queue_size as usize,
                 level: super::compressed::DEFAULT_LEVEL,
             })),
-            "message" => Err(
-                "--compression-mode message: not supported yet; ringbag compresses in file \
-                 mode (--compression-mode file)"
-                    .into(),
-            ),
             mode => Err(format!(
                 "--compression-mode {mode}: unknown mode (none, file or message)"
             )),

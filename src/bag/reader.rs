@@ -911,6 +911,7 @@ impl Bag {
             skipped: Vec::new(),
             deferred: None,
         };
+        let message_mode = super::compressed::is_message_mode(&self.metadata.compression_mode);
         let wanted: Option<std::sync::Arc<[String]>> = filter.topics.as_deref().map(Into::into);
         // Nothing is opened here: each split is opened when the merge reaches the first
         // timestamp it held when the bag was opened, and closed when read to its end. So a
@@ -940,7 +941,10 @@ impl Bag {
             let lower_bound = first.max(filter.start_ns.unwrap_or(i64::MIN));
             it.pending
                 .push(Reverse((lower_bound, order, it.cursors.len())));
-            it.cursors.push(self.cursor(order, s, filter, &wanted));
+            let mut c = self.cursor(order, s, filter, &wanted);
+            c.message_mode = message_mode;
+            c.tolerant = tolerant;
+            it.cursors.push(c);
         }
         Ok(it)
     }
@@ -968,6 +972,10 @@ impl Bag {
             returned: 0,
             chunk_rows: FIRST_CHUNK_ROWS,
             chunk_bytes: FIRST_CHUNK_BYTES,
+            message_mode: false,
+            tolerant: false,
+            dec: None,
+            undecodable: 0,
         }
     }
 }
@@ -1094,6 +1102,14 @@ struct SplitCursor {
     /// Bounds of the next chunk (growing to CHUNK_ROWS / CHUNK_BYTES).
     chunk_rows: usize,
     chunk_bytes: usize,
+    /// rosbag2's message compression mode: each row's data is a zstd frame of the message.
+    message_mode: bool,
+    /// A tolerant read skips a row that does not decompress (counted); a strict one fails.
+    tolerant: bool,
+    /// The decompression context, made at the first row and reused for the split's rows.
+    dec: Option<zstd::bulk::Decompressor<'static>>,
+    /// Rows skipped because they did not decompress.
+    undecodable: u64,
 }
 
 impl SplitCursor {
@@ -1148,8 +1164,41 @@ impl SplitCursor {
                     format!("message {id} names unknown topic id {topic_id}"),
                 )
             })?;
-            bytes += data.len();
             self.last = (ts, id);
+            let data = if self.message_mode {
+                let dec = match &mut self.dec {
+                    Some(d) => d,
+                    None => self
+                        .dec
+                        .insert(zstd::bulk::Decompressor::new().map_err(BagError::io(&self.path))?),
+                };
+                match super::compressed::decompress_message(dec, &data) {
+                    Ok(d) => d,
+                    Err(why) if self.tolerant => {
+                        // One bad row is one lost message, as a torn file-mode split is one
+                        // lost split: the rest of the split still plays. Warned once per
+                        // split here; the count is in `MessageIter::undecodable`.
+                        if self.undecodable == 0 {
+                            log::warn!(
+                                "{}: skipping message {id} (at {ts} ns), which does not \
+                                 decompress: {why}",
+                                self.path.display()
+                            );
+                        }
+                        self.undecodable += 1;
+                        continue;
+                    }
+                    Err(why) => {
+                        return Err(BagError::invalid(
+                            &self.path,
+                            format!("message {id} (at {ts} ns) does not decompress: {why}"),
+                        ))
+                    }
+                }
+            } else {
+                data
+            };
+            bytes += data.len();
             self.buf.push_back((ts, id, topic, data));
             if self.buf.len() >= self.chunk_rows || bytes >= self.chunk_bytes {
                 self.chunk_rows = (self.chunk_rows * 2).min(CHUNK_ROWS);
@@ -1181,6 +1230,12 @@ impl MessageIter {
     /// Splits (or their rest) left out so far by a tolerant read, taken once each.
     pub fn take_skipped(&mut self) -> Vec<Skipped> {
         std::mem::take(&mut self.skipped)
+    }
+
+    /// Messages a tolerant read of a message-mode bag skipped so far because their data did
+    /// not decompress (each split's first is also logged as a warning).
+    pub fn undecodable(&self) -> u64 {
+        self.cursors.iter().map(|c| c.undecodable).sum()
     }
 
     /// Fetch cursor `i`'s next chunk if needed and put its head on the heap.

@@ -1677,6 +1677,12 @@ fn build_metadata(
     }
     if let Some(old) = old {
         m.custom_data = old.custom_data.clone();
+        // Message mode is not visible in the file names: only the old metadata.yaml says the
+        // rows hold zstd frames, and without it the bag would read back compressed.
+        if super::compressed::is_message_mode(&old.compression_mode) {
+            m.compression_format = old.compression_format.clone();
+            m.compression_mode = old.compression_mode.clone();
+        }
     }
     m
 }

@@ -497,7 +497,7 @@ impl BagWriter {
             let meta_gate = Arc::new(MetadataGate::new(
                 dir,
                 opts.flavour,
-                opts.compression.is_some(),
+                opts.compression.is_some_and(|c| c.whole_splits()),
             ));
             let mut w = BagWriter {
                 ops: Arc::new(RealStorage),
@@ -1048,6 +1048,11 @@ impl BagWriter {
         m.relative_file_paths = files.iter().map(|f| f.path.clone()).collect();
         m.files = files;
         m.custom_data = self.opts.custom_data.clone();
+        if self.opts.compression.is_some_and(|c| c.per_message) {
+            // rosbag2's message mode: the readers decompress each row only when told so here.
+            m.compression_format = super::compressed::ZSTD_FORMAT.into();
+            m.compression_mode = super::compressed::MESSAGE_MODE.into();
+        }
         m
     }
 
@@ -1383,6 +1388,11 @@ impl BagWriter {
         m.relative_file_paths = vec![file.path.clone()];
         m.files = vec![file];
         m.custom_data = self.opts.custom_data.clone();
+        if self.opts.compression.is_some_and(|c| c.per_message) {
+            // As rosbag2 Jazzy stores it in each split's `metadata` row in message mode.
+            m.compression_format = super::compressed::ZSTD_FORMAT.into();
+            m.compression_mode = super::compressed::MESSAGE_MODE.into();
+        }
         m.to_table_yaml(self.opts.flavour)
     }
 
@@ -1461,7 +1471,7 @@ impl BagWriter {
             path,
             per_topic,
         };
-        if self.opts.compression.is_some() {
+        if self.opts.compression.is_some_and(|c| c.whole_splits()) {
             // Handed over when the next split opens (or at finish): after retention made
             // room for its reserve.
             self.hand_over_compression(false);

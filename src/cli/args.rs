@@ -113,7 +113,7 @@ pub struct ConvertArgs {
     pub inputs: Vec<PathBuf>,
     /// The output options YAML: `output_bags:`, a list of rosbag2 storage and record
     /// options (uri, topics, regex, exclude, start_time_ns, max_bagfile_size,
-    /// compression_mode: file with compression_format: zstd, ...).
+    /// compression_mode: file or message with compression_format: zstd, ...).
     #[arg(short = 'o', long = "output-options", value_name = "OPTIONS_YAML")]
     pub output_options: PathBuf,
     /// Flavour of outputs whose entry has no `bag_format` key [default: humble if
@@ -563,8 +563,9 @@ pub struct RecordArgs {
     pub include_hidden_topics: bool,
     /// rosbag2's compression mode: `none` (the default) writes plain `.db3` splits; `file`
     /// (with --compression-format zstd) compresses each closed split whole into
-    /// `<split>.db3.zstd` on background threads, as rosbag2's file mode. `message` is not
-    /// supported yet: refused (exit 2).
+    /// `<split>.db3.zstd` on background threads, as rosbag2's file mode; `message` stores
+    /// each message as one zstd frame in plain `.db3` splits (rosbag2's message mode),
+    /// compressed on the writer thread; -b counts the compressed bytes.
     #[arg(long, value_name = "MODE", default_value = "none",
           value_parser = ["none", "file", "message"])]
     pub compression_mode: String,
@@ -572,7 +573,8 @@ pub struct RecordArgs {
     /// --compression-mode other than `none`, and that mode needs it, as in ros2 bag.
     #[arg(long, value_name = "FORMAT", default_value = "")]
     pub compression_format: String,
-    /// Threads compressing closed splits, at nice 19 (0 = one per core, as rosbag2).
+    /// Threads compressing closed splits, at nice 19 (0 = one per core, as rosbag2); file
+    /// mode only (message mode compresses on the writer thread).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub compression_threads: u32,
     /// Closed splits waiting for a compression thread (rosbag2's default 1; 0 = no limit).

@@ -1025,21 +1025,25 @@ mod record_flag_tests {
     }
 
     #[test]
-    fn compression_is_none_by_default_file_mode_takes_zstd_and_message_is_refused() {
+    fn compression_is_none_by_default_file_and_message_modes_take_zstd() {
         assert_eq!(compression_flags(&record(&[])), Ok(None));
+        let m = compression_flags(&record(&[
+            "--compression-mode",
+            "message",
+            "--compression-format",
+            "zstd",
+        ]))
+        .unwrap()
+        .expect("message mode");
+        assert!(m.per_message && !m.whole_splits());
         assert_eq!(
             compression_flags(&record(&["--compression-mode", "none"])),
             Ok(None)
         );
         for (flags, says) in [
             (
-                &[
-                    "--compression-mode",
-                    "message",
-                    "--compression-format",
-                    "zstd",
-                ][..],
-                "--compression-mode message: not supported yet",
+                &["--compression-mode", "message"][..],
+                "--compression-mode message needs a --compression-format",
             ),
             (
                 &["--compression-format", "zstd"][..],

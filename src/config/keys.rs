@@ -62,7 +62,7 @@ pub const KEYS: &[KeyDoc] = &[
     top("include_hidden_topics", "false", "also record hidden topics"),
     top("bag_format", "from ROS_DISTRO (humble, else jazzy)", "files as this rosbag2 release writes them: humble or jazzy"),
     top("storage_preset_profile", "write-optimized", "write-optimized, resilient or none"),
-    top("compression_mode", "none", "none or file (each closed split compressed into <split>.db3.zstd, as rosbag2's file mode); message is refused"),
+    top("compression_mode", "none", "none, file (each closed split compressed into <split>.db3.zstd, as rosbag2's file mode) or message (each message one zstd frame in plain splits, as rosbag2's message mode)"),
     top("compression_format", "none", "zstd, with compression_mode = \"file\"; refused otherwise"),
     top("compression_threads", "0", "threads compressing closed splits at nice 19; 0 = one per core"),
     top("compression_queue_size", "1", "closed splits waiting for a compression thread (0 = no limit); a split that finds it full waits, the writer never does"),

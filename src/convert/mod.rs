@@ -51,6 +51,9 @@ struct Out<'a> {
     /// commit plus an estimate per row, so a small batch keeps a size split close to its
     /// limit (the recorder caps its batches the same way under retention).
     batch_cap: u64,
+    /// `compression_mode: message`: each row compressed before it is written, so the split
+    /// size counts the compressed bytes (as the recorder does).
+    zip: Option<crate::bag::compressed::MessageZip>,
 }
 
 impl Out<'_> {
@@ -59,7 +62,16 @@ impl Out<'_> {
             return Ok(());
         }
         let rows = self.batch.iter().map(|(t, ts, d)| (*t, *ts, d.as_slice()));
-        self.writer.write_batch(rows)?;
+        match self.zip.as_mut() {
+            None => self.writer.write_batch(rows)?,
+            Some(z) => {
+                let rows: Vec<_> = rows.collect();
+                let zipped = z
+                    .compress(&rows)
+                    .map_err(crate::bag::BagError::io(self.writer.dir()))?;
+                self.writer.write_batch(zipped)?;
+            }
+        }
         self.batch.clear();
         self.batch_bytes = 0;
         Ok(())
@@ -177,7 +189,7 @@ pub fn convert(inputs: &[PathBuf], outputs: &[OutputBag]) -> Result<Vec<BagSumma
         opts.custom_data = spec.custom_data.clone();
         opts.compression = spec.compression;
         let mut writer = BagWriter::create(&spec.uri, opts)?;
-        if let Some(c) = spec.compression {
+        if let Some(c) = spec.compression.filter(|c| c.whole_splits()) {
             // The recorder's compressor: `compression_threads` threads at nice 19 behind a
             // queue of `compression_queue_size` closed splits, which the writer waits on
             // when full (nothing is live here). A failed split fails the output at finish.
@@ -209,6 +221,12 @@ pub fn convert(inputs: &[PathBuf], outputs: &[OutputBag]) -> Result<Vec<BagSumma
             map,
             batch: Vec::with_capacity(BATCH_MESSAGES),
             batch_bytes: 0,
+            zip: match spec.compression.filter(|c| c.per_message) {
+                Some(_) => Some(
+                    crate::bag::compressed::MessageZip::new().map_err(BagError::io(&spec.uri))?,
+                ),
+                None => None,
+            },
             batch_cap: match spec.max_bag_size {
                 0 => BATCH_BYTES,
                 n => (n / 16).min(BATCH_BYTES),

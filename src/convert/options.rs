@@ -278,8 +278,7 @@ fn parse_entry(e: &Value, default_flavour: Flavour) -> Result<OutputBag, String>
 /// The compression keys, checked as `record`'s flags are ([`FileCompression::from_flags`])
 /// but with messages naming the keys. rosbag2 reads the mode in any case (`FILE`, `file`)
 /// and compresses nothing for a format without a mode; ringbag refuses that rather than
-/// write plain splits a file asked compressed, and refuses `message` mode, which it does not
-/// write (exit 2 either way).
+/// write plain splits a file asked compressed (exit 2).
 fn compression(
     mode: &str,
     format: &str,
@@ -292,32 +291,28 @@ fn compression(
             "compression_format {format:?}: unknown; ringbag compresses with zstd only"
         ));
     }
-    let file = match mode.to_ascii_lowercase().as_str() {
-        "" | "none" => false,
-        "file" => true,
-        "message" => {
-            return Err(
-                "compression_mode message: not supported; ringbag compresses whole splits \
-                 (compression_mode: file, compression_format: zstd)"
-                    .into(),
-            )
-        }
+    let lower = mode.to_ascii_lowercase();
+    let mode = match lower.as_str() {
+        "" | "none" => None,
+        m @ ("file" | "message") => Some(m),
         _ => {
             return Err(format!(
-                "compression_mode {mode:?}: expected none or file (message is not supported)"
+                "compression_mode {mode:?}: expected none, file or message"
             ))
         }
     };
-    match (file, format.is_empty()) {
-        (false, true) => Ok(None),
-        (false, false) => Err(format!(
-            "compression_format {format:?} needs compression_mode: file"
+    match (mode, format.is_empty()) {
+        (None, true) => Ok(None),
+        (None, false) => Err(format!(
+            "compression_format {format:?} needs compression_mode: file or message"
         )),
-        (true, true) => Err("compression_mode file needs compression_format: zstd".into()),
-        (true, false) => {
+        (Some(m), true) => Err(format!(
+            "compression_mode {m} needs compression_format: zstd"
+        )),
+        (Some(m), false) => {
             let n = |k: &str, v: u64| u32::try_from(v).map_err(|_| format!("{k}: too large"));
             FileCompression::from_flags(
-                "file",
+                m,
                 ZSTD_FORMAT,
                 n("compression_threads", threads)?,
                 n("compression_queue_size", queue)?,
@@ -353,6 +348,20 @@ mod tests {
             .compression
             .expect("file mode");
         assert_eq!((c.threads, c.queue_size), (3, 0));
+        assert!(!c.per_message);
+        for mode in ["message", "MESSAGE"] {
+            let c = one(&format!(
+                "compression_mode: {mode}\n  compression_format: zstd"
+            ))
+            .unwrap()
+            .compression
+            .expect("message mode");
+            assert!(c.per_message, "{mode}");
+        }
+        assert_eq!(
+            one("compression_mode: message").unwrap_err(),
+            "output_bags[0]: compression_mode message needs compression_format: zstd"
+        );
         for plain in [
             "compression_mode: none",
             "compression_mode: ''",

@@ -204,6 +204,12 @@ pub fn read_into(job: ReadJob<'_>, queue: &ReadAhead) {
             }
         }
         warn_skipped(&mut it);
+        if it.undecodable() > 0 {
+            log::warn!(
+                "skipped {} messages whose data did not decompress (message compression mode)",
+                it.undecodable()
+            );
+        }
         // A pass that found nothing would loop forever without playing anything.
         if !job.loop_playback || read == 0 {
             queue.push(Item::Done);

@@ -102,6 +102,7 @@ fn file_mode_leaves_only_zstd_splits_listed_as_rosbag2_does_and_every_message_re
     let dir = tmp.path().join("z");
     const N: usize = 600;
     let c = FileCompression {
+        per_message: false,
         threads: 2,
         queue_size: 0,
         level: 1,
@@ -147,6 +148,7 @@ fn a_full_queue_defers_splits_counted_and_the_finished_bag_is_compressed_through
     let dir = tmp.path().join("z");
     const N: usize = 2000;
     let c = FileCompression {
+        per_message: false,
         threads: 1,
         queue_size: 1,
         // A slow level, so that the queue does fill.
@@ -215,6 +217,7 @@ fn a_split_deleted_while_its_compression_is_queued_is_not_brought_back() {
     let dir = tmp.path().join("z");
     let mut opts = WriterOptions::new(Flavour::Jazzy);
     opts.compression = Some(FileCompression {
+        per_message: false,
         threads: 1,
         queue_size: 0,
         level: 1,

@@ -271,10 +271,8 @@ fn bad_options_are_one_line_exit_2_and_nothing_is_written() {
             "sqlite3",
         ),
         (
-            format!(
-                "output_bags:\n- uri: {u}\n  compression_mode: message\n  compression_format: zstd\n"
-            ),
-            "compression_mode message: not supported; ringbag compresses whole splits (compression_mode: file",
+            format!("output_bags:\n- uri: {u}\n  compression_mode: message\n"),
+            "compression_mode message needs compression_format: zstd",
         ),
         (
             format!("output_bags:\n- uri: {u}\n  compression_mode: file\n  compression_format: lz4\n"),
@@ -286,7 +284,7 @@ fn bad_options_are_one_line_exit_2_and_nothing_is_written() {
         ),
         (
             format!("output_bags:\n- uri: {u}\n  compression_format: zstd\n"),
-            "compression_format \"zstd\" needs compression_mode: file",
+            "compression_format \"zstd\" needs compression_mode: file or message",
         ),
         (
             format!("output_bags:\n- uri: {u}\n  compression_mode: folder\n  compression_format: zstd\n"),

@@ -5,6 +5,7 @@ mod bounds;
 mod burst;
 mod closed_splits;
 mod common;
+mod compress_message;
 mod compress_write;
 mod compressed;
 mod concurrency;

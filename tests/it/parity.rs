@@ -131,13 +131,8 @@ fn record_flags_without_a_meaning_on_the_synthetic_source_are_one_line_and_exit_
             vec!["--exclude-topic-types \"bad\": not a type name"],
         ),
         (
-            vec![
-                "--compression-mode",
-                "message",
-                "--compression-format",
-                "zstd",
-            ],
-            vec!["--compression-mode message: not supported yet"],
+            vec!["--compression-mode", "message"],
+            vec!["--compression-mode message needs a --compression-format"],
         ),
         (
             vec!["--compression-mode", "file"],
