@@ -587,3 +587,39 @@ pub fn assert_file_mode_compressed(dir: &Path, name: &str) -> ringbag::bag::meta
     );
     m
 }
+
+/// Runs `ringbag daemon` on the synthetic `small` profile at max rate for `messages`
+/// messages, with 256 KiB splits and `compression_mode = "<mode>"`, `compression_format =
+/// "zstd"` (the service's spelling of record's flags); asserts a clean exit and returns its
+/// one bag directory.
+pub fn daemon_bag_compressed(mode: &str, messages: u64) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let status = tmp.path().join("status.json");
+    let config = tmp.path().join("ringbag.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
+             synthetic_profile = \"small\"\nsynthetic_rate = \"max\"\n\
+             synthetic_count = {messages}\nclock = \"system\"\nmax_bag_size = \"256KiB\"\n\
+             compression_mode = \"{mode}\"\ncompression_format = \"zstd\"\n{}",
+            root.display(),
+            status.display(),
+            control_socket_key(&status)
+        ),
+    )
+    .unwrap();
+    let child = daemon_command(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn_execd()
+        .unwrap();
+    let out = wait_deadline(child, 60).expect("the daemon ends after synthetic_count");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let bags = bag_dirs(&root);
+    assert_eq!(bags.len(), 1, "{bags:?}");
+    let bag = bags[0].clone();
+    (tmp, bag)
+}

@@ -435,35 +435,9 @@ fn record_in_message_mode_writes_one_frame_per_message_and_splits_by_compressed_
 /// as `record`'s flags do.
 #[test]
 fn the_daemon_with_message_mode_keys_records_frames() {
-    use crate::common::{wait_deadline, SpawnExecd};
     const MESSAGES: usize = 5_000;
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("root");
-    let status = tmp.path().join("status.json");
-    let config = tmp.path().join("ringbag.toml");
-    fs::write(
-        &config,
-        format!(
-            "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
-             synthetic_profile = \"small\"\nsynthetic_rate = \"max\"\n\
-             synthetic_count = {MESSAGES}\nclock = \"system\"\nmax_bag_size = \"256KiB\"\n\
-             compression_mode = \"message\"\ncompression_format = \"zstd\"\n{}",
-            root.display(),
-            status.display(),
-            crate::common::control_socket_key(&status)
-        ),
-    )
-    .unwrap();
-    let child = crate::common::daemon_command(&config)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn_execd()
-        .unwrap();
-    let out = wait_deadline(child, 60).expect("the daemon ends after synthetic_count");
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let bags = crate::common::bag_dirs(&root);
-    assert_eq!(bags.len(), 1, "{bags:?}");
+    let (_tmp, bag) = crate::common::daemon_bag_compressed("message", MESSAGES as u64);
+    let bags = [bag];
     assert_eq!(assert_message_mode(&bags[0], true).len(), MESSAGES);
 }
 

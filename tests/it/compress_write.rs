@@ -388,35 +388,9 @@ fn kill_9_during_compression_then_reindex_opens_with_every_closed_split() {
 /// record as `record`'s flags do: the daemon's bag is compressed throughout and reads whole.
 #[test]
 fn the_daemon_with_compression_keys_records_zstd_splits() {
-    use crate::common::{wait_deadline, SpawnExecd};
     const MESSAGES: u64 = 20_000;
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("root");
-    let status = tmp.path().join("status.json");
-    let config = tmp.path().join("ringbag.toml");
-    fs::write(
-        &config,
-        format!(
-            "output_root = \"{}\"\nstatus_file = \"{}\"\nsource = \"synthetic\"\n\
-             synthetic_profile = \"small\"\nsynthetic_rate = \"max\"\n\
-             synthetic_count = {MESSAGES}\nclock = \"system\"\nmax_bag_size = \"256KiB\"\n\
-             compression_mode = \"file\"\ncompression_format = \"zstd\"\n{}",
-            root.display(),
-            status.display(),
-            crate::common::control_socket_key(&status)
-        ),
-    )
-    .unwrap();
-    let child = crate::common::daemon_command(&config)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn_execd()
-        .unwrap();
-    let out = wait_deadline(child, 60).expect("the daemon ends after synthetic_count");
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let bags = crate::common::bag_dirs(&root);
-    assert_eq!(bags.len(), 1, "{bags:?}");
+    let (_tmp, bag) = crate::common::daemon_bag_compressed("file", MESSAGES);
+    let bags = [bag];
     let files = names(&bags[0]);
     assert!(
         files.iter().filter(|n| n.ends_with(".db3.zstd")).count() > 1
